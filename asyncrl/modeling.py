@@ -1,0 +1,112 @@
+"""Models and tokenizers made on the spot: no downloads.
+
+Owns: training a small byte-level BPE tokenizer on a text corpus (with the chat and tool-call
+markup as added tokens, and one token per digit so arithmetic is learnable), building a
+randomly initialised causal LM from a transformers config dict (Qwen3 first), and loading
+either from an HF directory. Used by the tiny curriculum and by tests; large runs load `path`.
+
+Does not own: what the model is trained on or how it is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# Markup the formats rely on; each becomes one token so small models learn it quickly.
+CHAT_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKUP_TOKENS = [
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<reason>", "</reason>", "<answer>", "</answer>", "\\boxed{",
+    "```python\n", "```output\n", "```\n", "```",
+]
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048) -> Any:
+    """Train a byte-level BPE tokenizer on `corpus`; returns a `PreTrainedTokenizerFast`.
+
+    Digits are split one per token; the ChatML specials and the markup tokens are added whole.
+    Deterministic for a given corpus and size.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=CHAT_SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    tok.add_tokens(MARKUP_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_model(init: dict[str, Any], tokenizer: Any, seed: int = 0, dtype: str = "float32") -> Any:
+    """A randomly initialised causal LM from a transformers config dict (needs `model_type`).
+
+    `vocab_size`, `eos_token_id`, `pad_token_id` and `bos_token_id` come from the tokenizer.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    opts = dict(init)
+    model_type = opts.pop("model_type")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.pad_token_id
+    opts.setdefault("vocab_size", _padded_vocab(len(tokenizer)))
+    cfg = AutoConfig.for_model(model_type, eos_token_id=eos, pad_token_id=pad, bos_token_id=pad,
+                               **opts)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    return model
+
+
+def _padded_vocab(n: int, multiple: int = 64) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+    )
+
+
+def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """Save model and tokenizer in HF format (safetensors) so every other tool loads them."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

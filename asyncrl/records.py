@@ -1,0 +1,250 @@
+"""Rollout records: what a rollout, its turns and tool calls, a group and a batch are on disk.
+
+Owns: the data shapes that flow from the rollout engine to RoC, the trainer and the metrics,
+and their JSON-lines encoding. Does not own: how they are produced or consumed.
+
+Token-in, token-out: a rollout keeps `prompt_ids` and `response_ids` exactly as the engine saw
+them. `response_ids`, `loss_mask` and `logprobs` are parallel lists over the response: model
+tokens have mask 1 and their sampling logprob; tool-output tokens have mask 0 and logprob 0.0.
+Nothing here re-renders a chat template.
+
+Imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, TypeVar
+
+import msgspec
+
+
+T = TypeVar("T")
+
+
+class RolloutStatus(enum.StrEnum):
+    COMPLETED = "completed"
+    """Ended on its own: an answer, or a turn without a tool call."""
+    TRUNCATED = "truncated"
+    """Hit the response budget, the turn limit, or a tool output that would not fit."""
+    ABORTED = "aborted"
+    """Cancelled by the orchestrator (shutdown, stale policy)."""
+    FAILED = "failed"
+    """An engine or infrastructure error ended it; `error` says which."""
+
+
+class ToolStatus(enum.StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    """The program raised or exited non-zero."""
+    TIMEOUT = "timeout"
+    KILLED = "killed"
+    """A resource limit (memory, processes, output) ended the program."""
+    SANDBOX_FAILURE = "sandbox_failure"
+    """The sandbox itself failed (transport, dead worker); not the model's fault."""
+    MALFORMED = "malformed"
+    """The call could not be parsed (bad JSON, unknown tool, missing argument)."""
+
+
+class StopReason(enum.StrEnum):
+    NO_TOOL_CALL = "no_tool_call"
+    """A turn ended without a tool call: the model is done."""
+    EOS = "eos"
+    """The model emitted end-of-sequence."""
+    BUDGET = "budget"
+    """The response token budget ran out."""
+    MAX_TURNS = "max_turns"
+    TOOL_OUTPUT_OVERFLOW = "tool_output_overflow"
+    """The tool output would not fit in the remaining budget."""
+    ERROR = "error"
+    ABORTED = "aborted"
+
+
+class _Rec(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """Base of records: keyword-only, mutable while a rollout is being built."""
+
+
+class ToolCall(_Rec, kw_only=True):
+    name: str
+    """Tool name as the model wrote it."""
+    arguments: dict[str, object] = {}
+    """Parsed arguments (empty when the call was malformed)."""
+    raw: str = ""
+    """The call text as the model wrote it."""
+    status: ToolStatus = ToolStatus.OK
+    output: str = ""
+    """The text given back to the model (already formatted and cut)."""
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    """Sandbox execution time."""
+    wait_s: float = 0.0
+    """Time from the call closing on the stream to the result arriving."""
+    error: str = ""
+    """Why a call was malformed or failed in the sandbox."""
+
+    @property
+    def failed(self) -> bool:
+        """Counts toward RoC's tool-error ratio (anything but ok)."""
+        return self.status != ToolStatus.OK
+
+
+class Turn(_Rec, kw_only=True):
+    role: str
+    """`assistant` (model tokens, mask 1) or `tool` (tool output, mask 0)."""
+    start: int
+    """Offset of the turn's first token in `response_ids`."""
+    end: int
+    """Offset one past its last token."""
+    tool_call: int | None = None
+    """Index into `Rollout.tool_calls` for the call this turn made or answered."""
+
+
+class Timing(_Rec, kw_only=True):
+    queued_s: float = 0.0
+    """Waiting for admission (all turns)."""
+    generation_s: float = 0.0
+    """Streaming from the engine."""
+    tool_wait_s: float = 0.0
+    """Waiting for tool results."""
+    total_s: float = 0.0
+
+
+class Rollout(_Rec, kw_only=True):
+    rollout_id: str
+    prompt_id: str
+    group_id: str
+    policy_version: int
+    """Policy version the first token was sampled under (oldest, for staleness)."""
+    prompt_ids: list[int]
+    response_ids: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    turns: list[Turn] = []
+    tool_calls: list[ToolCall] = []
+    response_text: str = ""
+    """Decoded response (for answer extraction, logs and reports)."""
+    answer: str | None = None
+    """Final answer text extracted by the reward (the `\\boxed{}` content)."""
+    reward: float = 0.0
+    reward_status: str = ""
+    """`ok`, `no_answer`, `reward_timeout`, `reward_error`, or empty before rewarding."""
+    status: RolloutStatus = RolloutStatus.COMPLETED
+    stop_reason: StopReason = StopReason.NO_TOOL_CALL
+    error: str = ""
+    engine: str = ""
+    """Name of the engine that served it (last one, if it was requeued)."""
+    policy_versions: list[int] = []
+    """Distinct policy versions seen across turns (more than one only with staleness > 0)."""
+    timing: Timing = msgspec.field(default_factory=Timing)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def tool_error_ratio(self) -> float | None:
+        """Failed calls / calls, or None when the rollout made no call."""
+        if not self.tool_calls:
+            return None
+        return sum(c.failed for c in self.tool_calls) / len(self.tool_calls)
+
+    def check(self) -> None:
+        """Raise ValueError if the parallel lists or spans disagree (an invariant, not input)."""
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise ValueError(
+                f"rollout {self.rollout_id}: response/mask/logprobs lengths "
+                f"{n}/{len(self.loss_mask)}/{len(self.logprobs)}"
+            )
+        pos = 0
+        for t in self.turns:
+            if t.start != pos or t.end < t.start:
+                raise ValueError(f"rollout {self.rollout_id}: turn spans not contiguous at {pos}")
+            pos = t.end
+        if self.turns and pos != n:
+            raise ValueError(f"rollout {self.rollout_id}: turns cover {pos} of {n} tokens")
+
+
+class Problem(_Rec, kw_only=True):
+    """One task: a question with its ground-truth answer."""
+
+    id: str
+    question: str
+    answer: str
+    source: str = ""
+    difficulty: float | None = None
+
+
+class Group(_Rec, kw_only=True):
+    """All rollouts sampled for one prompt (2G), and after RoC the kept ones (G)."""
+
+    group_id: str
+    problem: Problem
+    rollouts: list[Rollout] = []
+    kept: list[int] = []
+    """Indices into `rollouts` kept by RoC (empty before RoC)."""
+    advantages: list[float] = []
+    """One per kept rollout, parallel to `kept`."""
+    dropped_reason: str = ""
+    """Why the whole group was dropped (`equal_reward`, `stale`, `failed`), empty if kept."""
+
+    @property
+    def kept_rollouts(self) -> list[Rollout]:
+        return [self.rollouts[i] for i in self.kept]
+
+    @property
+    def min_policy_version(self) -> int:
+        return min((r.policy_version for r in self.rollouts), default=0)
+
+
+class Batch(_Rec, kw_only=True):
+    """The groups that go into one RL update."""
+
+    step: int
+    policy_version: int
+    """Policy version of the weights being updated."""
+    groups: list[Group] = []
+
+    def rollouts(self) -> Iterator[tuple[Rollout, float]]:
+        """Kept rollouts with their advantages, in group order."""
+        for g in self.groups:
+            for i, a in zip(g.kept, g.advantages, strict=True):
+                yield g.rollouts[i], a
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def to_json(rec: msgspec.Struct) -> bytes:
+    """One record as compact JSON bytes (no newline)."""
+    return _encoder.encode(rec)
+
+
+def from_json(data: bytes | str, type_: type[T]) -> T:
+    """Decode one record of the given type."""
+    return msgspec.json.decode(data, type=type_)
+
+
+def write_jsonl(fp: IO[bytes], records: Iterable[msgspec.Struct]) -> int:
+    """Append records as JSON lines to a binary file; returns the count written."""
+    n = 0
+    for rec in records:
+        fp.write(_encoder.encode(rec))
+        fp.write(b"\n")
+        n += 1
+    return n
+
+
+def read_jsonl(path: Path, type_: type[T]) -> list[T]:
+    """Read a JSON-lines file of one record type."""
+    dec = msgspec.json.Decoder(type_)
+    with path.open("rb") as fp:
+        return [dec.decode(line) for line in fp if line.strip()]

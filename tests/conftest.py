@@ -1,0 +1,60 @@
+"""Shared fixtures: a tiny tokenizer and a tiny random Qwen3 model, built locally (no download)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+TINY_QWEN3 = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+
+
+def _corpus() -> list[str]:
+    rng = random.Random(0)
+    lines = []
+    for _ in range(400):
+        a, b = rng.randint(0, 9999), rng.randint(0, 9999)
+        lines.append(
+            f"What is {a} + {b}? <reason>Let me compute.</reason> ```python\nprint({a}+{b})\n```\n"
+            f"```output\n{a + b}\n```\n <answer>\\boxed{{{a + b}}}</answer>"
+        )
+        lines.append('<tool_call>{"name": "python_code_with_standard_io", "arguments": '
+                     f'{{"code": "print({a}*{b})", "input": ""}}}}</tool_call>')
+    return lines
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from asyncrl.modeling import train_tokenizer
+
+    return train_tokenizer(_corpus(), vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tiny_tokenizer):
+    """Call with a seed to get a fresh tiny random Qwen3 model (eval mode, fp32)."""
+    from asyncrl.modeling import build_model
+
+    def make(seed: int = 0):
+        return build_model(TINY_QWEN3, tiny_tokenizer, seed=seed).eval()
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer, tiny_model_factory) -> Path:
+    """A tiny model and tokenizer saved in HF format."""
+    from asyncrl.modeling import save
+
+    return save(tiny_model_factory(0), tiny_tokenizer, tmp_path_factory.mktemp("tiny_model"))

@@ -1,0 +1,157 @@
+"""Config loader: defaults, both curricula, overrides, and every rejection naming its key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl import config
+from asyncrl.cli import main as cli_main
+from asyncrl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CURRICULA = sorted((ROOT / "curricula").glob("*.toml"))
+
+
+def minimal() -> dict:
+    return {
+        "model": {"init": {"model_type": "qwen3"}},
+        "data": {"train": "generator:tiny_math"},
+        "stages": [{"name": "s1", "steps": 3}],
+    }
+
+
+def test_defaults_are_designs() -> None:
+    cfg = config.from_dict(minimal())
+    assert (cfg.rollout.samples_per_prompt, cfg.rollout.group_size) == (32, 16)
+    assert (cfg.algorithm.eps_low, cfg.algorithm.eps_high) == (0.2, 0.28)
+    assert cfg.algorithm.lr == 1e-6 and cfg.algorithm.weight_decay == 0.01
+    assert cfg.roc.positive == "weighted" and cfg.roc.no_tool_call_penalty == 0.5
+    assert cfg.roc.min_pos == cfg.roc.min_neg == 2 and cfg.roc.reject_equal_reward
+    assert cfg.rollout.max_turns == 5 and cfg.rollout.tool_output_max_chars == 256
+    assert cfg.rollout.max_staleness == 0
+    assert cfg.engine.kind == "local" and cfg.trainer.kind == "torch"
+
+
+@pytest.mark.parametrize("path", CURRICULA, ids=lambda p: p.name)
+def test_curricula_validate(path: Path) -> None:
+    cfg = config.load(path)
+    assert cfg.stages
+
+
+def test_rstar2_is_the_report_recipe() -> None:
+    cfg = config.load(ROOT / "curricula" / "rstar2.toml")
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt,
+            cfg.rollout.group_size) == (128, 32, 16)
+    budgets = [config.stage_response_budget(cfg.rollout, s) for s in cfg.stages]
+    assert budgets == [8192, 12288, 12288]
+    assert cfg.stages[-1].data_filter == "hard"
+    assert cfg.engine.kind == "sglang" and cfg.trainer.kind == "megatron"
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("rollout.bogus=1", "rollout.bogus"),
+        ("nosuchsection.x=1", "nosuchsection"),
+        ("rollout.group_size=abc", "rollout.group_size"),
+        ("rollout.group_size=0", "rollout.group_size"),
+        ("rollout.group_size=-4", "rollout.group_size"),
+        ("rollout.group_size=64", "rollout.group_size"),  # G > 2G
+        ("rollout.prompts_per_step=0", "rollout.prompts_per_step"),
+        ("rollout.max_response_tokens=-1", "rollout.max_response_tokens"),
+        ("rollout.temperature=-0.5", "rollout.temperature"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("rollout.tool_format=\"xml\"", "rollout.tool_format"),
+        ("rollout.max_staleness=2", "rollout.max_staleness"),
+        ("algorithm.eps_low=1.0", "algorithm.eps_low"),
+        ("algorithm.eps_low=0", "algorithm.eps_low"),
+        ("algorithm.lr=0", "algorithm.lr"),
+        ("algorithm.dual_clip=0.5", "algorithm.dual_clip"),
+        ("roc.positive=\"best\"", "roc.positive"),
+        ("roc.no_tool_call_penalty=2", "roc.no_tool_call_penalty"),
+        ("roc.min_pos=-1", "roc.min_pos"),
+        ("engine.kind=\"tgi\"", "engine.kind"),
+        ("engine.kv_token_budget=0", "engine.kv_token_budget"),
+        ("trainer.micro_batch_tokens=0", "trainer.micro_batch_tokens"),
+        ("sandbox.workers=0", "sandbox.workers"),
+        ("sandbox.time_limit_s=0", "sandbox.time_limit_s"),
+        ("stages.0.steps=0", "stages[0].steps"),
+        ("stages.0.kind=\"ppo\"", "stages[0].kind"),
+        ("checkpoint.keep_last=0", "checkpoint.keep_last"),
+        ("logging.level=\"loud\"", "logging.level"),
+    ],
+)
+def test_rejections_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        config.from_dict(config.apply_overrides(minimal(), [override]))
+    assert ei.value.key == key, str(ei.value)
+    assert ei.value.message  # says what was expected
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key"),
+    [
+        (lambda d: d.pop("stages"), "stages"),
+        (lambda d: d.update(stages=[]), "stages"),
+        (lambda d: d["stages"].append({"name": "s1", "steps": 1}), "stages"),
+        (lambda d: d["stages"][0].pop("steps"), "stages[0].steps"),
+        (lambda d: d.update(model={}), "model.path"),
+        (lambda d: d.update(model={"init": {"hidden_size": 8}}), "model.init"),
+        (lambda d: d.update(data={}), "data.train"),
+        (lambda d: d.update(sandbox={"kind": "remote"}), "sandbox.urls"),
+        (lambda d: d.update(engine={"kind": "tgi"}), "engine.kind"),
+        (lambda d: d["stages"].append({"name": "x", "kind": "sft", "steps": 1,
+                                       "data_filter": "hard"}), "stages[1].data_filter"),
+    ],
+)
+def test_structural_rejections(mutate, key: str) -> None:
+    d = minimal()
+    mutate(d)
+    with pytest.raises(ConfigError) as ei:
+        config.from_dict(d)
+    assert ei.value.key == key, str(ei.value)
+
+
+def test_overrides_apply_and_typecheck() -> None:
+    d = config.apply_overrides(minimal(), [
+        "rollout.group_size=8", "algorithm.lr=3e-5", "rollout.tool_format=markdown",
+        "stages.0.max_response_tokens=64", "engine.kind=sglang", "run.name=x y",
+    ])
+    cfg = config.from_dict(d)
+    assert cfg.rollout.group_size == 8 and cfg.algorithm.lr == 3e-5
+    assert cfg.rollout.tool_format == "markdown"
+    assert config.stage_response_budget(cfg.rollout, cfg.stages[0]) == 64
+    assert cfg.engine.kind == "sglang" and cfg.run.name == "x y"
+    with pytest.raises(ConfigError, match="stages.5"):
+        config.apply_overrides(minimal(), ["stages.5.steps=1"])
+    with pytest.raises(ConfigError):
+        config.apply_overrides(minimal(), ["rollout.group_size"])
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    cfg = config.load(ROOT / "curricula" / "tiny.toml")
+    out = config.write_resolved(cfg, tmp_path)
+    again = config.from_dict(json.loads(out.read_text()))
+    assert again == cfg
+
+
+def test_broken_toml_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[rollout\ngroup_size = 3")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config.load(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(tmp_path / "missing.toml")
+
+
+def test_cli_config_check(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["config", "check", str(ROOT / "curricula" / "rstar2.toml")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rollout"]["group_size"] == 16
+    rc = cli_main(["config", "check", str(ROOT / "curricula" / "tiny.toml"),
+                   "--set", "rollout.group_size=lots"])
+    assert rc == 2
+    assert "rollout.group_size" in capsys.readouterr().err
