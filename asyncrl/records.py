@@ -183,6 +183,15 @@ class Problem(_Rec, kw_only=True):
     difficulty: float | None = None
 
 
+class RewardResult(_Rec, kw_only=True):
+    """What a reward function returns for one rollout."""
+
+    reward: float
+    status: str
+    """`ok`, `no_answer`, `reward_timeout` or `reward_error`."""
+    answer: str | None = None
+
+
 class Group(_Rec, kw_only=True):
     """All rollouts sampled for one prompt (2G), and after RoC the kept ones (G)."""
 

@@ -1,0 +1,261 @@
+"""Chat and tool-call formats: the text contract between the model, the agent loop and SFT.
+
+Owns: the system prompt, the prompt layout (Qwen ChatML), the Python tool's schema, the two
+tool-call syntaxes (Hermes `<tool_call>{json}</tool_call>` and markdown ```python fences), how a
+tool result is rendered back to the model, and the answer markup. Does not own: running tools
+(the agent loop) or scoring answers (the reward).
+
+A format is chosen by name from `FORMATS` (`rollout.tool_format`). Each gives:
+- `stop_strings`: where an assistant turn pauses for a tool (the closing tag is kept).
+- `parse(turn_text)`: the tool call that closed the turn, a `Malformed` call, or None.
+- `tool_response(text)`: the text appended after the call, loss mask 0, after which the model
+  continues generating. For Hermes this closes the assistant message and opens a `user` message
+  with `<tool_response>` (what Qwen's template renders), then reopens the assistant; for
+  markdown it is an ```output fence inside the same assistant message.
+
+Imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+PYTHON_TOOL = "python_code_with_standard_io"
+
+PYTHON_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": PYTHON_TOOL,
+        "description": (
+            "Execute Python code as a fresh program with `input` on stdin and return its "
+            "stdout and stderr. If the last statement is an expression, its value is printed."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The Python program to run."},
+                "input": {"type": "string", "description": "Text given to the program on stdin."},
+            },
+            "required": ["code"],
+        },
+    },
+}
+
+ANSWER_INSTRUCTION = (
+    "Reason step by step inside <reason> </reason>, then give the final answer inside "
+    "<answer> </answer>, with the final value in \\boxed{}."
+)
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A parsed tool call."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A tool call that could not be parsed; `error` is told to the model."""
+
+    error: str
+    raw: str
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    stop_strings: tuple[str, ...]
+    system_template: str
+    _parse: Any = field(repr=False)
+    _response: Any = field(repr=False)
+    _render_call: Any = field(repr=False)
+
+    def parse(self, turn_text: str) -> Call | Malformed | None:
+        """The call that ends `turn_text` (text of one assistant turn), if any."""
+        return self._parse(turn_text)
+
+    def tool_response(self, text: str) -> str:
+        """Text appended after a call (mask 0); the model continues right after it."""
+        return self._response(text)
+
+    def render_call(self, code: str, stdin: str = "") -> str:
+        """How the model writes a call to the Python tool (for SFT transcripts)."""
+        return self._render_call(code, stdin)
+
+    def system_prompt(self, tools: list[dict[str, Any]] | None) -> str:
+        if not tools:
+            return "You are a helpful assistant. " + ANSWER_INSTRUCTION
+        return self.system_template.format(
+            tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools),
+            answer=ANSWER_INSTRUCTION,
+        )
+
+
+# ------------------------------------------------------------------------------------ hermes
+_HERMES_SYSTEM = (
+    "You are a helpful assistant that solves problems with careful reasoning and a Python tool.\n"
+    "{answer}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>\s*$", re.S)
+
+
+def _hermes_parse(text: str) -> Call | Malformed | None:
+    m = _HERMES_CALL.search(text)
+    if m is None:
+        return None
+    raw = m.group(0)
+    body = m.group(1).strip()
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        return Malformed(f"tool call is not valid JSON: {e.msg} at position {e.pos}", raw)
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return Malformed('tool call must be an object with a "name" string', raw)
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode the arguments
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return Malformed('"arguments" must be a JSON object', raw)
+    if not isinstance(args, dict):
+        return Malformed('"arguments" must be a JSON object', raw)
+    return Call(obj["name"], args, raw)
+
+
+def _hermes_response(text: str) -> str:
+    return (f"{IM_END}\n{IM_START}user\n<tool_response>\n{text}\n</tool_response>{IM_END}\n"
+            f"{IM_START}assistant\n")
+
+
+def _hermes_render(code: str, stdin: str) -> str:
+    args = {"code": code, "input": stdin}
+    return "<tool_call>\n" + json.dumps({"name": PYTHON_TOOL, "arguments": args}) + "\n</tool_call>"
+
+
+HERMES = ToolFormat("hermes", ("</tool_call>",), _HERMES_SYSTEM, _hermes_parse, _hermes_response,
+                    _hermes_render)
+
+
+# ---------------------------------------------------------------------------------- markdown
+_MD_SYSTEM = (
+    "You are a helpful assistant. To run Python, write a ```python code block; its output "
+    "will be shown in an ```output block. {answer}"
+)
+_MD_OPEN = "```python\n"
+_MD_CALL = re.compile(r"```python\n(.*?)```\n?$", re.S)
+
+
+def _md_parse(text: str) -> Call | Malformed | None:
+    m = _MD_CALL.search(text)
+    if m is None:
+        return None
+    code = m.group(1)
+    if not code.strip():
+        return Malformed("empty python block", m.group(0))
+    return Call(PYTHON_TOOL, {"code": code, "input": ""}, m.group(0))
+
+
+def _md_response(text: str) -> str:
+    return f"```output\n{text}\n```\n"
+
+
+def _md_render(code: str, stdin: str) -> str:
+    del stdin  # the markdown format has no stdin channel
+    return f"{_MD_OPEN}{code.rstrip()}\n```\n"
+
+
+MARKDOWN = ToolFormat("markdown", ("```\n",), _MD_SYSTEM, _md_parse, _md_response, _md_render)
+
+FORMATS: dict[str, ToolFormat] = {"hermes": HERMES, "markdown": MARKDOWN}
+
+
+def get_format(name: str) -> ToolFormat:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool format {name!r}; expected one of {sorted(FORMATS)}") from None
+
+
+# ---------------------------------------------------------------------------------- prompts
+def render_prompt(question: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None,
+                  system_prompt: str = "") -> str:
+    """The ChatML prompt text up to and including the assistant's generation header."""
+    system = system_prompt or fmt.system_prompt(tools)
+    return (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{question}{IM_END}\n"
+            f"{IM_START}assistant\n")
+
+
+# --------------------------------------------------------------------------- tool results
+def cut_middle(text: str, max_chars: int) -> str:
+    """Keep the head and tail of `text` so the whole is at most about `max_chars` characters."""
+    if len(text) <= max_chars:
+        return text
+    marker = f"\n...[{len(text) - max_chars} characters cut]...\n"
+    head = max_chars // 2
+    tail = max_chars - head
+    return text[:head] + marker + text[len(text) - tail:]
+
+
+def render_tool_result(status: str, stdout: str, stderr: str, duration_s: float,
+                       max_chars: int) -> str:
+    """What the model reads after a call: a status line, stdout, stderr, execution time."""
+    ok = status == "ok"
+    head = "Execution succeeded." if ok else f"Execution failed ({status})."
+    parts = [head]
+    if stdout:
+        parts.append(cut_middle(stdout.rstrip("\n"), max_chars))
+    if stderr:
+        parts.append(cut_middle(stderr.rstrip("\n"), max_chars))
+    parts.append(f"Time: {duration_s:.2f}s")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------- answers
+_BOXED = "\\boxed{"
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` in `text` (balanced braces), or None."""
+    start = text.rfind(_BOXED)
+    if start < 0:
+        return None
+    i = start + len(_BOXED)
+    depth = 1
+    for j in range(i, len(text)):
+        c = text[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer: the last `\\boxed{}` inside the last `<answer>` block when there is one,
+    else the last `\\boxed{}` anywhere."""
+    blocks = _ANSWER_BLOCK.findall(response)
+    if blocks:
+        inner = last_boxed(blocks[-1])
+        if inner is not None:
+            return inner
+    return last_boxed(response)
+
+
+def answer_blocks(response: str) -> int:
+    """Number of complete `<answer>…</answer>` blocks (RoC's format penalty reads it)."""
+    return len(_ANSWER_BLOCK.findall(response))
