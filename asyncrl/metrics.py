@@ -1,0 +1,83 @@
+"""Run metrics: per-step statistics of rollouts and the JSON-lines writer.
+
+Owns: how a list of finished groups becomes the numbers a person watches (reward, accuracy,
+response length, tool calls, tool-error ratio of all and of positive rollouts, timing), and the
+`metrics.jsonl` file in the run directory (one JSON object per line, read by `asyncrl report`).
+Does not own: what is logged when (the train loop decides).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from statistics import fmean
+from typing import IO, Any
+
+import orjson
+
+from asyncrl.records import Group, Rollout, RolloutStatus
+
+
+def _mean(xs: list[float]) -> float:
+    return fmean(xs) if xs else 0.0
+
+
+def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[str, float]:
+    """Summary statistics of a set of finished, rewarded rollouts."""
+    rs = list(rollouts)
+    if not rs:
+        return {f"{prefix}/count": 0.0}
+    with_calls = [r for r in rs if r.tool_calls]
+    pos_with_calls = [r for r in with_calls if r.reward > 0]
+    calls = sum(len(r.tool_calls) for r in rs)
+    failed = sum(sum(c.failed for c in r.tool_calls) for r in rs)
+    pos_calls = sum(len(r.tool_calls) for r in pos_with_calls)
+    pos_failed = sum(sum(c.failed for c in r.tool_calls) for r in pos_with_calls)
+    return {
+        f"{prefix}/count": float(len(rs)),
+        f"{prefix}/reward_mean": _mean([r.reward for r in rs]),
+        f"{prefix}/response_tokens_mean": _mean([float(len(r.response_ids)) for r in rs]),
+        f"{prefix}/tool_calls_mean": calls / len(rs),
+        f"{prefix}/tool_use_frac": len(with_calls) / len(rs),
+        # call-level ratios: failed calls / calls, over all rollouts and over positive ones
+        f"{prefix}/tool_error_ratio": failed / calls if calls else 0.0,
+        f"{prefix}/tool_error_ratio_pos": pos_failed / pos_calls if pos_calls else 0.0,
+        f"{prefix}/truncated_frac": _mean(
+            [float(r.status == RolloutStatus.TRUNCATED) for r in rs]),
+        f"{prefix}/failed_frac": _mean([float(r.status == RolloutStatus.FAILED) for r in rs]),
+        f"{prefix}/no_answer_frac": _mean([float(r.answer is None) for r in rs]),
+        f"{prefix}/reward_timeout_count": float(
+            sum(r.reward_status == "reward_timeout" for r in rs)),
+        f"{prefix}/tool_wait_s_mean": _mean([r.timing.tool_wait_s for r in rs]),
+        f"{prefix}/generation_s_mean": _mean([r.timing.generation_s for r in rs]),
+    }
+
+
+def group_rollouts(groups: Iterable[Group]) -> list[Rollout]:
+    return [r for g in groups for r in g.rollouts]
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to `run_dir/metrics.jsonl`; stamps time since start."""
+
+    def __init__(self, run_dir: Path, start_time: float | None = None) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._fp: IO[bytes] = self.path.open("ab")
+        self._t0 = time.monotonic() if start_time is None else start_time
+
+    def write(self, kind: str, **values: Any) -> dict[str, Any]:
+        row = {"kind": kind, "time_s": round(time.monotonic() - self._t0, 3), **values}
+        self._fp.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+        self._fp.flush()
+        return row
+
+    def close(self) -> None:
+        self._fp.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
