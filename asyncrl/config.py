@@ -533,8 +533,3 @@ def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
     out = run_dir / "config.json"
     out.write_bytes(dump_json(cfg) + b"\n")
     return out
-
-
-def stage_response_budget(rollout: RolloutSection, stage: StageSection) -> int:
-    """The response token budget in force for a stage."""
-    return stage.max_response_tokens or rollout.max_response_tokens

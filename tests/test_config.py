@@ -10,6 +10,7 @@ import pytest
 from asyncrl import config
 from asyncrl.cli import main as cli_main
 from asyncrl.errors import ConfigError
+from asyncrl.stages import stage_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 CURRICULA = sorted((ROOT / "curricula").glob("*.toml"))
@@ -45,7 +46,7 @@ def test_rstar2_is_the_report_recipe() -> None:
     cfg = config.load(ROOT / "curricula" / "rstar2.toml")
     assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt,
             cfg.rollout.group_size) == (128, 32, 16)
-    budgets = [config.stage_response_budget(cfg.rollout, s) for s in cfg.stages]
+    budgets = [stage_budget(cfg.rollout, s) for s in cfg.stages]
     assert budgets == [8192, 12288, 12288]
     assert cfg.stages[-1].data_filter == "hard"
     assert cfg.engine.kind == "sglang" and cfg.trainer.kind == "megatron"
@@ -123,7 +124,7 @@ def test_overrides_apply_and_typecheck() -> None:
     cfg = config.from_dict(d)
     assert cfg.rollout.group_size == 8 and cfg.algorithm.lr == 3e-5
     assert cfg.rollout.tool_format == "markdown"
-    assert config.stage_response_budget(cfg.rollout, cfg.stages[0]) == 64
+    assert stage_budget(cfg.rollout, cfg.stages[0]) == 64
     assert cfg.engine.kind == "sglang" and cfg.run.name == "x y"
     with pytest.raises(ConfigError, match="stages.5"):
         config.apply_overrides(minimal(), ["stages.5.steps=1"])

@@ -1,0 +1,56 @@
+"""Curriculum stage rules, as pure functions and a small state machine.
+
+Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
+problems a `hard` stage trains on (those the current policy does not solve k/k), and the
+learning rate and response budget in force. Does not own: running rollouts or evaluations
+(the train loop feeds results in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from asyncrl.config import PlateauRule, RolloutSection, StageSection
+
+
+class PlateauState(msgspec.Struct, kw_only=True):
+    """Progress of a plateau rule: best value seen and evaluations since it improved."""
+
+    best: float | None = None
+    since_best: int = 0
+
+
+def plateau_update(rule: PlateauRule, state: PlateauState, metrics: Mapping[str, float]
+                   ) -> tuple[PlateauState, bool]:
+    """Feed one evaluation; returns the new state and whether the stage has plateaued.
+
+    An evaluation without the watched metric changes nothing. Improvement means exceeding the
+    best by more than `min_delta`; `patience` evaluations in a row without one is a plateau.
+    """
+    value = metrics.get(rule.metric)
+    if value is None:
+        return state, False
+    if state.best is None or value > state.best + rule.min_delta:
+        return PlateauState(best=value, since_best=0), False
+    new = PlateauState(best=state.best, since_best=state.since_best + 1)
+    return new, new.since_best >= rule.patience
+
+
+def stage_done(stage: StageSection, steps_done: int, plateaued: bool) -> bool:
+    """A stage ends at its step count, or earlier on a plateau when it has a rule."""
+    return steps_done >= stage.steps or (stage.plateau is not None and plateaued)
+
+
+def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
+    """Problems not solved every time (fewer than k of k samples correct)."""
+    return {pid for pid, c in correct_counts.items() if c < k}
+
+
+def stage_lr(stage: StageSection, base_lr: float) -> float:
+    return stage.lr or base_lr
+
+
+def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:
+    return stage.max_response_tokens or rollout.max_response_tokens
