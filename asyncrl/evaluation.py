@@ -1,0 +1,137 @@
+"""Evaluation metrics over rewarded groups: avg@k, pass@k, maj@k and tool-use statistics.
+
+Owns: the estimators and their edge cases, `summarize` (every metric of an eval pass from its
+groups), the printed table and the JSON results file. Does not own: sampling the rollouts or
+rewarding them (`asyncrl eval` and the train loop do that, then call `summarize`).
+
+Definitions, per problem with n samples of which c are correct (reward > 0), averaged over
+problems:
+- avg@k: c / n, the mean pass@1 over the samples (the report's "average of k samples").
+- pass@k: the unbiased estimator of Chen et al. 2021, 1 - C(n-c, k) / C(n, k), computed as a
+  product so it neither overflows nor loses precision for large n.
+- maj@k: 1 if the most frequent answer among the first k samples is correct. Answers the
+  reward judged correct are all equivalent to the ground truth, so they vote as one class;
+  other answers vote by their text (whitespace removed); samples with no answer do not vote.
+  Ties go to the class whose first vote came earliest in sample order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from asyncrl.records import Group, RolloutStatus
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k samples drawn without replacement from n (c correct)
+    is correct: 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k / i)."""
+    if n < 1 or not 0 <= c <= n:
+        raise ValueError(f"pass@k needs n >= 1 and 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+_CORRECT = object()
+"""The vote key shared by every correct sample."""
+
+
+def _vote_key(answer: str, correct: bool) -> object:
+    return _CORRECT if correct else "".join(answer.split())
+
+
+def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
+    """1.0 if the majority answer among `answers` is correct, else 0.0 (0.0 if none answered).
+
+    `correct[i]` is the reward's verdict on `answers[i]`. Ties go to the answer class whose
+    first sample comes earliest.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"maj@k: {len(answers)} answers but {len(correct)} verdicts")
+    votes: dict[object, int] = {}  # insertion order = order of first vote
+    for ans, ok in zip(answers, correct, strict=True):
+        if ans is None or not ans.strip():
+            continue
+        key = _vote_key(ans, ok)
+        votes[key] = votes.get(key, 0) + 1
+    if not votes:
+        return 0.0
+    best = max(votes.values())
+    winner = next(key for key, n in votes.items() if n == best)  # earliest among the tied
+    return 1.0 if winner is _CORRECT else 0.0
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
+    """Every eval metric from rewarded groups (one per problem, all its samples in `rollouts`).
+
+    Each group needs at least k rollouts; failed or truncated rollouts count as samples (with
+    the reward they were given). pass@k and avg@k use all n samples of a group; maj@k uses the
+    first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K,
+    response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
+    (failed / all calls), no_answer_ratio, truncated_ratio.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if not groups:
+        raise ValueError("no groups to summarize")
+    avg, pass_k, maj = [], [], []
+    for g in groups:
+        rs = g.rollouts
+        if len(rs) < k:
+            raise ValueError(f"group {g.group_id} (problem {g.problem.id}) has {len(rs)} "
+                             f"samples, fewer than k={k}")
+        ok = [r.reward > 0 for r in rs]
+        avg.append(sum(ok) / len(rs))
+        pass_k.append(pass_at_k(len(rs), sum(ok), k))
+        maj.append(maj_at_k([r.answer for r in rs[:k]], ok[:k]))
+    rollouts = [r for g in groups for r in g.rollouts]
+    calls = sum(len(r.tool_calls) for r in rollouts)
+    failed = sum(c.failed for r in rollouts for c in r.tool_calls)
+    accuracy = _mean(avg)
+    return {
+        "problems": float(len(groups)),
+        "samples": float(len(rollouts)),
+        "k": float(k),
+        "accuracy": accuracy,
+        f"avg@{k}": accuracy,
+        f"pass@{k}": _mean(pass_k),
+        f"maj@{k}": _mean(maj),
+        "response_tokens_mean": _mean([float(r.num_response_tokens) for r in rollouts]),
+        "tool_calls_per_problem": calls / len(rollouts),
+        "tool_error_ratio": failed / calls if calls else 0.0,
+        "no_answer_ratio": _mean([float(r.answer is None) for r in rollouts]),
+        "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
+    }
+
+
+_COUNTS = {"problems", "samples", "k"}
+
+
+def format_table(summary: dict[str, float], title: str = "eval") -> str:
+    """A two-column text table of a summary, in its key order."""
+    width = max([len(title), *(len(key) for key in summary)])
+    lines = [f"{title:<{width}}  {'value':>10}", f"{'-' * width}  {'-' * 10}"]
+    for key, value in summary.items():
+        shown = f"{int(value):d}" if key in _COUNTS else (
+            f"{value:.1f}" if key == "response_tokens_mean" else f"{value:.4f}")
+        lines.append(f"{key:<{width}}  {shown:>10}")
+    return "\n".join(lines)
+
+
+def write_summary(summary: dict[str, float], path: str | Path) -> Path:
+    """Write the summary as a JSON object (keys in order) and return the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return p

@@ -1,0 +1,114 @@
+"""Eval metrics: the pass@k estimator, maj@k voting and ties, and `summarize` over groups."""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from asyncrl.evaluation import format_table, maj_at_k, pass_at_k, summarize, write_summary
+from asyncrl.records import Group, Problem, Rollout, RolloutStatus, ToolCall, ToolStatus
+
+
+@pytest.mark.parametrize(("n", "c", "k", "expected"), [
+    (10, 0, 1, 0.0),
+    (10, 10, 5, 1.0),
+    (10, 3, 1, 0.3),                       # pass@1 = c / n
+    (4, 1, 2, 0.5),                        # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    (5, 2, 2, 0.7),                        # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (5, 2, 3, 0.9),                        # 1 - C(3,3)/C(5,3) = 1 - 1/10
+    (5, 2, 4, 1.0),                        # n - c < k: every draw of 4 hits a correct one
+    (16, 1, 16, 1.0),
+    (16, 1, 8, 0.5),
+])
+def test_pass_at_k_hand_computed(n: int, c: int, k: int, expected: float) -> None:
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_enumeration_and_stays_stable() -> None:
+    # brute force over all k-subsets of a small sample
+    samples = [1, 0, 0, 1, 0, 0, 0]
+    for k in range(1, len(samples) + 1):
+        subsets = list(combinations(samples, k))
+        brute = sum(any(s) for s in subsets) / len(subsets)
+        assert pass_at_k(len(samples), sum(samples), k) == pytest.approx(brute, abs=1e-12)
+    # large n: the comb ratio would overflow floats; the product form does not
+    exact = 1 - math.comb(9000, 100) / math.comb(10000, 100)
+    assert pass_at_k(10000, 1000, 100) == pytest.approx(exact, rel=1e-9)
+    assert 0.0 < pass_at_k(2000, 1, 1) < 1e-3
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(0, 0, 1), (3, 4, 1), (3, -1, 1), (3, 1, 0), (3, 1, 4)])
+def test_pass_at_k_rejects_impossible_arguments(n: int, c: int, k: int) -> None:
+    with pytest.raises(ValueError):
+        pass_at_k(n, c, k)
+
+
+def test_maj_at_k_majority_and_correct_answers_vote_together() -> None:
+    assert maj_at_k(["3", "5", "5", "3", "5"], [False, True, True, False, True]) == 1.0
+    assert maj_at_k(["3", "5", "3 ", "3"], [False, True, False, False]) == 0.0  # "3 " is "3"
+    # "1/2" and "\frac{1}{2}" were both judged correct: they vote as one class of 2 against "7"
+    assert maj_at_k(["7", "1/2", "\\frac{1}{2}"], [False, True, True]) == 1.0
+    # no answer does not vote
+    assert maj_at_k([None, None, "4"], [False, False, True]) == 1.0
+    assert maj_at_k([None, None], [False, False]) == 0.0
+
+
+def test_maj_at_k_ties_go_to_the_earliest_answer() -> None:
+    assert maj_at_k(["8", "9", "9", "8"], [True, False, False, True]) == 1.0
+    assert maj_at_k(["9", "8", "8", "9"], [False, True, True, False]) == 0.0
+    assert maj_at_k(["2", "3", "4"], [False, True, False]) == 0.0  # three-way tie: "2" first
+    with pytest.raises(ValueError, match="verdicts"):
+        maj_at_k(["1"], [True, False])
+
+
+def _rollout(i: int, answer: str | None, reward: float, tokens: int = 10,
+             calls: tuple[ToolStatus, ...] = (), status: RolloutStatus = RolloutStatus.COMPLETED
+             ) -> Rollout:
+    return Rollout(rollout_id=f"r{i}", prompt_id="p", group_id="g", policy_version=0,
+                   prompt_ids=[1], response_ids=[0] * tokens, loss_mask=[1] * tokens,
+                   logprobs=[0.0] * tokens, answer=answer, reward=reward, status=status,
+                   tool_calls=[ToolCall(name="python", status=s) for s in calls])
+
+
+def _group(gid: str, rollouts: list[Rollout]) -> Group:
+    return Group(group_id=gid, problem=Problem(id=gid, question="q", answer="5"),
+                 rollouts=rollouts)
+
+
+def test_summarize_hand_computed() -> None:
+    ok, err = ToolStatus.OK, ToolStatus.ERROR
+    g1 = _group("a", [_rollout(0, "5", 1.0, 10, (ok,)), _rollout(1, "4", 0.0, 20, (ok, err)),
+                      _rollout(2, "5", 1.0, 30), _rollout(3, None, 0.0, 40, (),
+                                                          RolloutStatus.TRUNCATED)])
+    g2 = _group("b", [_rollout(4, "1", 0.0, 10, (err,)), _rollout(5, "2", 0.0, 10),
+                      _rollout(6, "1", 0.0, 10), _rollout(7, "3", 0.0, 10)])
+    s = summarize([g1, g2], k=2)
+    assert s["problems"] == 2 and s["samples"] == 8 and s["k"] == 2
+    assert s["avg@2"] == pytest.approx((2 / 4 + 0) / 2) == s["accuracy"]
+    assert s["pass@2"] == pytest.approx((pass_at_k(4, 2, 2) + 0) / 2)  # (5/6 + 0) / 2
+    assert s["pass@2"] == pytest.approx(5 / 12)
+    assert s["maj@2"] == pytest.approx((1 + 0) / 2)  # g1 first two: "5" vs "4" tie -> "5"
+    assert s["response_tokens_mean"] == pytest.approx((100 + 40) / 8)
+    assert s["tool_calls_per_problem"] == pytest.approx(4 / 8)
+    assert s["tool_error_ratio"] == pytest.approx(2 / 4)
+    assert s["no_answer_ratio"] == pytest.approx(1 / 8)
+    assert s["truncated_ratio"] == pytest.approx(1 / 8)
+
+
+def test_summarize_needs_k_samples_per_group() -> None:
+    with pytest.raises(ValueError, match="fewer than k=3"):
+        summarize([_group("a", [_rollout(0, "5", 1.0), _rollout(1, "5", 1.0)])], k=3)
+    with pytest.raises(ValueError, match="no groups"):
+        summarize([], k=1)
+
+
+def test_table_and_json(tmp_path: Path) -> None:
+    s = summarize([_group("a", [_rollout(0, "5", 1.0), _rollout(1, "4", 0.0)])], k=2)
+    table = format_table(s)
+    assert "pass@2" in table and "0.5000" in table and "problems" in table
+    path = write_summary(s, tmp_path / "eval" / "results.json")
+    assert json.loads(path.read_text()) == s
