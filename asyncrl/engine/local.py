@@ -1,0 +1,515 @@
+"""The `local` engine: an in-process torch engine with continuous batching over an HF causal LM.
+
+Owns: admission of requests into one running batch under a fixed KV token budget, the batched
+left-padded KV cache (rows join and leave between steps), per-request sampling (greedy,
+temperature, top-p, seeds), stop rules (token ids, strings, `max_new_tokens`), streaming each
+request's tokens to its consumer, preemption when the running batch would outgrow the budget,
+and in-process weight updates with a version number. Does not own: which requests arrive or
+when (the scheduler), tokenization (the caller sends ids), or training.
+
+Lifecycle: `async with LocalEngine(...) as engine:` (or `await engine.start()` ...
+`await engine.close()`). `start` creates the step driver, a task the engine owns and `close`
+awaits; requests still open at `close` end with finish reason "abort".
+
+How a step runs. The event loop plans a step (drop finished rows, preempt if needed, admit
+waiting requests), then one worker thread runs it: one decode forward for the rows already
+running (one token each) and one prefill forward for the rows admitted this step (left-padded,
+batched), whose caches are merged into the running cache. The model forward therefore never
+runs on the event loop. Weight updates take the same lock as a step, so they land between
+steps, never during a forward.
+
+KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
+(padding columns of the batched cache are not counted). The engine never lets the held total
+exceed it: a request is admitted only when its context, its first token and a small growth
+reserve fit; if the next decode step would not fit, the most recently admitted request is
+preempted (its cache rows dropped, it goes back to the head of the queue and is re-prefilled
+from input + generated later; its stream just pauses). A request that could never fit alone
+(`len(input_ids) + max_new_tokens > kv_token_budget`) is refused with `EngineError`.
+`load()` reports the held total, the budget, running and waiting counts; `peak_kv_tokens` the
+highest held total seen.
+
+Numerics: fp32 greedy output equals `model.generate(do_sample=False)` for the same prompt
+alone or batched with others, up to float ties (padding changes summation order only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import math
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.engine.base import (
+    EngineLoad,
+    GenerateRequest,
+    SamplingParams,
+    TokenDelta,
+    WeightUpdate,
+)
+from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+_WAITING, _RUNNING, _DONE = 0, 1, 2
+
+
+class _Seq:
+    """One request's loop-side state. The worker thread reads it but never writes it."""
+
+    __slots__ = ("admit_order", "generated", "generator", "input_ids", "preemptions", "queue",
+                 "rid", "sampling", "state")
+
+    def __init__(self, request: GenerateRequest, queue: asyncio.Queue[Any], generator: Any) -> None:
+        self.rid = request.request_id
+        self.input_ids = list(request.input_ids)
+        self.sampling: SamplingParams = request.sampling
+        self.generated: list[int] = []
+        self.queue = queue
+        self.state = _WAITING
+        self.generator = generator
+        self.admit_order = 0
+        self.preemptions = 0
+
+    @property
+    def held(self) -> int:
+        """KV tokens this request holds while running (its context incl. the pending token)."""
+        return len(self.input_ids) + len(self.generated)
+
+    @property
+    def remaining(self) -> int:
+        return self.sampling.max_new_tokens - len(self.generated)
+
+
+@dataclass
+class _Plan:
+    keep: list[int]
+    """Rows of the current batch cache to keep, in order."""
+    decode: list[_Seq]
+    """The kept rows' requests (same order): each gets one decode token."""
+    prefill: list[_Seq]
+    """Requests admitted this step: prefilled and appended after the kept rows."""
+    version: int
+
+
+@dataclass
+class _Out:
+    seq: _Seq
+    token: int
+    logprob: float
+    finish: str | None
+
+
+@dataclass
+class _BatchState:
+    """The worker thread's batch: a left-padded cache, its 2-D mask and next positions."""
+
+    cache: Any = None
+    mask: Any = None
+    pos: Any = None
+    rows: int = 0
+    stop_tails: dict[str, int] = field(default_factory=dict)
+
+
+class LocalEngine:
+    """In-process continuous-batching engine over an HF causal LM (see the module docstring).
+
+    `LocalEngine(model, tokenizer, *, kv_token_budget, max_running, name="local-0",
+    device="cpu", threads=0, admit_reserve=16, seed=0)`. `model` is used as given (moved to
+    `device`, put in eval mode): pass a copy if a trainer keeps training the original.
+    `threads > 0` sets torch's intra-op thread count (process-wide) from the worker thread.
+    `admit_reserve`: growth tokens a request must have room for beyond its first token to be
+    admitted (fewer preemptions right after admission).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, kv_token_budget: int, max_running: int,
+                 name: str = "local-0", device: str = "cpu", threads: int = 0,
+                 admit_reserve: int = 16, seed: int = 0) -> None:
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        if kv_token_budget < 2 or max_running < 1:
+            raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
+        self.name = name
+        self.policy_version = 0
+        self.kv_token_budget = kv_token_budget
+        self.max_running = max_running
+        self.peak_kv_tokens = 0
+        self.steps = 0
+        self.preemptions = 0
+        self._torch = torch
+        self._cache_cls = DynamicCache
+        self._device = torch.device(device)
+        self._model = model.to(self._device).eval()
+        self._tokenizer = tokenizer
+        self._threads = threads
+        self._admit_reserve = admit_reserve
+        self._pad_id = int(tokenizer.pad_token_id or 0)
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-fwd")
+        self._seqs: dict[str, _Seq] = {}
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._rows: list[_Seq] = []
+        self._held = 0
+        self._admit_seq = itertools.count()
+        self._batch = _BatchState()
+        self._work = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._driver: asyncio.Task[None] | None = None
+        self._closing = False
+        self._check_layers()
+
+    # ------------------------------------------------------------------------ lifecycle
+    async def start(self) -> LocalEngine:
+        """Start the step driver (idempotent). Requires a running event loop."""
+        if self._driver is None:
+            if self._threads > 0:
+                await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._torch.set_num_threads, self._threads)
+            self._closing = False
+            self._driver = asyncio.create_task(self._drive(), name=f"{self.name}-driver")
+        return self
+
+    async def close(self) -> None:
+        """Stop after the step in flight; open requests end with finish reason "abort"."""
+        self._closing = True
+        self._work.set()
+        if self._driver is not None:
+            try:
+                await asyncio.shield(self._driver)
+            finally:
+                self._driver = None
+        for seq in list(self._seqs.values()):
+            self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
+                                         policy_version=self.policy_version))
+        self._rows = []
+        self._batch = _BatchState()
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> LocalEngine:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -------------------------------------------------------------------------- protocol
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        """Token deltas for `request` (one token each); see `base` for the contract.
+
+        Leaving the iteration early (break, cancellation) aborts the request.
+        """
+        seq = self._submit(request)
+        if seq is None:  # max_new_tokens == 0
+            yield TokenDelta(token_ids=[], logprobs=[], finish_reason="length",
+                             policy_version=self.policy_version)
+            return
+        try:
+            while True:
+                item = await seq.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if seq.state != _DONE:
+                self._abort_seq(seq)
+
+    async def abort(self, request_id: str) -> None:
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._abort_seq(seq)
+
+    async def load(self) -> EngineLoad:
+        return EngineLoad(kv_tokens_used=self._held, kv_tokens_capacity=self.kv_token_budget,
+                          running=sum(1 for s in self._rows if s.state == _RUNNING),
+                          waiting=len(self._waiting))
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Copy new weights into the model between steps, then bump `policy_version`.
+
+        `update.state_dict` (tensors, copied, never aliased) or `update.path` (a directory of
+        HF safetensors). Running requests keep their KV cache; tokens produced after the update
+        carry the new version. Raises `WeightSyncError` on unknown parameter names.
+        """
+        loop = asyncio.get_running_loop()
+        async with self._step_lock:
+            await loop.run_in_executor(self._executor, self._load_weights, update)
+            self.policy_version = update.version
+        log.info("engine_weights_updated", engine=self.name, version=update.version)
+
+    # ------------------------------------------------------------------ loop-side state
+    def _submit(self, request: GenerateRequest) -> _Seq | None:
+        if self._driver is None or self._closing:
+            raise EngineUnavailable(f"{self.name}: engine is not running (use `async with`)")
+        sp = request.sampling
+        if request.request_id in self._seqs:
+            raise EngineError(f"{self.name}: duplicate request id {request.request_id!r}")
+        if not request.input_ids:
+            raise EngineError(f"{self.name}: empty input_ids")
+        if sp.max_new_tokens < 0 or sp.temperature < 0 or not 0 < sp.top_p <= 1:
+            raise EngineError(f"{self.name}: bad sampling params {sp}")
+        if sp.max_new_tokens == 0:
+            return None
+        need = len(request.input_ids) + sp.max_new_tokens
+        if need > self.kv_token_budget:
+            raise EngineError(f"{self.name}: request needs {need} KV tokens, more than the "
+                              f"engine's budget of {self.kv_token_budget}")
+        gen = None
+        if sp.seed is not None and sp.temperature > 0:
+            gen = self._torch.Generator(device="cpu").manual_seed(sp.seed)
+        seq = _Seq(request, asyncio.Queue(), gen)
+        self._seqs[seq.rid] = seq
+        self._waiting.append(seq)
+        self._work.set()
+        return seq
+
+    def _finish(self, seq: _Seq, final: TokenDelta | BaseException) -> None:
+        if seq.state == _RUNNING:
+            self._held -= seq.held
+        elif seq.state == _WAITING:
+            try:
+                self._waiting.remove(seq)
+            except ValueError:
+                pass
+        seq.state = _DONE
+        self._seqs.pop(seq.rid, None)
+        seq.queue.put_nowait(final)
+
+    def _abort_seq(self, seq: _Seq) -> None:
+        if seq.state != _DONE:
+            self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
+                                         policy_version=self.policy_version))
+
+    def _plan(self) -> _Plan:
+        """Decide this step: rows to keep, preemptions, admissions. Keeps held <= budget."""
+        keep = [i for i, s in enumerate(self._rows) if s.state == _RUNNING]
+        decode = [self._rows[i] for i in keep]
+        # Each decode row grows by one token; preempt the newest rows until that fits.
+        while decode and self._held + len(decode) > self.kv_token_budget:
+            j = max(range(len(decode)), key=lambda k: decode[k].admit_order)
+            victim = decode.pop(j)
+            keep.pop(j)
+            self._held -= victim.held
+            victim.state = _WAITING
+            victim.preemptions += 1
+            self.preemptions += 1
+            self._waiting.appendleft(victim)
+            log.debug("engine_preempt", engine=self.name, request_id=victim.rid)
+        projected = self._held + len(decode)
+        prefill: list[_Seq] = []
+        while self._waiting and len(decode) + len(prefill) < self.max_running:
+            seq = self._waiting[0]
+            reserve = min(seq.remaining - 1, self._admit_reserve)
+            if projected + seq.held + 1 + reserve > self.kv_token_budget:
+                break  # strict FIFO: the head waits for room, nothing overtakes it
+            self._waiting.popleft()
+            seq.state = _RUNNING
+            seq.admit_order = next(self._admit_seq)
+            self._held += seq.held
+            projected += seq.held + 1
+            prefill.append(seq)
+        self._rows = decode + prefill
+        return _Plan(keep=keep, decode=decode, prefill=prefill, version=self.policy_version)
+
+    def _apply(self, plan: _Plan, outs: list[_Out]) -> None:
+        for o in outs:
+            seq = o.seq
+            if seq.state != _RUNNING:  # aborted while the step ran
+                continue
+            seq.generated.append(o.token)
+            self._held += 1
+            delta = TokenDelta(token_ids=[o.token], logprobs=[o.logprob], finish_reason=o.finish,
+                               policy_version=plan.version)
+            if o.finish is not None:
+                self._finish(seq, delta)
+            else:
+                seq.queue.put_nowait(delta)
+        self.peak_kv_tokens = max(self.peak_kv_tokens, self._held)
+        assert self._held <= self.kv_token_budget, "KV budget invariant broken"
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            if not self._waiting and not any(s.state == _RUNNING for s in self._rows):
+                self._work.clear()
+                await self._work.wait()
+                continue
+            async with self._step_lock:
+                if self._closing:
+                    break
+                plan = self._plan()
+                if not plan.decode and not plan.prefill:
+                    continue
+                try:
+                    outs = await loop.run_in_executor(self._executor, self._step, plan)
+                except Exception as e:  # a failed forward leaves the batch cache unusable
+                    log.error("engine_step_failed", engine=self.name, error=repr(e))
+                    err = EngineError(f"{self.name}: forward failed: {e!r}")
+                    for seq in plan.decode + plan.prefill:
+                        if seq.state != _DONE:
+                            self._finish(seq, err)
+                    self._rows = []
+                    self._batch = _BatchState()
+                    continue
+                self.steps += 1
+                self._apply(plan, outs)
+
+    # ----------------------------------------------------------------- worker thread
+    def _check_layers(self) -> None:
+        cfg = self._model.config.get_text_config(decoder=True)
+        types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        if types != {"full_attention"}:
+            raise EngineError(f"{self.name}: only full-attention models are supported "
+                              f"(layer types {sorted(types)})")
+
+    def _step(self, plan: _Plan) -> list[_Out]:
+        torch = self._torch
+        outs: list[_Out] = []
+        with torch.inference_mode():
+            b = self._batch
+            self._select(plan.keep)
+            if plan.decode:
+                last = torch.tensor([[s.generated[-1]] for s in plan.decode], device=self._device)
+                b.mask = torch.cat([b.mask, b.mask.new_ones((b.rows, 1))], dim=1)
+                out = self._model(input_ids=last, attention_mask=b.mask,
+                                  position_ids=b.pos.unsqueeze(1), past_key_values=b.cache,
+                                  use_cache=True)
+                b.pos = b.pos + 1
+                outs.extend(self._sample(out.logits[:, -1, :], plan.decode))
+            if plan.prefill:
+                outs.extend(self._prefill(plan.prefill))
+        return outs
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only `keep` rows of the batch, then drop leading all-padding columns."""
+        torch = self._torch
+        b = self._batch
+        if not keep:
+            self._batch = _BatchState()
+            return
+        if keep != list(range(b.rows)):
+            idx = torch.tensor(keep, device=self._device)
+            for layer in b.cache.layers:
+                layer.keys = layer.keys.index_select(0, idx)
+                layer.values = layer.values.index_select(0, idx)
+            b.mask = b.mask.index_select(0, idx)
+            b.pos = b.pos.index_select(0, idx)
+            b.rows = len(keep)
+        first = int(b.mask.any(dim=0).int().argmax())
+        if first > 0:
+            for layer in b.cache.layers:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
+            b.mask = b.mask[:, first:]
+
+    def _prefill(self, seqs: list[_Seq]) -> list[_Out]:
+        torch = self._torch
+        ctxs = [s.input_ids + s.generated for s in seqs]
+        width = max(len(c) for c in ctxs)
+        ids = torch.full((len(seqs), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, c in enumerate(ctxs):
+            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
+            mask[i, width - len(c):] = 1
+        ids, mask = ids.to(self._device), mask.to(self._device)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = self._cache_cls(config=self._model.config)
+        out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                          past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._merge(cache, mask, torch.tensor([len(c) for c in ctxs], device=self._device))
+        return self._sample(out.logits[:, -1, :], seqs)
+
+    def _merge(self, cache: Any, mask: Any, pos: Any) -> None:
+        """Append freshly prefilled rows to the batch, left-padding the shorter side."""
+        torch = self._torch
+        F = torch.nn.functional
+        b = self._batch
+        if b.rows == 0:
+            self._batch = _BatchState(cache=cache, mask=mask, pos=pos, rows=mask.shape[0])
+            return
+        lo, ln = b.mask.shape[1], mask.shape[1]
+        width = max(lo, ln)
+        for old, new in zip(b.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([F.pad(old.keys, (0, 0, width - lo, 0)),
+                                  F.pad(new.keys, (0, 0, width - ln, 0))], dim=0)
+            old.values = torch.cat([F.pad(old.values, (0, 0, width - lo, 0)),
+                                    F.pad(new.values, (0, 0, width - ln, 0))], dim=0)
+        b.mask = torch.cat([F.pad(b.mask, (width - lo, 0)), F.pad(mask, (width - ln, 0))], dim=0)
+        b.pos = torch.cat([b.pos, pos])
+        b.rows += mask.shape[0]
+
+    def _sample(self, logits: Any, seqs: list[_Seq]) -> list[_Out]:
+        torch = self._torch
+        logits = logits.float().cpu()
+        outs: list[_Out] = []
+        greedy = [i for i, s in enumerate(seqs) if s.sampling.temperature == 0]
+        if greedy:
+            g = logits[greedy]
+            toks = g.argmax(dim=-1)
+            lps = torch.log_softmax(g, dim=-1).gather(1, toks.unsqueeze(1)).squeeze(1)
+            picked = dict(zip(greedy, zip(toks.tolist(), lps.tolist(), strict=True), strict=True))
+        else:
+            picked = {}
+        for i, s in enumerate(seqs):
+            if i in picked:
+                continue
+            logp = torch.log_softmax(logits[i] / s.sampling.temperature, dim=-1)
+            probs = logp.exp()
+            if s.sampling.top_p < 1.0:
+                sp, si = probs.sort(descending=True)
+                drop = (sp.cumsum(0) - sp) >= s.sampling.top_p
+                sp[drop] = 0.0
+                probs = torch.zeros_like(probs).scatter_(0, si, sp)
+            tok = int(torch.multinomial(probs, 1, generator=s.generator or self._generator))
+            picked[i] = (tok, float(logp[tok]))
+        for i, s in enumerate(seqs):
+            tok, lp = picked[i]
+            outs.append(_Out(s, tok, lp if math.isfinite(lp) else -1e30, self._finish_reason(s, tok)))
+        return outs
+
+    def _finish_reason(self, seq: _Seq, tok: int) -> str | None:
+        sp = seq.sampling
+        if tok in sp.stop_token_ids:
+            return "stop"
+        if sp.stop_strings and self._stop_string_hit(seq, tok):
+            return "stop"
+        if len(seq.generated) + 1 >= sp.max_new_tokens:
+            return "length"
+        return None
+
+    def _stop_string_hit(self, seq: _Seq, tok: int) -> bool:
+        """True when a stop string ends inside the text of the newest token."""
+        longest = max(len(s) for s in seq.sampling.stop_strings)
+        tail = [*seq.generated[-(longest + 2):], tok]
+        before = self._tokenizer.decode(tail[:-1])
+        text = self._tokenizer.decode(tail)
+        for s in seq.sampling.stop_strings:
+            if text.find(s, max(0, len(before) - len(s) + 1)) >= 0:
+                return True
+        return False
+
+    def _load_weights(self, update: WeightUpdate) -> None:
+        torch = self._torch
+        sd = update.state_dict
+        if sd is None:
+            if not update.path:
+                raise WeightSyncError(f"{self.name}: weight update has neither tensors nor a path")
+            from safetensors.torch import load_file
+
+            files = sorted(Path(update.path).glob("*.safetensors"))
+            if not files:
+                raise WeightSyncError(f"{self.name}: no *.safetensors in {update.path}")
+            sd = {}
+            for f in files:
+                sd.update(load_file(str(f)))
+        assert isinstance(sd, dict)
+        with torch.no_grad():
+            _missing, unexpected = self._model.load_state_dict(sd, strict=False)
+        if unexpected:
+            raise WeightSyncError(f"{self.name}: unknown parameters in update: {unexpected[:5]}")

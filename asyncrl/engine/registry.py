@@ -1,0 +1,62 @@
+"""Engine kinds: the registry that turns an `[engine]` config section into engines.
+
+Owns: `ENGINE_KINDS` (kind name -> builder) and `build_engines`. Does not own: any engine, or
+starting them (engines are opened by the caller with `async with`).
+
+A builder is `builder(cfg, *, model=None, tokenizer=None, **options) -> list[Engine]`; it gets
+only its own config section. Other engine modules register themselves with
+`register_engine_kind("sglang", build_sglang)` (or by adding to `ENGINE_KINDS`) when imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.engine.base import Engine
+from asyncrl.errors import ConfigError
+
+EngineBuilder = Callable[..., list[Engine]]
+
+
+def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
+                 **options: Any) -> list[Engine]:
+    """One in-process `LocalEngine` over `model` (moved to `cfg.device`; pass a copy if a
+    trainer keeps training the original). Uses the options `name`, `seed` and `admit_reserve`
+    when given; ignores the others (`run_dir`, `model_path`, ... are for other kinds)."""
+    from asyncrl.engine.local import LocalEngine
+
+    if model is None or tokenizer is None:
+        raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
+    opts = {"name": "local-0"}
+    opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve")})
+    return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
+                        max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,
+                        **opts)]
+
+
+ENGINE_KINDS: dict[str, EngineBuilder] = {"local": _build_local}
+"""Kind name (the `engine.kind` config key) -> builder."""
+
+
+def register_engine_kind(kind: str, builder: EngineBuilder) -> None:
+    """Add (or replace) the builder for `kind`."""
+    ENGINE_KINDS[kind] = builder
+
+
+def build_engines(cfg: Any, model: Any = None, tokenizer: Any = None,
+                  **options: Any) -> list[Engine]:
+    """Engines for an engine config section (`LocalEngineConfig`, ...), not yet started.
+
+    `cfg.kind` picks the builder from `ENGINE_KINDS`; `model`/`tokenizer` are for in-process
+    kinds; `options` are passed to the builder, which ignores those it does not use (so one call
+    site serves every kind: `run_dir=`, `model_path=`, ...). Raises `ConfigError("engine.kind")` for a kind
+    with no registered builder (e.g. "sglang" when its module was not imported).
+    """
+    kind = cfg.kind
+    try:
+        builder = ENGINE_KINDS[kind]
+    except KeyError:
+        raise ConfigError("engine.kind", f"no engine builder registered for kind {kind!r}; "
+                          f"registered: {sorted(ENGINE_KINDS)}") from None
+    return builder(cfg, model=model, tokenizer=tokenizer, **options)

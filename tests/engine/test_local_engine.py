@@ -1,0 +1,223 @@
+"""The local engine: greedy equals `model.generate`, KV budget, abort, weight updates, stops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from asyncrl.engine.base import Engine, GenerateRequest, SamplingParams, WeightUpdate, collect
+from asyncrl.engine.local import LocalEngine
+from asyncrl.errors import EngineError, EngineUnavailable
+
+N = 24
+PROMPTS = ["What is 12 + 7?", "<|im_start|>user\nhello there, compute 3*4<|im_end|>\n",
+           "```python\nprint(1)", "aaa", "What is 1234 + 9876? <reason>Let me"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def model(spiky_model_factory):
+    return spiky_model_factory(0)
+
+
+def _greedy_ref(model, ids: list[int], n: int = N) -> list[int]:
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=None)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def refs(model, tiny_tokenizer):
+    ids = [tiny_tokenizer.encode(p) for p in PROMPTS]
+    return ids, [_greedy_ref(model, x) for x in ids]
+
+
+def _req(rid: str, ids: list[int], n: int = N, **kw) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, input_ids=ids,
+                           sampling=SamplingParams(max_new_tokens=n, temperature=kw.pop("temperature", 0.0), **kw))
+
+
+async def test_is_an_engine(model, tiny_tokenizer) -> None:
+    eng = LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2)
+    assert isinstance(eng, Engine)
+    with pytest.raises(EngineUnavailable):  # not started
+        await collect(eng, _req("x", [1, 2]))
+
+
+async def test_greedy_alone_equals_generate(model, tiny_tokenizer, refs) -> None:
+    ids, ref = refs
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=8) as eng:
+        for i, (x, r) in enumerate(zip(ids, ref, strict=True)):
+            g = await collect(eng, _req(f"a{i}", x))
+            assert g.token_ids == r
+            assert g.finish_reason == "length"
+            assert all(lp <= 0 for lp in g.logprobs) and len(g.logprobs) == N
+
+
+async def test_greedy_batched_and_staggered_equals_generate(model, tiny_tokenizer, refs) -> None:
+    ids, ref = refs
+
+    async def late(i: int, x: list[int]):
+        await asyncio.sleep(0.005 * i)  # rows join a running batch at different steps
+        return await collect(eng, _req(f"b{i}", x, n=N - 3 * i))
+
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=8) as eng:
+        outs = await asyncio.gather(*(late(i, x) for i, x in enumerate(ids)))
+        assert eng.steps < sum(len(o.token_ids) for o in outs)  # they really shared steps
+    for i, (o, r) in enumerate(zip(outs, ref, strict=True)):
+        assert o.token_ids == r[: N - 3 * i]
+    assert all(len(set(r)) > 5 for r in ref)  # varied continuations: the check has teeth
+
+
+async def test_kv_budget_never_exceeded_under_pressure(model, tiny_tokenizer, refs) -> None:
+    ids, ref = refs
+    budget = 90  # far less than the 5 requests need together: admission waits and preemption
+    seen: list[int] = []
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=budget, max_running=8,
+                           admit_reserve=0) as eng:
+        async def watch():
+            while True:
+                load = await eng.load()
+                seen.append(load.kv_tokens_used)
+                assert load.kv_tokens_capacity == budget
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            outs = await asyncio.gather(*(collect(eng, _req(f"k{i}", x)) for i, x in enumerate(ids)))
+        finally:
+            watcher.cancel()
+        assert eng.peak_kv_tokens <= budget
+        assert max(seen) <= budget
+        assert eng.peak_kv_tokens > budget - 10  # the budget was actually the constraint
+        assert eng.preemptions > 0
+        assert (await eng.load()).kv_tokens_used == 0
+    for o, r in zip(outs, ref, strict=True):
+        assert o.token_ids == r  # preempted requests resume exactly (recomputed prefix)
+
+
+async def test_request_that_can_never_fit_is_refused(model, tiny_tokenizer) -> None:
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=32, max_running=2) as eng:
+        with pytest.raises(EngineError, match="budget"):
+            await collect(eng, _req("big", list(range(10, 30)), n=20))
+
+
+async def test_abort_frees_capacity_for_the_waiting(model, tiny_tokenizer, refs) -> None:
+    ids, _ = refs
+    x = ids[4] * 4  # a long prompt, so two of them do not fit in the budget together
+    ref = _greedy_ref(model, x)
+    budget = len(x) + 60
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=budget, max_running=4) as eng:
+        first = eng.stream(_req("long", x, n=60))
+        got = [await first.__anext__() for _ in range(5)]
+        assert all(d.finish_reason is None for d in got)
+        second = asyncio.create_task(collect(eng, _req("next", x, n=N)))
+        await asyncio.sleep(0.05)
+        load = await eng.load()
+        assert load.running == 1 and load.waiting == 1  # no KV room for the second
+        assert load.kv_tokens_used >= len(x) + 5
+        await eng.abort("long")
+        load = await eng.load()
+        assert load.kv_tokens_used == 0 and load.running == 0  # released at once
+        rest = [d async for d in first]
+        assert rest[-1].finish_reason == "abort"
+        out = await asyncio.wait_for(second, 30)
+        assert out.token_ids == ref
+        assert (await eng.load()).kv_tokens_used == 0
+
+
+async def test_leaving_the_stream_aborts_the_request(model, tiny_tokenizer, refs) -> None:
+    ids, _ = refs
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=1024, max_running=4) as eng:
+        async def take_two():
+            n = 0
+            async for _ in eng.stream(_req("leave", ids[0], n=200)):
+                n += 1
+                if n == 2:
+                    break
+        await take_two()
+        await asyncio.sleep(0.01)
+        load = await eng.load()
+        assert load.running == 0 and load.kv_tokens_used == 0
+
+
+async def test_weight_update_changes_outputs_and_bumps_version(spiky_model_factory, tiny_tokenizer,
+                                                               refs) -> None:
+    ids, ref = refs
+    other = spiky_model_factory(1)
+    ref_other = _greedy_ref(other, ids[0])
+    assert ref_other != ref[0]
+    async with LocalEngine(spiky_model_factory(0), tiny_tokenizer, kv_token_budget=2048,
+                           max_running=4) as eng:
+        assert eng.policy_version == 0
+        # an update while a request is streaming lands between steps and does not break it
+        running = asyncio.create_task(collect(eng, _req("during", ids[1], n=60)))
+        await asyncio.sleep(0.02)
+        await eng.update_weights(WeightUpdate(version=1, state_dict=other.state_dict()))
+        assert eng.policy_version == 1
+        during = await running
+        assert during.finish_reason == "length" and len(during.token_ids) == 60
+        after = [d async for d in eng.stream(_req("after", ids[0]))]
+        assert all(d.policy_version == 1 for d in after)
+        assert [t for d in after for t in d.token_ids] == ref_other
+
+
+async def test_weight_update_rejects_unknown_names(model, tiny_tokenizer) -> None:
+    from asyncrl.errors import WeightSyncError
+
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2) as eng:
+        with pytest.raises(WeightSyncError):
+            await eng.update_weights(WeightUpdate(version=5, state_dict={"nope": torch.zeros(1)}))
+        assert eng.policy_version == 0
+
+
+async def test_stop_token_and_stop_string(model, tiny_tokenizer, refs) -> None:
+    ids, ref = refs
+    r = ref[4]
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=2048, max_running=4) as eng:
+        stop_id = r[5]
+        g = await collect(eng, _req("sid", ids[4], stop_token_ids=(stop_id,)))
+        k = r.index(stop_id)
+        assert g.token_ids == r[: k + 1] and g.finish_reason == "stop"
+        # a stop string spanning tokens 6-7: output stops at the first token completing it
+        before, text = tiny_tokenizer.decode(r[:7]), tiny_tokenizer.decode(r[:8])
+        stop = text[len(before) - 1:]
+        j = next(j for j in range(1, len(r) + 1) if stop in tiny_tokenizer.decode(r[:j]))
+        assert j <= 8
+        g = await collect(eng, _req("sstr", ids[4], stop_strings=(stop, "never-seen-string")))
+        assert g.finish_reason == "stop" and g.token_ids == r[:j]
+
+
+async def test_sampling_is_seeded_and_top_p_narrows(model, tiny_tokenizer, refs) -> None:
+    ids, ref = refs
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=8) as eng:
+        a, b, c = await asyncio.gather(
+            collect(eng, _req("s1", ids[0], temperature=1.0, seed=7)),
+            collect(eng, _req("s2", ids[0], temperature=1.0, seed=7)),
+            collect(eng, _req("s3", ids[0], temperature=1.0, seed=8)),
+        )
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
+        assert a.token_ids != c.token_ids
+        assert all(lp <= 0 for lp in a.logprobs)
+        # top_p that keeps only the top token is greedy
+        g = await collect(eng, _req("s4", ids[0], temperature=0.7, top_p=1e-6, seed=1))
+        assert g.token_ids == ref[0]
+
+
+async def test_close_ends_open_streams_with_abort(model, tiny_tokenizer, refs) -> None:
+    ids, _ = refs
+    eng = await LocalEngine(model, tiny_tokenizer, kv_token_budget=1024, max_running=4).start()
+    s = eng.stream(_req("open", ids[0], n=300))
+    await s.__anext__()
+    await eng.close()
+    rest = [d async for d in s]
+    assert rest and rest[-1].finish_reason == "abort"

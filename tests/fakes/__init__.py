@@ -1,0 +1,1 @@
+"""One fake per outside boundary (engines, sandbox, ...), shared by the tests."""
