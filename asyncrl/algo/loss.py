@@ -1,0 +1,198 @@
+"""The GRPO policy loss and its metrics, in torch, shared by every trainer.
+
+Owns: per-token logprobs and entropy from logits, the clipped-ratio loss with clip-higher and
+dual-clip (`grpo_loss`), the masked cross-entropy of the SFT cold start (`sft_loss`), the
+trainer/sampler mismatch metrics, and `StepStats`, which sums metrics over micro-batches and
+data-parallel ranks. Does not own: models, optimizers or how sequences are packed.
+
+Conventions: tensors are `[batch, time]`, position t holds token t (see `batching`); `mask` is
+1 where token t is trained (model tokens of the response) and 0 for prompt, tool-output,
+padding and dummy tokens. Masked positions contribute exactly zero loss and zero gradient.
+
+Token-mean over the batch: the loss of a micro-batch is `sum(per-token loss * mask) /
+normalizer`, where `normalizer` is the number of trained tokens in the whole mini-batch (all
+micro-batches, all ranks). Summing the micro-batch losses therefore gives the token-mean of the
+mini-batch, whatever the packing. No KL term, no entropy bonus: entropy is only measured.
+
+Per-token loss with ratio r = exp(logp - old_logp) and advantage A (DAPO's clip-higher and the
+dual-clip of Ye et al. 2020, as in verl):
+- `clipped = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))`
+- A >= 0: `clipped`. A < 0: `min(clipped, -A * dual_clip)`, i.e. the loss of a negative token
+  never exceeds `dual_clip * |A|`, however large r grows.
+
+Metric names: `tokens` (trained tokens), `<name>_sum` (token sums; `StepStats.means` divides
+them by `tokens` and drops the suffix), `<name>_max` / `<name>_min` (extremes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Metrics = dict[str, torch.Tensor]
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
+                   temperature: float = 1.0) -> torch.Tensor:
+    """Logprob of token t given tokens < t, at position t; position 0 is 0. `[B, T]`, float32.
+
+    `temperature` divides the logits first, to match an engine that sampled at that temperature.
+    """
+    b, t, v = logits.shape
+    lg = logits[:, :-1].float()
+    if temperature != 1.0:
+        lg = lg / temperature
+    nll = F.cross_entropy(lg.reshape(-1, v), input_ids[:, 1:].reshape(-1), reduction="none")
+    return F.pad(-nll.view(b, t - 1), (1, 0))
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Entropy of the distribution that predicted token t, at position t (0 at position 0).
+    `[B, T]`, float32, no gradient; computed in chunks of `chunk` positions to bound memory."""
+    b, t, _ = logits.shape
+    out = torch.zeros(b, t, dtype=torch.float32, device=logits.device)
+    for s in range(0, t - 1, chunk):
+        lg = logits[:, s:min(s + chunk, t - 1)].float()
+        logp = torch.log_softmax(lg, dim=-1)
+        out[:, s + 1:s + 1 + lg.shape[1]] = -(logp.exp() * logp).sum(-1)
+    return out
+
+
+def _normalizer(mask: torch.Tensor, normalizer: float | torch.Tensor | None) -> torch.Tensor:
+    if normalizer is None:
+        return mask.sum().clamp(min=1.0)
+    return torch.as_tensor(normalizer, dtype=torch.float32, device=mask.device)
+
+
+def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+              mask: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float,
+              normalizer: float | torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """The GRPO-RoC policy loss of one micro-batch and its metric sums (see the module doc).
+
+    `logprobs` carries the gradient; `old_logprobs` (the trainer's recomputation before the
+    update) is treated as a constant. `advantages` is per token or broadcastable to it.
+    `normalizer` is the trained-token count of the whole mini-batch; None uses this call's mask
+    (a plain token-mean). Metrics: `tokens`, `pg_loss_sum`, `clip_frac_sum` (tokens whose
+    gradient the ratio clip removed), `dual_clip_frac_sum`, `ratio_sum`, `ratio_max`,
+    `ratio_min`, `approx_kl_sum` (k3 estimate of KL(old || new)).
+    """
+    m = mask.to(torch.bool)
+    mf = m.to(torch.float32)
+    adv = torch.broadcast_to(advantages.to(torch.float32), logprobs.shape)
+    # Zero the log-ratio where masked so no inf/nan there can leak into the gradient.
+    log_ratio = torch.where(m, logprobs.float() - old_logprobs.detach().float(), 0.0)
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped = torch.maximum(pg1, pg2)
+    pg3 = -adv * dual_clip
+    per_token = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
+    per_token = torch.where(m, per_token, 0.0)
+    loss = per_token.sum() / _normalizer(mf, normalizer)
+
+    with torch.no_grad():
+        r = ratio.detach()
+        inf = torch.tensor(math.inf, device=r.device)
+        metrics: Metrics = {
+            "tokens": mf.sum(),
+            "pg_loss_sum": per_token.detach().sum(),
+            "clip_frac_sum": ((pg2 > pg1) & m).float().sum(),
+            "dual_clip_frac_sum": ((adv < 0) & (pg3 < clipped) & m).float().sum(),
+            "ratio_sum": (r * mf).sum(),
+            "ratio_max": torch.where(m, r, -inf).max(),
+            "ratio_min": torch.where(m, r, inf).min(),
+            "approx_kl_sum": (((r - 1.0) - log_ratio.detach()) * mf).sum(),
+        }
+    return loss, metrics
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor,
+             normalizer: float | torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+    """Masked negative log-likelihood, token-mean with the same `normalizer` rule as
+    `grpo_loss`. Metrics: `tokens`, `nll_sum`."""
+    m = mask.to(torch.bool)
+    nll = torch.where(m, -logprobs.float(), 0.0)
+    loss = nll.sum() / _normalizer(m.float(), normalizer)
+    return loss, {"tokens": m.float().sum(), "nll_sum": nll.detach().sum()}
+
+
+@torch.no_grad()
+def mismatch_metrics(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
+                     mask: torch.Tensor) -> Metrics:
+    """How far the trainer's logprobs are from the engine's sampling logprobs on the same
+    tokens: `mismatch_abs_sum` (|diff|) and `mismatch_kl_sum` (k3 estimate of
+    KL(sampler || trainer), the tokens being samples of the engine)."""
+    m = mask.to(torch.bool)
+    d = torch.where(m, trainer_logprobs.float() - sampling_logprobs.float(), 0.0).clamp(-20, 20)
+    mf = m.float()
+    return {"mismatch_abs_sum": (d.abs() * mf).sum(),
+            "mismatch_kl_sum": ((d.exp() - 1.0 - d) * mf).sum()}
+
+
+class StepStats:
+    """Accumulates metric dicts over micro-batches; `reduce` adds up data-parallel ranks.
+
+    Keys ending in `_max` / `_min` keep the extreme, every other key is summed. Every rank must
+    have added the same keys before `reduce` (collectives are matched by key order).
+    """
+
+    def __init__(self) -> None:
+        self._vals: dict[str, torch.Tensor] = {}
+
+    def add(self, metrics: Metrics) -> None:
+        for k, v in metrics.items():
+            v = v.detach().float() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+            old = self._vals.get(k)
+            if old is None:
+                self._vals[k] = v.clone()
+            elif k.endswith("_max"):
+                self._vals[k] = torch.maximum(old, v.to(old.device))
+            elif k.endswith("_min"):
+                self._vals[k] = torch.minimum(old, v.to(old.device))
+            else:
+                self._vals[k] = old + v.to(old.device)
+
+    def reduce(self, device: torch.device | str = "cpu") -> None:
+        """All-reduce across the default process group (no-op without one)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        ops = {"sum": dist.ReduceOp.SUM, "_max": dist.ReduceOp.MAX, "_min": dist.ReduceOp.MIN}
+        for kind, op in ops.items():
+            keys = sorted(k for k in self._vals if _kind(k) == kind)
+            if not keys:
+                continue
+            t = torch.stack([self._vals[k].to(device) for k in keys])
+            dist.all_reduce(t, op=op)
+            for k, v in zip(keys, t, strict=True):
+                self._vals[k] = v
+
+    def raw(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._vals.items()}
+
+    def means(self, prefix: str = "") -> dict[str, float]:
+        """`x_sum / tokens` as `x`, extremes as they are (when finite), `tokens` itself."""
+        vals = self.raw()
+        tokens = vals.get("tokens", 0.0)
+        out: dict[str, float] = {}
+        for k, v in vals.items():
+            if k.endswith("_sum"):
+                if tokens > 0:
+                    out[prefix + k[: -len("_sum")]] = v / tokens
+            elif k.endswith(("_max", "_min")):
+                if math.isfinite(v):
+                    out[prefix + k] = v
+            else:
+                out[prefix + k] = v
+        return out
+
+
+def _kind(key: str) -> str:
+    for suffix in ("_max", "_min"):
+        if key.endswith(suffix):
+            return suffix
+    return "sum"
