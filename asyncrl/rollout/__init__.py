@@ -1,0 +1,21 @@
+"""The async rollout engine: agent loop, tools, admission policy, scheduler, group runner.
+
+One event loop owns every rollout (`eventloop.run` uses uvloop when installed). A rollout is a
+task (`agent.AgentLoop`) that streams tokens from an engine and fires tool calls the moment
+they close; the scheduler (`admission` policy + `scheduler` shell) admits rollouts onto engines
+as KV headroom frees; the runner (`runner.RolloutRunner`) rewards them and yields each 2G group
+as soon as its last member ends.
+"""
+
+from asyncrl.rollout.agent import AgentLoop, RolloutSettings, run_rollout
+from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
+
+__all__ = [
+    "AgentLoop",
+    "FunctionTool",
+    "PythonTool",
+    "RolloutSettings",
+    "Tool",
+    "ToolOutcome",
+    "run_rollout",
+]

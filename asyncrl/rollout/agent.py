@@ -1,0 +1,284 @@
+"""The agent loop: one rollout, token-in/token-out, with tool calls fired mid-generation.
+
+Owns: `RolloutSettings`, the turn loop (`AgentLoop.advance`), the stop conditions of DESIGN.md,
+and building the `records.Rollout` (token ids, loss mask, logprobs, turns, tool calls, timing,
+status). `run_rollout` runs one rollout start to end on one engine. Does not own: which engine
+serves a rollout (the scheduler), rewards and groups (the runner), or tool execution (tools).
+
+A turn: stream from the engine with the format's stop strings (e.g. `</tool_call>`) until the
+model stops; if the turn ends in a tool call, send it to the tool at once, tokenize the
+model-facing result once, append it with loss mask 0 and logprob 0.0, and stream again on the
+same engine with the whole context. The rollout ends when:
+- the model emits an end-of-sequence id (`eos`, completed);
+- a turn has no tool call (`no_tool_call`, completed);
+- the response budget is spent (`budget`, truncated);
+- the turn limit is reached with another call pending (`max_turns`, truncated; that last call
+  is not executed);
+- the tool output would not fit in the remaining budget (`tool_output_overflow`, truncated).
+A malformed call (bad JSON, unknown tool, bad arguments) is answered with an error message as
+tool output and the rollout goes on.
+
+Failures are data. An engine error ends the rollout as `failed` with `error` set; a tool-side
+failure is a tool call with status `sandbox_failure`. The one exception is an engine that is
+unavailable (it raised `EngineUnavailable`, or no token arrived for `stall_timeout_s`): the
+rollout is rolled back to the end of its last completed turn and `EngineUnavailable` is raised
+so the caller can resume it on another engine with `advance` again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from asyncrl import formats
+from asyncrl.engine.base import Engine, GenerateRequest, SamplingParams
+from asyncrl.errors import EngineError, EngineUnavailable, ToolCallError
+from asyncrl.log import get_logger
+from asyncrl.records import Rollout, RolloutStatus, StopReason, ToolCall, ToolStatus, Turn
+from asyncrl.rollout.tools import Tool, ToolOutcome
+
+log = get_logger(__name__)
+
+
+class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How one rollout is sampled. Built per stage by the train loop (and eval)."""
+
+    max_response_tokens: int = 8192
+    """Response budget: assistant and tool tokens together."""
+    max_turns: int = 5
+    """Maximum assistant turns."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus threshold."""
+    tool_format: formats.ToolFormat = formats.HERMES
+    """Tool-call syntax: stop strings, call parser, tool-response wrapper."""
+    tool_output_max_chars: int = 256
+    """Cut for text the loop itself writes to the model (malformed-call errors). Tools cut
+    their own output (`PythonTool.max_output_chars`)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """End-of-sequence ids (e.g. `<|im_end|>`): emitting one ends the rollout."""
+    seed: int | None = None
+    """Base sampling seed; request seeds derive from it and the rollout id. None = engine RNG."""
+    stall_timeout_s: float = 300.0
+    """An engine that sends no token for this long is treated as unavailable (approximate:
+    the deadline fires between 0.75x and 1x this after the last token)."""
+    tool_timeout_s: float = 120.0
+    """Outer deadline on one tool call (tools also have their own, tighter ones)."""
+
+    def __post_init__(self) -> None:
+        if self.max_response_tokens < 1 or self.max_turns < 1:
+            raise ValueError("max_response_tokens and max_turns must be >= 1")
+
+
+ProgressHook = Callable[[Rollout], None]
+
+
+def _malformed(error: str, max_chars: int) -> ToolOutcome:
+    status = ToolStatus.MALFORMED
+    return ToolOutcome(status=status, error=error,
+                       output=formats.render_tool_result(status.value, "", error, 0.0, max_chars))
+
+
+class AgentLoop:
+    """Runs rollouts' turns on engines: `AgentLoop(tokenizer, tools, settings)`.
+
+    Stateless across rollouts (safe to share between thousands of concurrent rollouts).
+    """
+
+    def __init__(self, tokenizer: Any, tools: Sequence[Tool], settings: RolloutSettings) -> None:
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.tools = {t.name: t for t in tools}
+        self.fmt = settings.tool_format
+        self._eos = frozenset(settings.stop_token_ids)
+        self._requests = itertools.count()  # request ids stay unique when a turn is retried
+        self._sampling_base = SamplingParams(
+            max_new_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
+            stop_token_ids=tuple(settings.stop_token_ids),
+            stop_strings=tuple(self.fmt.stop_strings) if self.tools else ())
+
+    def new_rollout(self, prompt: str | list[int], *, rollout_id: str, prompt_id: str = "",
+                    group_id: str = "", policy_version: int = 0) -> Rollout:
+        """A fresh rollout record; a text prompt is tokenized once, here."""
+        ids = (list(prompt) if not isinstance(prompt, str)
+               else self.tokenizer.encode(prompt, add_special_tokens=False))
+        return Rollout(rollout_id=rollout_id, prompt_id=prompt_id, group_id=group_id,
+                       policy_version=policy_version, prompt_ids=ids, response_ids=[],
+                       loss_mask=[], logprobs=[], turns=[], tool_calls=[], policy_versions=[])
+
+    # ---------------------------------------------------------------------------- turns
+    async def advance(self, ro: Rollout, engine: Engine, *,
+                      on_progress: ProgressHook | None = None) -> None:
+        """Run `ro`'s remaining turns on `engine` until it ends (status, stop_reason and
+        response_text set). Raises only `EngineUnavailable` (after rolling `ro` back to its
+        last completed turn) and `CancelledError`. `on_progress(ro)` runs after each completed
+        turn (assistant + tool output)."""
+        ro.engine = engine.name
+        try:
+            await self._turns(ro, engine, on_progress)
+        except (EngineUnavailable, asyncio.CancelledError):
+            raise
+        except EngineError as e:
+            self._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine: {e}")
+        except Exception as e:  # a bug must not take the group down: it is recorded on the rollout
+            log.exception("rollout_crashed", rollout_id=ro.rollout_id)
+            self._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"internal: {e!r}")
+
+    async def _turns(self, ro: Rollout, engine: Engine, on_progress: ProgressHook | None) -> None:
+        st = self.settings
+        while True:
+            remaining = st.max_response_tokens - len(ro.response_ids)
+            if remaining <= 0:
+                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+            n_turn = sum(1 for t in ro.turns if t.role == "assistant")
+            start = len(ro.response_ids)
+            ids, finish = await self._generate(ro, engine, n_turn, remaining)
+            ro.turns.append(Turn(role="assistant", start=start, end=start + len(ids)))
+            if finish == "abort":
+                return self._end(ro, RolloutStatus.ABORTED, StopReason.ABORTED,
+                                 error="engine aborted the request")
+            if ids and ids[-1] in self._eos:
+                return self._end(ro, RolloutStatus.COMPLETED, StopReason.EOS)
+            if len(ro.response_ids) >= st.max_response_tokens:
+                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+            if not self.tools or finish != "stop":
+                return self._end(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
+            call = self.fmt.parse(self.tokenizer.decode(ids))
+            if call is None:
+                return self._end(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
+            if n_turn + 1 >= st.max_turns:
+                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS)
+            closed_at = time.perf_counter()
+            outcome = await self._call(call)
+            wait = time.perf_counter() - closed_at
+            ro.timing.tool_wait_s += wait
+            name = call.name if isinstance(call, formats.Call) else ""
+            args = call.arguments if isinstance(call, formats.Call) else {}
+            ro.tool_calls.append(ToolCall(
+                name=name, arguments=dict(args), raw=call.raw, status=outcome.status,
+                output=outcome.output, stdout=outcome.stdout, stderr=outcome.stderr,
+                exit_code=outcome.exit_code, duration_s=outcome.duration_s, wait_s=wait,
+                error=outcome.error))
+            ro.turns[-1].tool_call = len(ro.tool_calls) - 1
+            tool_ids = self.tokenizer.encode(self.fmt.tool_response(outcome.output),
+                                             add_special_tokens=False)
+            if len(ro.response_ids) + len(tool_ids) >= st.max_response_tokens:
+                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW)
+            start = len(ro.response_ids)
+            ro.response_ids.extend(tool_ids)
+            ro.loss_mask.extend([0] * len(tool_ids))
+            ro.logprobs.extend([0.0] * len(tool_ids))
+            ro.turns.append(Turn(role="tool", start=start, end=start + len(tool_ids),
+                                 tool_call=len(ro.tool_calls) - 1))
+            if on_progress is not None:
+                on_progress(ro)
+
+    async def _generate(self, ro: Rollout, engine: Engine, n_turn: int,
+                        remaining: int) -> tuple[list[int], str]:
+        """Stream one assistant turn into `ro`; on an unavailable engine, undo it and raise."""
+        st = self.settings
+        seed = None
+        if st.seed is not None:  # stable across processes (str hash() is salted per process)
+            seed = zlib.crc32(f"{st.seed}:{ro.rollout_id}:{n_turn}".encode()) & 0x7FFFFFFF
+        sampling = msgspec.structs.replace(self._sampling_base, max_new_tokens=remaining,
+                                           seed=seed)
+        req = GenerateRequest(request_id=f"{ro.rollout_id}/t{n_turn}/{next(self._requests)}",
+                              input_ids=ro.prompt_ids + ro.response_ids, sampling=sampling)
+        mark = len(ro.response_ids)
+        ids: list[int] = []
+        finish: str | None = None
+        versions: set[int] = set()
+        loop = asyncio.get_running_loop()
+        stall = st.stall_timeout_s
+        t0 = time.perf_counter()
+        agen = engine.stream(req)
+        try:
+            async with asyncio.timeout(stall) as deadline:
+                armed = loop.time()
+                async for d in agen:
+                    ids.extend(d.token_ids)
+                    ro.logprobs.extend(d.logprobs)
+                    versions.add(d.policy_version)
+                    if d.finish_reason is not None:
+                        finish = d.finish_reason
+                        break
+                    now = loop.time()
+                    if now - armed > stall / 4:  # re-arm lazily: one timer update per stall/4
+                        deadline.reschedule(now + stall)
+                        armed = now
+            if finish is None:
+                raise EngineUnavailable(f"{engine.name}: stream ended without a finish reason")
+            if len(ids) != len(ro.logprobs) - mark:
+                raise EngineError(f"{engine.name}: token ids and logprobs differ in length")
+        except TimeoutError:
+            del ro.logprobs[mark:]
+            raise EngineUnavailable(f"{engine.name}: no token for {stall:.0f}s") from None
+        except BaseException:
+            del ro.logprobs[mark:]
+            raise
+        finally:
+            await agen.aclose()
+            ro.timing.generation_s += time.perf_counter() - t0
+        ro.response_ids.extend(ids)
+        ro.loss_mask.extend([1] * len(ids))
+        for v in sorted(versions - set(ro.policy_versions)):
+            ro.policy_versions.append(v)
+        return ids, finish
+
+    async def _call(self, call: formats.Call | formats.Malformed) -> ToolOutcome:
+        """Run one parsed call; every failure becomes an outcome, never an exception."""
+        limit = self.settings.tool_output_max_chars
+        if isinstance(call, formats.Malformed):
+            return _malformed(call.error, limit)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return _malformed(f"unknown tool {call.name!r}; available: {sorted(self.tools)}",
+                              limit)
+        try:
+            async with asyncio.timeout(self.settings.tool_timeout_s):
+                return await tool(call.arguments)
+        except ToolCallError as e:
+            return _malformed(str(e), limit)
+        except TimeoutError:
+            err = f"tool {call.name} did not answer within {self.settings.tool_timeout_s:.0f}s"
+        except Exception as e:  # a tool that breaks its contract (raises) is still not fatal
+            log.warning("tool_raised", tool=call.name, error=repr(e))
+            err = f"tool {call.name} failed: {e!r}"
+        return ToolOutcome(status=ToolStatus.SANDBOX_FAILURE, error=err,
+                           output=formats.render_tool_result("sandbox_failure", "", err, 0.0,
+                                                             limit))
+
+    def _end(self, ro: Rollout, status: RolloutStatus, reason: StopReason, error: str = "") -> None:
+        ro.status = status
+        ro.stop_reason = reason
+        if error:
+            ro.error = error
+        if ro.policy_versions:
+            ro.policy_version = min(ro.policy_versions)
+        ro.response_text = self.tokenizer.decode(ro.response_ids)
+
+
+async def run_rollout(engine: Engine, tokenizer: Any, tools: Sequence[Tool],
+                      settings: RolloutSettings, prompt: str | list[int], *,
+                      rollout_id: str = "r0", prompt_id: str = "", group_id: str = "",
+                      policy_version: int = 0) -> Rollout:
+    """One rollout start to end on one engine (no scheduler). `prompt` is the rendered prompt
+    text (`formats.render_prompt`), tokenized once, or its ids. Never raises for engine or
+    tool failures: they are recorded on the returned rollout."""
+    agent = AgentLoop(tokenizer, tools, settings)
+    ro = agent.new_rollout(prompt, rollout_id=rollout_id, prompt_id=prompt_id,
+                           group_id=group_id, policy_version=policy_version)
+    t0 = time.perf_counter()
+    try:
+        await agent.advance(ro, engine)
+    except EngineUnavailable as e:
+        agent._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine unavailable: {e}")
+    ro.timing.total_s = time.perf_counter() - t0
+    return ro

@@ -1,0 +1,145 @@
+"""A scripted policy behind the `Engine` protocol: replays given token streams.
+
+Each request belongs to a rollout (the request id up to the first "/", as the agent loop
+writes it) and replays the scripted turn it asks for (`rollout/t<n>/...`).
+Sampling rules are honoured like a real engine: a turn is cut at `max_new_tokens` ("length"),
+at a stop token id or at a stop string ("stop", included). Running out of script ends the turn
+with "stop". It records every request, can fail or hang on purpose, and reports load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.errors import EngineError, EngineUnavailable
+
+Script = Sequence[Sequence[int]]
+
+
+class ScriptedEngine:
+    """`ScriptedEngine(script, tokenizer=None, *, name, chunk=1, delay_s=0.0, capacity,
+    fail_after_tokens=None, hang_after_tokens=None, error_after_tokens=None)`.
+
+    `script` is one list of turns used for every rollout, or `fn(rollout_id) -> turns`.
+    `tokenizer` enables stop strings. `chunk` tokens per delta, `delay_s` sleep per delta.
+    `fail_after_tokens`: after that many tokens in total the engine dies (`EngineUnavailable`
+    now and for every later request). `hang_after_tokens`: it stops answering instead.
+    `error_after_tokens`: one request fails with a plain `EngineError`.
+    """
+
+    def __init__(self, script: Script | Callable[[str], Script], tokenizer: Any = None, *,
+                 name: str = "scripted-0", chunk: int = 1, delay_s: float = 0.0,
+                 capacity: int = 1_000_000, fail_after_tokens: int | None = None,
+                 hang_after_tokens: int | None = None,
+                 error_after_tokens: int | None = None) -> None:
+        self.name = name
+        self.policy_version = 0
+        self._script = script if callable(script) else (lambda _rid: script)
+        self._tok = tokenizer
+        self.chunk = chunk
+        self.delay_s = delay_s
+        self.capacity = capacity
+        self.fail_after_tokens = fail_after_tokens
+        self.hang_after_tokens = hang_after_tokens
+        self.error_after_tokens = error_after_tokens
+        self.dead = False
+        self.closed = False
+        self.requests: list[GenerateRequest] = []
+        self.request_times: list[float] = []
+        self.tokens_sent = 0
+        self._turn_of: dict[str, int] = {}
+        self._active: dict[str, int] = {}
+        self._aborted: set[str] = set()
+
+    def _turn_for(self, request: GenerateRequest) -> list[int]:
+        """The scripted turn this request asks for: the agent loop names the turn index in the
+        request id (`rollout/t<n>/...`), so a rollout resumed on another engine replays the
+        right turn; other ids count requests per rollout."""
+        parts = request.request_id.split("/")
+        rid = parts[0]
+        if len(parts) > 1 and parts[1][:1] == "t" and parts[1][1:].isdigit():
+            n = int(parts[1][1:])
+        else:
+            n = self._turn_of.get(rid, 0)
+            self._turn_of[rid] = n + 1
+        turns = self._script(rid)
+        return list(turns[n]) if n < len(turns) else []
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        if self.dead:
+            raise EngineUnavailable(f"{self.name} is down")
+        if self.closed:
+            raise EngineUnavailable(f"{self.name} is closed")
+        self.requests.append(request)
+        self.request_times.append(time.perf_counter())
+        sp = request.sampling
+        turn = self._turn_for(request)
+        out: list[int] = []
+        finish = "stop"
+        for tok in turn:
+            if len(out) >= sp.max_new_tokens:
+                finish = "length"
+                break
+            out.append(tok)
+            if tok in sp.stop_token_ids:
+                break
+            if sp.stop_strings and self._tok is not None:
+                text = self._tok.decode(out)
+                if any(text.endswith(s) for s in sp.stop_strings):
+                    break
+        else:
+            if len(out) >= sp.max_new_tokens:
+                finish = "length"
+        self._active[request.request_id] = len(request.input_ids)
+        try:
+            for i in range(0, max(len(out), 1), self.chunk):
+                part = out[i:i + self.chunk]
+                await self._maybe_fail(len(part))
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
+                else:
+                    await asyncio.sleep(0)
+                if request.request_id in self._aborted:
+                    yield TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
+                                     policy_version=self.policy_version)
+                    return
+                self.tokens_sent += len(part)
+                self._active[request.request_id] += len(part)
+                last = i + self.chunk >= len(out)
+                yield TokenDelta(token_ids=part, logprobs=[-0.5] * len(part),
+                                 finish_reason=finish if last else None,
+                                 policy_version=self.policy_version)
+        finally:
+            self._active.pop(request.request_id, None)
+
+    async def _maybe_fail(self, n: int) -> None:
+        if self.dead:
+            raise EngineUnavailable(f"{self.name} is down")
+        upcoming = self.tokens_sent + n
+        if self.fail_after_tokens is not None and upcoming > self.fail_after_tokens:
+            self.dead = True
+            raise EngineUnavailable(f"{self.name} died")
+        if self.hang_after_tokens is not None and upcoming > self.hang_after_tokens:
+            await asyncio.Event().wait()  # stops answering; the caller's deadline must fire
+        if self.error_after_tokens is not None and upcoming > self.error_after_tokens:
+            self.error_after_tokens = None
+            raise EngineError(f"{self.name}: request failed")
+
+    async def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
+
+    async def load(self) -> EngineLoad:
+        if self.dead:
+            raise EngineUnavailable(f"{self.name} is down")
+        return EngineLoad(kv_tokens_used=sum(self._active.values()),
+                          kv_tokens_capacity=self.capacity, running=len(self._active), waiting=0)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        self.policy_version = update.version
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,249 @@
+"""The agent loop on a scripted policy: tools fire mid-stream, outputs are masked, limits stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fakes.scripted_engine import ScriptedEngine
+
+from asyncrl import formats
+from asyncrl.errors import EngineUnavailable
+from asyncrl.records import Rollout, RolloutStatus, StopReason, ToolStatus, from_json, to_json
+from asyncrl.rollout import AgentLoop, FunctionTool, RolloutSettings, ToolOutcome, run_rollout
+
+CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+ANSWER = "So <answer>\\boxed{42}</answer><|im_end|>"
+
+
+class EvalTool:
+    """A stand-in Python tool: evaluates `print(expr)` programs; records when it ran."""
+
+    name = formats.PYTHON_TOOL
+    schema = formats.PYTHON_TOOL_SCHEMA
+
+    def __init__(self, engine: ScriptedEngine | None = None, output: str | None = None) -> None:
+        self.calls: list[dict] = []
+        self.engine = engine
+        self.requests_seen: list[int] = []
+        self.output = output
+
+    async def __call__(self, arguments: dict) -> ToolOutcome:
+        self.calls.append(arguments)
+        if self.engine is not None:
+            self.requests_seen.append(len(self.engine.requests))
+        await asyncio.sleep(0.01)
+        out = self.output if self.output is not None else str(eval(arguments["code"].strip()[6:-1]))
+        text = formats.render_tool_result("ok", out + "\n", "", 0.01, 256)
+        return ToolOutcome(status=ToolStatus.OK, output=text, stdout=out + "\n", duration_s=0.01)
+
+
+def _ids(tok, *texts: str) -> list[list[int]]:
+    return [tok.encode(t) for t in texts]
+
+
+def _settings(tok, **kw) -> RolloutSettings:
+    return RolloutSettings(max_response_tokens=kw.pop("max_response_tokens", 512),
+                           temperature=0.0, stop_token_ids=(tok.convert_tokens_to_ids("<|im_end|>"),),
+                           **kw)
+
+
+PROMPT = formats.render_prompt("What is 6*7?", formats.HERMES, [formats.PYTHON_TOOL_SCHEMA])
+
+
+async def test_tool_runs_before_the_stream_continues_and_output_is_masked(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "Let me compute. " + CALL, ANSWER), tok)
+    tool = EvalTool(eng)
+    ro = await run_rollout(eng, tok, [tool], _settings(tok), PROMPT, rollout_id="r1",
+                           prompt_id="p", group_id="g", policy_version=3)
+    assert ro.status == RolloutStatus.COMPLETED and ro.stop_reason == StopReason.EOS
+    assert tool.calls == [{"code": "print(6*7)", "input": ""}]
+    assert tool.requests_seen == [1]  # the call ran after turn 1's stream, before turn 2's
+    # turn 2's request already carries the tool output, appended as tokens with mask 0
+    prompt_ids = tok.encode(PROMPT)
+    assert ro.prompt_ids == prompt_ids
+    second = eng.requests[1].input_ids
+    assert second[: len(prompt_ids)] == prompt_ids
+    tool_turn = ro.turns[1]
+    assert tool_turn.role == "tool"
+    tool_ids = ro.response_ids[tool_turn.start:tool_turn.end]
+    assert second[len(prompt_ids):] == ro.response_ids[: tool_turn.end]
+    assert "42" in tok.decode(tool_ids) and "<tool_response>" in tok.decode(tool_ids)
+    assert ro.loss_mask[tool_turn.start:tool_turn.end] == [0] * len(tool_ids)
+    assert all(ro.logprobs[i] == 0.0 for i in range(tool_turn.start, tool_turn.end))
+    for t in (ro.turns[0], ro.turns[2]):
+        assert t.role == "assistant" and set(ro.loss_mask[t.start:t.end]) == {1}
+    assert ro.response_text == tok.decode(ro.response_ids)
+    assert ro.response_text.endswith(ANSWER)
+    assert ro.tool_calls[0].status == ToolStatus.OK and ro.tool_calls[0].wait_s > 0
+    assert ro.turns[0].tool_call == 0 and ro.turns[1].tool_call == 0
+    assert ro.policy_versions == [0] and ro.policy_version == 0  # the engine's version wins
+    assert ro.engine == "scripted-0" and ro.timing.tool_wait_s >= 0.01
+    ro.check()
+    back = from_json(to_json(ro), Rollout)
+    assert back == ro
+
+
+async def test_malformed_json_is_answered_with_an_error(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    bad = '<tool_call>{"name": "python_code_with_standard_io", "arguments": {"code": </tool_call>'
+    eng = ScriptedEngine(_ids(tok, bad, "ok <|im_end|>"), tok)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok), PROMPT)
+    assert tool.calls == []
+    call = ro.tool_calls[0]
+    assert call.status == ToolStatus.MALFORMED and "JSON" in call.error
+    tool_text = tok.decode(ro.response_ids[ro.turns[1].start:ro.turns[1].end])
+    assert "not valid JSON" in tool_text
+    assert ro.status == RolloutStatus.COMPLETED and len(eng.requests) == 2  # it went on
+
+
+async def test_unknown_tool_and_bad_arguments_are_malformed(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    unknown = '<tool_call>{"name": "web_search", "arguments": {"q": "x"}}</tool_call>'
+    noarg = '<tool_call>{"name": "lookup", "arguments": {"wrong": 1}}</tool_call>'
+
+    async def lookup(key: str) -> str:
+        return f"value of {key}"
+
+    ft = FunctionTool(lookup, {"type": "function", "function": {"name": "lookup"}})
+    eng = ScriptedEngine(_ids(tok, unknown, noarg, "<|im_end|>"), tok)
+    ro = await run_rollout(eng, tok, [ft], _settings(tok), PROMPT)
+    assert [c.status for c in ro.tool_calls] == [ToolStatus.MALFORMED, ToolStatus.MALFORMED]
+    assert "unknown tool 'web_search'" in ro.tool_calls[0].error
+    assert "lookup" in ro.tool_calls[1].error
+    assert ro.status == RolloutStatus.COMPLETED
+
+
+async def test_a_raising_tool_is_a_sandbox_failure_not_a_crash(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+
+    class Broken(EvalTool):
+        async def __call__(self, arguments):
+            raise RuntimeError("worker died")
+
+    eng = ScriptedEngine(_ids(tok, CALL, "<|im_end|>"), tok)
+    ro = await run_rollout(eng, tok, [Broken()], _settings(tok), PROMPT)
+    assert ro.tool_calls[0].status == ToolStatus.SANDBOX_FAILURE
+    assert "worker died" in ro.tool_calls[0].error
+    assert ro.status == RolloutStatus.COMPLETED
+
+
+async def test_max_turns_stops_without_running_the_last_call(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, CALL, CALL, CALL, ANSWER), tok)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, max_turns=2), PROMPT)
+    assert ro.status == RolloutStatus.TRUNCATED and ro.stop_reason == StopReason.MAX_TURNS
+    assert len(tool.calls) == 1 and len(eng.requests) == 2
+    assert [t.role for t in ro.turns] == ["assistant", "tool", "assistant"]
+    ro.check()
+
+
+async def test_budget_truncates_mid_turn(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "thinking " * 50 + CALL), tok)
+    ro = await run_rollout(eng, tok, [EvalTool()], _settings(tok, max_response_tokens=20), PROMPT)
+    assert ro.status == RolloutStatus.TRUNCATED and ro.stop_reason == StopReason.BUDGET
+    assert len(ro.response_ids) == 20 and eng.requests[0].sampling.max_new_tokens == 20
+    assert ro.tool_calls == []
+
+
+async def test_budget_is_shared_by_tool_output_and_later_turns(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, CALL, "more " * 400), tok)
+    ro = await run_rollout(eng, tok, [EvalTool()], _settings(tok, max_response_tokens=120), PROMPT)
+    used = ro.turns[1].end
+    assert eng.requests[1].sampling.max_new_tokens == 120 - used
+    assert ro.stop_reason == StopReason.BUDGET and len(ro.response_ids) == 120
+
+
+async def test_tool_output_that_would_not_fit_stops_the_rollout(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, CALL, ANSWER), tok)
+    call_len = len(tok.encode(CALL))
+    tool = EvalTool(output="9" * 250)
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, max_response_tokens=call_len + 40),
+                           PROMPT)
+    assert ro.stop_reason == StopReason.TOOL_OUTPUT_OVERFLOW and ro.status == RolloutStatus.TRUNCATED
+    assert len(ro.tool_calls) == 1 and len(ro.response_ids) == call_len  # output not appended
+    assert len(eng.requests) == 1
+
+
+async def test_a_turn_without_a_call_completes(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "The answer is \\boxed{3}."), tok)
+    ro = await run_rollout(eng, tok, [EvalTool()], _settings(tok), PROMPT)
+    assert ro.status == RolloutStatus.COMPLETED and ro.stop_reason == StopReason.NO_TOOL_CALL
+
+
+async def test_markdown_format(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    md_prompt = formats.render_prompt("What is 6*7?", formats.MARKDOWN, [formats.PYTHON_TOOL_SCHEMA])
+    eng = ScriptedEngine(_ids(tok, "Compute:\n```python\nprint(6*7)\n```\n", ANSWER), tok)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, tool_format=formats.MARKDOWN), md_prompt)
+    assert eng.requests[0].sampling.stop_strings == formats.MARKDOWN.stop_strings
+    assert tool.calls == [{"code": "print(6*7)\n", "input": ""}]
+    tool_text = tok.decode(ro.response_ids[ro.turns[1].start:ro.turns[1].end])
+    assert tool_text.startswith("```output\n") and "42" in tool_text
+    assert ro.status == RolloutStatus.COMPLETED
+
+
+async def test_engine_error_is_recorded_not_raised(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "x" * 30 + CALL, ANSWER), tok, error_after_tokens=5)
+    ro = await run_rollout(eng, tok, [EvalTool()], _settings(tok), PROMPT)
+    assert ro.status == RolloutStatus.FAILED and ro.stop_reason == StopReason.ERROR
+    assert "request failed" in ro.error
+    ro.check()
+
+
+async def test_unavailable_engine_rolls_back_to_the_last_completed_turn(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    turns = _ids(tok, CALL, "a long second turn " * 5 + CALL, ANSWER)
+    first_len = len(turns[0])
+    eng = ScriptedEngine(turns, tok, fail_after_tokens=first_len + 10)
+    agent = AgentLoop(tok, [EvalTool()], _settings(tok))
+    ro = agent.new_rollout(PROMPT, rollout_id="r9")
+    with pytest.raises(EngineUnavailable):
+        await agent.advance(ro, eng)
+    # the partial second turn is gone; the first turn and its tool output remain
+    assert [t.role for t in ro.turns] == ["assistant", "tool"]
+    assert len(ro.response_ids) == ro.turns[1].end == len(ro.loss_mask) == len(ro.logprobs)
+    # resume on another engine: it picks up at turn 2 and finishes
+    other = ScriptedEngine(turns, tok, name="scripted-1")
+    await agent.advance(ro, other)
+    assert ro.status == RolloutStatus.COMPLETED and ro.engine == "scripted-1"
+    assert len(ro.tool_calls) == 2 and other.requests[0].input_ids == ro.prompt_ids + ro.response_ids[: ro.turns[1].end]
+    ro.check()
+
+
+async def test_an_engine_that_stops_answering_times_out(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "x" * 20 + CALL), tok, hang_after_tokens=3)
+    agent = AgentLoop(tok, [EvalTool()], _settings(tok, stall_timeout_s=0.2))
+    ro = agent.new_rollout(PROMPT, rollout_id="r")
+    with pytest.raises(EngineUnavailable, match="no token"):
+        await asyncio.wait_for(agent.advance(ro, eng), 5)
+    assert ro.response_ids == [] and ro.logprobs == []
+    ro2 = await run_rollout(eng, tok, [], _settings(tok, stall_timeout_s=0.2), PROMPT)
+    assert ro2.status == RolloutStatus.FAILED and "unavailable" in ro2.error
+
+
+async def test_without_tools_no_stop_strings_are_sent(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, CALL + " more <|im_end|>"), tok)
+    ro = await run_rollout(eng, tok, [], _settings(tok), formats.render_prompt("q", formats.HERMES, None))
+    assert eng.requests[0].sampling.stop_strings == ()
+    assert ro.tool_calls == [] and ro.stop_reason == StopReason.EOS
+
+
+def test_settings_validate() -> None:
+    with pytest.raises(ValueError):
+        RolloutSettings(max_response_tokens=0)
+    s = RolloutSettings()
+    assert s.tool_format is formats.HERMES and s.max_turns == 5
+    json.dumps(s.stop_token_ids)
