@@ -1,0 +1,55 @@
+"""The trainer protocol: what the train loop may ask of any trainer (torch, megatron).
+
+Owns: the `Trainer` interface and its contract. Does not own: any implementation
+(`torch_trainer.py`, later megatron), the algorithm (`asyncrl.algo`), or the loop.
+
+Contract:
+- `train_step(batch, lr_scale)`: one RL step, blocking. The kept rollouts of `batch` (with the
+  advantages `apply_roc` wrote) are split into `algorithm.optimizer_steps_per_rl_step`
+  mini-batches; the trainer first recomputes the old logprobs of every sequence with the
+  current weights (the engine's sampling logprobs are kept only for the mismatch metric), then
+  takes one optimizer step per mini-batch with `asyncrl.algo.loss.grpo_loss`. Returns flat
+  float metrics named `train/…`.
+- `sft_step(examples)`: one optimizer step of masked cross-entropy on (token ids, loss mask)
+  pairs (the SFT cold start). Returns `sft/…` metrics.
+- `state_dict_for_sync()`: full (unsharded) weights by HF parameter name, for an in-process
+  engine; `export_hf(path)` writes an HF model directory (weights and config, not the
+  tokenizer) for engines that load from disk and for users.
+- `save_state(path)` / `load_state(path)`: model, optimizer and lr-schedule state; `path` is a
+  directory the trainer owns. Restoring and training on gives the same parameters as never
+  having stopped.
+- `set_lr(lr)`: the base learning rate from now on (a stage's override); warmup and schedule
+  multiply it.
+- Under torchrun every rank calls every method with the same arguments; rank 0 alone writes
+  files in `export_hf` (other ranks take part in the gathers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from asyncrl.records import Batch
+
+if TYPE_CHECKING:
+    import torch
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    model: Any
+    """The trained model (an HF `PreTrainedModel` for the torch trainer, unwrapped)."""
+
+    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]: ...
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]: ...
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]: ...
+
+    def export_hf(self, path: str | Path) -> None: ...
+
+    def save_state(self, path: str | Path) -> None: ...
+
+    def load_state(self, path: str | Path) -> None: ...
+
+    def set_lr(self, lr: float) -> None: ...

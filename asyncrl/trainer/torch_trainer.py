@@ -1,0 +1,363 @@
+"""The torch trainer: an HF causal LM trained with plain torch on CPU, one GPU, or data-parallel
+(DDP / FSDP2) under torchrun.
+
+Owns: the model's device placement and parallel wrapper, the AdamW optimizer and its
+schedule, the RL step (old-logprob recomputation, mini-batches, packed micro-batches, gradient
+accumulation, clipping) and the SFT step, weight export and trainer state. Does not own: the
+loss, packing or metric definitions (`asyncrl.algo`, shared with the megatron trainer), RoC,
+checkpoint layout (`asyncrl.checkpoint`) or the loop.
+
+Data parallel: every rank calls `train_step` with the same `Batch`. Each mini-batch is sharded
+over ranks by `algo.batching.shard` (balanced by tokens, computed identically everywhere), each
+rank packs its share, and ranks with fewer micro-batches run one-token dummies so that every
+rank makes the same number of forward/backward calls (DDP and FSDP2 collectives stay matched).
+The loss of a micro-batch is divided by the mini-batch's trained-token count over all ranks
+and multiplied by the world size (DDP and FSDP2 average gradients), so the update equals the
+single-process update on the whole batch, up to float summation order.
+
+Dropout should be 0 (the default of the HF configs used): the old logprobs are recomputed in
+train mode, and the ratio is only 1 at the first step when both passes see the same network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.algo import batching
+from asyncrl.algo.batching import Packed, TrainSeq
+from asyncrl.algo.loss import (
+    StepStats,
+    grpo_loss,
+    mismatch_metrics,
+    sft_loss,
+    token_entropy,
+    token_logprobs,
+)
+from asyncrl.algo.schedule import lr_factor
+from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+from asyncrl.errors import TrainerError
+from asyncrl.log import get_logger
+from asyncrl.records import Batch
+
+log = get_logger(__name__)
+
+STATE_FILE = "trainer.pt"
+
+
+class TorchTrainer:
+    """Implements `asyncrl.trainer.base.Trainer` for an HF `PreTrainedModel`.
+
+    `temperature` is the sampling temperature of the rollouts (logprobs are computed on
+    `logits / temperature`, matching the engine's). `total_steps` is the number of optimizer
+    steps of the run, needed only by the cosine schedule.
+    """
+
+    def __init__(self, model: Any, cfg: TorchTrainerConfig, algo: AlgorithmSection,
+                 pad_token_id: int, *, temperature: float = 1.0,
+                 total_steps: int | None = None) -> None:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.cfg, self.algo = cfg, algo
+        self.pad_token_id = pad_token_id
+        self.temperature = temperature
+        self.total_steps = total_steps
+        if algo.lr_schedule == "cosine" and not total_steps:
+            raise TrainerError("algorithm.lr_schedule = cosine needs total_steps")
+        self.world_size, self.rank = _init_distributed(cfg)
+        self.device = _device(cfg.device)
+        if self.world_size > 1 and cfg.parallel == "none":
+            raise TrainerError(f"trainer.parallel is 'none' but the world size is "
+                               f"{self.world_size}; use 'ddp' or 'fsdp2' under torchrun")
+
+        model.to(self.device)
+        model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            # transformers 5 renamed it (the old name warns); 4.x only has the old name.
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.train()
+        self.model = model
+        self._module: Any = model
+        if self.world_size > 1:
+            self._module = self._wrap(model)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=algo.lr,
+            betas=tuple(algo.betas), weight_decay=algo.weight_decay)
+        self._base_lr = algo.lr
+        self._opt_step = 0
+        log.info("trainer_ready", kind="torch", device=str(self.device),
+                 world_size=self.world_size, parallel=cfg.parallel,
+                 params=sum(p.numel() for p in model.parameters()))
+
+    # ------------------------------------------------------------------ parallel wrappers
+    def _wrap(self, model: Any) -> Any:
+        if self.cfg.parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            import inspect
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # Buffers (rotary tables) are identical everywhere: no per-forward broadcast.
+            key = "forward_sync_buffers" if "forward_sync_buffers" in \
+                inspect.signature(DDP).parameters else "broadcast_buffers"
+            return DDP(model, device_ids=ids, **{key: False})
+        from torch.distributed.fsdp import fully_shard
+
+        # Sharding assumes identical weights everywhere; make it so.
+        with torch.no_grad():
+            for p in model.parameters():
+                dist.broadcast(p.data, src=0)
+        blocks = set(getattr(model, "_no_split_modules", None) or [])
+        for m in model.modules():
+            if type(m).__name__ in blocks:
+                fully_shard(m)
+        fully_shard(model)
+        return model
+
+    @property
+    def _fsdp(self) -> bool:
+        return self.world_size > 1 and self.cfg.parallel == "fsdp2"
+
+    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.world_size > 1 and self.cfg.parallel == "ddp" and not last:
+            return self._module.no_sync()
+        return contextlib.nullcontext()
+
+    # --------------------------------------------------------------------------- planning
+    def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
+        """This rank's micro-batches for one mini-batch, padded with dummies to the count of
+        the busiest rank (every rank computes every rank's packing; no collective needed)."""
+        budget = self.cfg.micro_batch_tokens
+        lengths = [s.num_tokens for s in seqs]
+        counts, mine = [], []
+        for r in range(self.world_size):
+            share = [seqs[i] for i in batching.shard(lengths, r, self.world_size)]
+            packed = batching.pack(share, budget)
+            counts.append(len(packed))
+            if r == self.rank:
+                mine = packed
+        n = max(1, *counts)
+        return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
+
+    def _tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
+        dev = self.device
+        return {
+            "input_ids": torch.tensor([mb.input_ids], dtype=torch.long, device=dev),
+            "position_ids": torch.tensor([mb.position_ids], dtype=torch.long, device=dev),
+            "mask": torch.tensor([mb.loss_mask], dtype=torch.float32, device=dev),
+            "advantages": torch.tensor([mb.advantages], dtype=torch.float32, device=dev),
+            "sampling_logprobs": torch.tensor([mb.sampling_logprobs], dtype=torch.float32,
+                                              device=dev),
+        }
+
+    def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self._module(input_ids=t["input_ids"], position_ids=t["position_ids"],
+                           use_cache=False)
+        return out.logits
+
+    # ------------------------------------------------------------------------- optimizer
+    def _optimizer_step(self, lr_scale: float) -> tuple[float, float]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        lr = self._base_lr * lr_scale * lr_factor(self._opt_step, self.algo.warmup_steps,
+                                                  self.algo.lr_schedule, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._opt_step += 1
+        return float(norm), lr
+
+    # ----------------------------------------------------------------------------- steps
+    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
+        """One RL step (see `base.Trainer`). Blocking."""
+        seqs = batching.sequences_from_batch(batch)
+        if not seqs:
+            log.warning("train_step_empty", step=batch.step)
+            return {"train/sequences": 0.0, "train/optimizer_steps": 0.0}
+        minis = batching.split_minibatches(seqs, self.algo.optimizer_steps_per_rl_step)
+        plans = [self._plan(mini) for mini in minis]
+        stats = StepStats()
+
+        # Old logprobs under the weights that will be updated (the engine's logprobs only
+        # feed the mismatch metric: sampler and trainer kernels differ).
+        olds: list[list[torch.Tensor]] = []
+        with torch.no_grad():
+            for plan in plans:
+                olds.append([])
+                for mb in plan:
+                    t = self._tensors(mb)
+                    old = token_logprobs(self._logits(t), t["input_ids"], self.temperature)
+                    olds[-1].append(old)
+                    stats.add(mismatch_metrics(old, t["sampling_logprobs"], t["mask"]))
+
+        norms, lr = [], 0.0
+        for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
+            normalizer = float(sum(s.num_loss_tokens for s in mini))
+            for i, (mb, old) in enumerate(zip(plan, old_plan, strict=True)):
+                t = self._tensors(mb)
+                with self._no_sync(last=i == len(plan) - 1):
+                    logits = self._logits(t)
+                    lp = token_logprobs(logits, t["input_ids"], self.temperature)
+                    loss, m = grpo_loss(lp, old, t["advantages"], t["mask"],
+                                        self.algo.eps_low, self.algo.eps_high,
+                                        self.algo.dual_clip, normalizer=normalizer)
+                    (loss * self.world_size).backward()
+                stats.add(m)
+                ent = token_entropy(logits.detach() / self.temperature)
+                stats.add({"entropy_sum": (ent * t["mask"]).sum()})
+            norm, lr = self._optimizer_step(lr_scale)
+            norms.append(norm)
+
+        stats.reduce(self.device)
+        out = stats.means("train/")
+        out["train/loss"] = out.get("train/pg_loss", 0.0)
+        out.update({
+            "train/grad_norm": sum(norms) / len(norms),
+            "train/grad_norm_max": max(norms),
+            "train/lr": lr,
+            "train/sequences": float(len(seqs)),
+            "train/mini_batches": float(len(minis)),
+            "train/micro_batches": float(sum(len(p) for p in plans)),
+            "train/optimizer_step": float(self._opt_step),
+        })
+        return out
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One optimizer step of masked cross-entropy, token-mean over all examples."""
+        seqs = batching.sequences_from_sft(examples)
+        plan = self._plan(seqs)
+        normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
+        stats = StepStats()
+        for i, mb in enumerate(plan):
+            t = self._tensors(mb)
+            with self._no_sync(last=i == len(plan) - 1):
+                lp = token_logprobs(self._logits(t), t["input_ids"])
+                loss, m = sft_loss(lp, t["mask"], normalizer=normalizer)
+                (loss * self.world_size).backward()
+            stats.add(m)
+        norm, lr = self._optimizer_step(1.0)
+        stats.reduce(self.device)
+        out = stats.means("sft/")
+        out["sft/loss"] = out.pop("sft/nll", 0.0)
+        out.update({"sft/grad_norm": norm, "sft/lr": lr, "sft/examples": float(len(seqs)),
+                    "sft/optimizer_step": float(self._opt_step)})
+        return out
+
+    # ---------------------------------------------------------------------- weights/state
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        if self._fsdp:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                get_model_state_dict,
+            )
+
+            return get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full weights by HF name. Without FSDP these are views of the live parameters (copy
+        them if they must outlive the next step); with FSDP2 a CPU copy on rank 0 and an empty
+        dict elsewhere (every rank must call it)."""
+        return self._full_state_dict()
+
+    def export_hf(self, path: str | Path) -> None:
+        """Write an HF model directory (safetensors + config) at `path` from rank 0."""
+        sd = self._full_state_dict()
+        if self.rank == 0:
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(out, state_dict=sd if self._fsdp else None,
+                                       safe_serialization=True)
+        _barrier()
+
+    def save_state(self, path: str | Path) -> None:
+        """Model, optimizer and schedule state into directory `path` (rank 0 writes)."""
+        if self._fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            msd, osd = get_state_dict(self.model, self.optimizer, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        else:
+            msd, osd = self.model.state_dict(), self.optimizer.state_dict()
+        if self.rank == 0:
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": msd, "optimizer": osd,
+                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr}},
+                       out / STATE_FILE)
+        _barrier()
+
+    def load_state(self, path: str | Path) -> None:
+        """Restore what `save_state` wrote (every rank reads the file)."""
+        file = Path(path) / STATE_FILE
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError) as e:
+            raise TrainerError(f"cannot read trainer state {file}: {e}") from e
+        if self._fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self._opt_step = int(state["schedule"]["opt_step"])
+        self._base_lr = float(state["schedule"]["base_lr"])
+
+    def set_lr(self, lr: float) -> None:
+        """Base learning rate from the next optimizer step on (warmup/schedule multiply it)."""
+        self._base_lr = float(lr)
+
+    @property
+    def optimizer_step(self) -> int:
+        """Optimizer steps taken so far (restored by `load_state`)."""
+        return self._opt_step
+
+
+# ------------------------------------------------------------------------------- helpers
+def _init_distributed(cfg: TorchTrainerConfig) -> tuple[int, int]:
+    """(world size, rank); joins torchrun's process group when launched under it."""
+    if not dist.is_available():
+        return 1, 0
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return 1, 0
+        backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend=backend)
+    return dist.get_world_size(), dist.get_rank()
+
+
+def _device(name: str) -> torch.device:
+    dev = torch.device(name)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def iter_params(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Named parameters as plain tensors (DTensors gathered), for tests and exports."""
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
