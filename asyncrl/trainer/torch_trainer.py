@@ -102,9 +102,9 @@ class TorchTrainer:
     # ------------------------------------------------------------------ parallel wrappers
     def _wrap(self, model: Any) -> Any:
         if self.cfg.parallel == "ddp":
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             import inspect
+
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             # Buffers (rotary tables) are identical everywhere: no per-forward broadcast.
