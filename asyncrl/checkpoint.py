@@ -1,0 +1,233 @@
+"""Checkpoints of a run: written atomically, the last K kept, the newest found for `--resume`.
+
+Owns: the on-disk layout of a checkpoint, the atomic write protocol, retention, and the
+process-global RNG states (Python `random`, NumPy, torch CPU and CUDA). Does not own: what the
+loop puts in its state (data cursor, stage, step, policy version, its own `random.Random`:
+whatever picklable dict it passes) or the trainer's format (`Trainer.save_state`).
+
+Layout, under `run_dir/checkpoints/`:
+
+    step_00000120/
+        trainer/        Trainer.save_state (model, optimizer, lr schedule)
+        state.pkl       the caller's state dict (pickle)
+        rng.pkl         global RNG states of rank 0
+        meta.json       {"step", "format", "saved_at"}; written last
+
+Atomicity: everything is written into `.tmp-step_00000120/`, every file and directory in it is
+fsynced, then the directory is renamed to `step_00000120` and the parent fsynced. A crash at any
+point leaves either the complete checkpoint or no `step_*` directory for that step; leftovers
+named `.tmp-*` / `.trash-*` are never read and are removed by the next save. A `step_*`
+directory without a readable `meta.json` is ignored too. Old checkpoints beyond `keep_last`
+are renamed to `.trash-*` before being deleted, so a half-deleted one is never visible.
+
+Under torchrun every rank calls `save_checkpoint` / `load_checkpoint` (the trainer may gather
+or write shards); rank 0 writes everything else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import CheckpointError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+FORMAT = 1
+CHECKPOINT_DIR = "checkpoints"
+_STEP_RE = re.compile(r"^step_(\d{8,})$")
+
+
+def _step_dir(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ------------------------------------------------------------------------------ RNG state
+def capture_rng_state() -> dict[str, Any]:
+    """The process-global RNG states (Python, NumPy when importable, torch CPU and CUDA)."""
+    out: dict[str, Any] = {"python": random.getstate()}
+    try:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        out["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available():
+            out["cuda"] = torch.cuda.get_rng_state_all()
+    except ImportError:
+        pass
+    return out
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state` (parts that this process cannot restore are skipped)."""
+    random.setstate(state["python"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -------------------------------------------------------------------------------- helpers
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under `root` (files written by others included)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(Path(dirpath) / name, "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def _discard(path: Path) -> None:
+    """Remove a directory so that it is never visible half-deleted under its own name."""
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}")
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir() and _read_meta(p) is not None:
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of the run, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+# ----------------------------------------------------------------------------- save/load
+def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[str, Any], *,
+                    keep_last: int = 2) -> Path:
+    """Write checkpoint `step` atomically and keep the newest `keep_last`; returns its path.
+
+    `trainer` is anything with `save_state(path)` (or None); `state` is the loop's picklable
+    dict. Saving a step that already exists replaces it. Raises `CheckpointError` if the
+    state cannot be pickled or the disk refuses; the previous checkpoints are untouched then.
+    """
+    if keep_last < 1:
+        raise ValueError("keep_last must be >= 1")
+    root = Path(run_dir) / CHECKPOINT_DIR
+    final = root / _step_dir(step)
+    tmp = root / f".tmp-{final.name}"
+    rank0 = _rank() == 0
+    t0 = time.monotonic()
+    try:
+        if rank0:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob(".t*-*"):   # .tmp-* and .trash-* left by a crash
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp.mkdir()
+        _barrier()
+        if trainer is not None:
+            trainer.save_state(tmp / "trainer")
+        if rank0:
+            _write_file(tmp / "state.pkl", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            _write_file(tmp / "rng.pkl", pickle.dumps(capture_rng_state(),
+                                                      protocol=pickle.HIGHEST_PROTOCOL))
+            meta = {"step": step, "format": FORMAT, "saved_at": time.time()}
+            _write_file(tmp / "meta.json", json.dumps(meta).encode())
+            _fsync_tree(tmp)
+            if final.exists():
+                _discard(final)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+            for _, old in list_checkpoints(run_dir)[:-keep_last]:
+                _discard(old)
+    except BaseException as e:
+        if rank0:   # best effort; a leftover would be removed by the next save anyway
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (OSError, pickle.PicklingError, TypeError, AttributeError)):
+            raise CheckpointError(f"cannot write checkpoint {final}: {e}") from e
+        raise
+    _barrier()
+    log.info("checkpoint_saved", step=step, path=str(final),
+             seconds=round(time.monotonic() - t0, 3))
+    return final
+
+
+def load_checkpoint(path: str | Path, trainer: Any = None, *,
+                    restore_rng: bool = True) -> dict[str, Any]:
+    """Read a checkpoint: restore the trainer (if given) and the global RNG states, and return
+    the state dict that was saved. Raises `CheckpointError` for an incomplete or unreadable
+    checkpoint."""
+    p = Path(path)
+    if _read_meta(p) is None:
+        raise CheckpointError(f"{p} is not a complete checkpoint (no readable meta.json)")
+    try:
+        state = pickle.loads((p / "state.pkl").read_bytes())
+        rng = pickle.loads((p / "rng.pkl").read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError) as e:
+        raise CheckpointError(f"cannot read checkpoint {p}: {e}") from e
+    if trainer is not None:
+        trainer.load_state(p / "trainer")
+    if restore_rng:
+        restore_rng_state(rng)
+    log.info("checkpoint_loaded", path=str(p))
+    return state
