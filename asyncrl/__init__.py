@@ -12,3 +12,32 @@ except PackageNotFoundError:  # running from a source tree that was not installe
     __version__ = "0.0.0+local"
 
 __all__ = ["__version__"]
+
+# The async rollout engine (agent loop, tools, scheduler, runner, engines): embeddable surface.
+from asyncrl.api import exact_match_reward, rollout_groups, run_loop
+from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.registry import build_engines
+from asyncrl.rollout import (
+    FunctionTool,
+    PythonTool,
+    RolloutRunner,
+    RolloutSettings,
+    Tool,
+    ToolOutcome,
+    run_rollout,
+)
+
+__all__ += [
+    "FunctionTool",
+    "LocalEngine",
+    "PythonTool",
+    "RolloutRunner",
+    "RolloutSettings",
+    "Tool",
+    "ToolOutcome",
+    "build_engines",
+    "exact_match_reward",
+    "rollout_groups",
+    "run_loop",
+    "run_rollout",
+]

@@ -7,15 +7,26 @@ as KV headroom frees; the runner (`runner.RolloutRunner`) rewards them and yield
 as soon as its last member ends.
 """
 
+from asyncrl.rollout.admission import POLICIES, AdmissionPolicy, Ask, make_policy
 from asyncrl.rollout.agent import AgentLoop, RolloutSettings, run_rollout
+from asyncrl.rollout.runner import RewardFn, RolloutRunner
+from asyncrl.rollout.scheduler import Lease, Scheduler
 from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
 
 __all__ = [
+    "POLICIES",
+    "AdmissionPolicy",
     "AgentLoop",
+    "Ask",
     "FunctionTool",
+    "Lease",
     "PythonTool",
+    "RewardFn",
+    "RolloutRunner",
     "RolloutSettings",
+    "Scheduler",
     "Tool",
     "ToolOutcome",
+    "make_policy",
     "run_rollout",
 ]

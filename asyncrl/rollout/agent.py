@@ -126,35 +126,35 @@ class AgentLoop:
         except (EngineUnavailable, asyncio.CancelledError):
             raise
         except EngineError as e:
-            self._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine: {e}")
+            self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine: {e}")
         except Exception as e:  # a bug must not take the group down: it is recorded on the rollout
             log.exception("rollout_crashed", rollout_id=ro.rollout_id)
-            self._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"internal: {e!r}")
+            self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"internal: {e!r}")
 
     async def _turns(self, ro: Rollout, engine: Engine, on_progress: ProgressHook | None) -> None:
         st = self.settings
         while True:
             remaining = st.max_response_tokens - len(ro.response_ids)
             if remaining <= 0:
-                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+                return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
             n_turn = sum(1 for t in ro.turns if t.role == "assistant")
             start = len(ro.response_ids)
             ids, finish = await self._generate(ro, engine, n_turn, remaining)
             ro.turns.append(Turn(role="assistant", start=start, end=start + len(ids)))
             if finish == "abort":
-                return self._end(ro, RolloutStatus.ABORTED, StopReason.ABORTED,
+                return self.finish(ro, RolloutStatus.ABORTED, StopReason.ABORTED,
                                  error="engine aborted the request")
             if ids and ids[-1] in self._eos:
-                return self._end(ro, RolloutStatus.COMPLETED, StopReason.EOS)
+                return self.finish(ro, RolloutStatus.COMPLETED, StopReason.EOS)
             if len(ro.response_ids) >= st.max_response_tokens:
-                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+                return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
             if not self.tools or finish != "stop":
-                return self._end(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
+                return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
             call = self.fmt.parse(self.tokenizer.decode(ids))
             if call is None:
-                return self._end(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
+                return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
             if n_turn + 1 >= st.max_turns:
-                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS)
+                return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS)
             closed_at = time.perf_counter()
             outcome = await self._call(call)
             wait = time.perf_counter() - closed_at
@@ -170,7 +170,7 @@ class AgentLoop:
             tool_ids = self.tokenizer.encode(self.fmt.tool_response(outcome.output),
                                              add_special_tokens=False)
             if len(ro.response_ids) + len(tool_ids) >= st.max_response_tokens:
-                return self._end(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW)
+                return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW)
             start = len(ro.response_ids)
             ro.response_ids.extend(tool_ids)
             ro.loss_mask.extend([0] * len(tool_ids))
@@ -255,7 +255,8 @@ class AgentLoop:
                            output=formats.render_tool_result("sandbox_failure", "", err, 0.0,
                                                              limit))
 
-    def _end(self, ro: Rollout, status: RolloutStatus, reason: StopReason, error: str = "") -> None:
+    def finish(self, ro: Rollout, status: RolloutStatus, reason: StopReason, error: str = "") -> None:
+        """End `ro`: set status, stop reason, error, its policy version, and response_text."""
         ro.status = status
         ro.stop_reason = reason
         if error:
@@ -279,6 +280,6 @@ async def run_rollout(engine: Engine, tokenizer: Any, tools: Sequence[Tool],
     try:
         await agent.advance(ro, engine)
     except EngineUnavailable as e:
-        agent._end(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine unavailable: {e}")
+        agent.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"engine unavailable: {e}")
     ro.timing.total_s = time.perf_counter() - t0
     return ro

@@ -59,7 +59,7 @@ class ScriptedEngine:
         """The scripted turn this request asks for: the agent loop names the turn index in the
         request id (`rollout/t<n>/...`), so a rollout resumed on another engine replays the
         right turn; other ids count requests per rollout."""
-        parts = request.request_id.split("/")
+        parts = request.request_id.rsplit("/", 2)
         rid = parts[0]
         if len(parts) > 1 and parts[1][:1] == "t" and parts[1][1:].isdigit():
             n = int(parts[1][1:])
