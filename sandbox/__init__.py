@@ -1,0 +1,22 @@
+"""asyncrl's code-execution sandbox: a warm, contained Python executor pool.
+
+Standalone: deployable on CPU nodes without the rest of asyncrl (never imports it).
+
+- ``SandboxPool`` -- zygote workers forking one contained child per call (in-process use).
+- ``sandbox serve`` (``sandbox.server``) -- the pool behind an aiohttp endpoint.
+- ``LocalSandboxClient`` / ``HttpSandboxClient`` -- one ``SandboxClient`` interface for both.
+
+See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the exception tree.
+"""
+
+from .config import IsolationLevel, PoolConfig
+from .errors import (FunctionError, FunctionTimeout, IsolationUnavailable, Overloaded,
+                     PoolClosed, SandboxError, TransportError)
+from .pool import SandboxPool
+from .records import ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus
+
+__all__ = [
+    "ExecRequest", "ExecResult", "ExecStatus", "FunctionResult", "FunctionStatus",
+    "IsolationLevel", "PoolConfig", "SandboxPool", "SandboxError", "IsolationUnavailable",
+    "Overloaded", "PoolClosed", "TransportError", "FunctionError", "FunctionTimeout",
+]

