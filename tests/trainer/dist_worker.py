@@ -1,16 +1,18 @@
 """torchrun entry for the data-parallel equality test (not a test module).
 
-    torchrun --nproc_per_node 2 tests/trainer/dist_worker.py OUT.pt {ddp|fsdp2}
+    torchrun --nproc_per_node 2 tests/trainer/dist_worker.py OUT.pt {ddp|fsdp2} WORKDIR
 
 Every rank builds the same tiny model and batch, takes RL steps and an SFT step through
 TorchTrainer, and rank 0 writes the gradients each optimizer step applied, the final weights
-and the metrics to OUT.pt. `run(parallel)` does the same in-process (world size 1) for the
+and the metrics to OUT.pt. Then it exports the model to WORKDIR/hf and checks that
+save_state / load_state replays a step exactly. `run(parallel)` does the same in-process (world size 1) for the
 reference.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 from trainer_batches import rl_batch, tiny_model
@@ -31,7 +33,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
 
-def run(parallel: str) -> dict:
+def run(parallel: str, workdir: str | None = None) -> dict:
     torch.set_num_threads(1)
     tr = TorchTrainer(tiny_model(0), TorchTrainerConfig(micro_batch_tokens=BUDGET,
                                                         parallel=parallel),
@@ -50,13 +52,24 @@ def run(parallel: str) -> dict:
     sync = {k: _full(v) for k, v in tr.state_dict_for_sync().items()} if parallel != "fsdp2" \
         else dict(tr.state_dict_for_sync())
     sharded = any(hasattr(p, "full_tensor") for p in tr.model.parameters())
-    return {"grads": grads, "params": weights, "metrics": metrics, "world": tr.world_size,
-            "rank": tr.rank, "sync_keys": sorted(sync), "sharded": sharded}
+    result = {"grads": list(grads), "params": weights, "metrics": metrics, "world": tr.world_size,
+              "rank": tr.rank, "sync_keys": sorted(sync), "sharded": sharded}
+    if workdir is not None:
+        # export, then state round trip: step, rewind, the same step again
+        tr.export_hf(Path(workdir) / "hf")
+        tr.save_state(Path(workdir) / "state")
+        tr.train_step(batch)
+        after = {n: p.clone() for n, p in iter_params(tr.model)}
+        tr.load_state(Path(workdir) / "state")
+        tr.train_step(batch)
+        again = {n: p.clone() for n, p in iter_params(tr.model)}
+        result["replay_max_diff"] = max((after[k] - again[k]).abs().max().item() for k in after)
+    return result
 
 
 if __name__ == "__main__":
-    out_path, parallel = sys.argv[1], sys.argv[2]
-    result = run(parallel)
+    out_path, parallel, workdir = sys.argv[1], sys.argv[2], sys.argv[3]
+    result = run(parallel, workdir)
     if result["rank"] == 0:
         torch.save(result, out_path)
     import torch.distributed as dist
