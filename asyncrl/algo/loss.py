@@ -49,7 +49,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """Entropy of the distribution that predicted token t, at position t (0 at position 0).
     `[B, T]`, float32, no gradient; computed in chunks of `chunk` positions to bound memory."""
     b, t, _ = logits.shape

@@ -19,7 +19,8 @@ Penalties (the released rStar2-Agent code, on our records instead of re-parsed t
   `Rollout.turns`, at least 1), as in the released code.
 - `p_total = p_err + p_format`, in [0, 2].
 
-Selection of `roc.kind = "roc"` for a group of n rollouts, P positives (reward > 0) and
+Aborted and failed rollouts (infrastructure, not the policy, ended them) are never kept; the
+rules below run on the others. Selection of `roc.kind = "roc"` for a group of n rollouts, P positives (reward > 0) and
 N negatives, cut to G:
 1. n <= G: keep everything (nothing to cut; a short group is never padded).
 2. `k_pos = round_half_up(P * G / n)`, `k_neg = G - k_pos` (the ratio of the 2G set, within
@@ -52,12 +53,15 @@ import msgspec
 from asyncrl.config import RocSection
 from asyncrl.errors import ConfigError
 from asyncrl.formats import answer_blocks, last_boxed
-from asyncrl.records import Group, Rollout
+from asyncrl.records import Group, Rollout, RolloutStatus
 
 from .advantages import group_advantages
 
 WEIGHT_FLOOR = 0.1
 """Added to `p_total` before inverting it in the weighted positive rule (see the module doc)."""
+
+UNUSABLE = frozenset({RolloutStatus.ABORTED, RolloutStatus.FAILED})
+"""Rollout statuses RoC never keeps (cut short by the orchestrator or the infrastructure)."""
 
 
 class RocOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,14 +215,18 @@ def select(group: Group, cfg: RocSection, group_size: int, rng: random.Random) -
 
     `group_size` is G (`rollout.group_size`); the group normally holds 2G rollouts but may hold
     fewer (aborted rollouts), in which case the same rule cuts it to G, or keeps it whole when
-    it has G or fewer.
+    it has G or fewer. Aborted and failed rollouts (`UNUSABLE`) are never kept: the policy
+    did not produce their ending, so they are no evidence either way; truncated ones are kept
+    like any other (the report found that filtering them made responses longer).
     """
     errs = [p_err(r, cfg.no_tool_call_penalty) for r in group.rollouts]
     fmts = [p_format(r) for r in group.rollouts]
     positive = [r.reward > 0 for r in group.rollouts]
-    p_total = [e + f for e, f in zip(errs, fmts, strict=True)]
-    kept = SELECT_KINDS[cfg.kind](positive, p_total, cfg, group_size, rng)
-    return RocOutcome(kept=kept, p_err=errs, p_format=fmts, positive=positive)
+    usable = [i for i, r in enumerate(group.rollouts) if r.status not in UNUSABLE]
+    kept = SELECT_KINDS[cfg.kind]([positive[i] for i in usable],
+                                  [errs[i] + fmts[i] for i in usable], cfg, group_size, rng)
+    return RocOutcome(kept=[usable[j] for j in kept], p_err=errs, p_format=fmts,
+                      positive=positive)
 
 
 def is_equal_reward(group: Group, kept: Sequence[int]) -> bool:
@@ -244,7 +252,8 @@ def apply_roc(groups: Sequence[Group], cfg: RocSection, group_size: int,
 
     Metrics (`roc/…`): group counts (`groups`, `groups_trained`, `groups_equal_reward`,
     `groups_all_correct`, `groups_all_wrong` — the last two on the whole 2G set), rollout counts
-    (`rollouts_in`, `rollouts_kept` = going into the update, `kept_pos`, `kept_neg`,
+    (`rollouts_in`, `rollouts_unusable` = aborted or failed, `rollouts_kept` = going into the
+    update, `kept_pos`, `kept_neg`,
     `dropped_pos`, `dropped_neg` = RoC's own cut, equal-reward groups included), mean
     penalties of RoC-kept vs RoC-dropped positives (`p_err_kept_pos`, `p_err_dropped_pos`,
     `p_format_…`, `p_total_…`; absent when there is no such rollout), and over every rollout
@@ -257,8 +266,8 @@ def apply_roc(groups: Sequence[Group], cfg: RocSection, group_size: int,
     out: list[Group] = []
     m: dict[str, float] = dict.fromkeys(
         ("groups", "groups_trained", "groups_equal_reward", "groups_all_correct",
-         "groups_all_wrong", "rollouts_in", "rollouts_kept", "kept_pos", "kept_neg",
-         "dropped_pos", "dropped_neg"), 0.0)
+         "groups_all_wrong", "rollouts_in", "rollouts_unusable", "rollouts_kept", "kept_pos",
+         "kept_neg", "dropped_pos", "dropped_neg"), 0.0)
     pen: dict[str, list[float]] = {f"{p}_{s}": [] for p in ("p_err", "p_format", "p_total")
                                    for s in ("kept_pos", "dropped_pos")}
     calls = failed_calls = no_call = fmt_bad = 0
@@ -270,6 +279,7 @@ def apply_roc(groups: Sequence[Group], cfg: RocSection, group_size: int,
         g.advantages = group_advantages([g.rollouts[i].reward for i in oc.kept], adv_eps)
         m["groups"] += 1
         m["rollouts_in"] += len(g.rollouts)
+        m["rollouts_unusable"] += sum(r.status in UNUSABLE for r in g.rollouts)
         m["groups_all_correct"] += bool(oc.positive) and all(oc.positive)
         m["groups_all_wrong"] += not any(oc.positive)
         m["kept_pos"] += oc.kept_pos

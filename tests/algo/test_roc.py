@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from asyncrl.algo import roc
 from asyncrl.config import RocSection
 from asyncrl.errors import ConfigError
-from asyncrl.records import Group, Problem, Rollout, ToolCall, ToolStatus, Turn
+from asyncrl.records import Group, Problem, Rollout, RolloutStatus, ToolCall, ToolStatus, Turn
 
 GOOD = "<reason>r</reason><answer>\\boxed{1}</answer>"
 
@@ -185,6 +185,21 @@ def test_negatives_are_sampled_uniformly():
         counts.update(i for i in kept if i >= 4)
     # each negative kept with probability 6/12; 600 trials -> mean 300, std ~12
     assert all(abs(counts[i] - 300) < 60 for i in range(4, 16)), counts
+
+
+@pytest.mark.parametrize("kind", ["roc", "grpo_first", "grpo_all"])
+def test_aborted_and_failed_rollouts_are_never_kept(kind):
+    rs = [rollout(i, float(i % 2)) for i in range(16)]
+    for i in (0, 3, 5, 8):
+        rs[i].status = RolloutStatus.FAILED if i % 2 else RolloutStatus.ABORTED
+    grp = group(rs)
+    out = roc.select(grp, RocSection(kind=kind), 8, random.Random(0))
+    assert not {0, 3, 5, 8} & set(out.kept)
+    assert len(out.kept) == (12 if kind == "grpo_all" else 8)
+    if kind == "grpo_first":
+        assert out.kept == [1, 2, 4, 6, 7, 9, 10, 11]
+    _, m = roc.apply_roc([grp], RocSection(kind=kind), 8, rng=0)
+    assert m["roc/rollouts_unusable"] == 4
 
 
 def test_grpo_ablations_keep_first_or_all():
