@@ -9,6 +9,7 @@ Standalone: deployable on CPU nodes without the rest of asyncrl (never imports i
 See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the exception tree.
 """
 
+from .client import HttpSandboxClient, LocalSandboxClient, SandboxClient
 from .config import IsolationLevel, PoolConfig
 from .errors import (FunctionError, FunctionTimeout, IsolationUnavailable, Overloaded,
                      PoolClosed, SandboxError, TransportError)
@@ -19,4 +20,5 @@ __all__ = [
     "ExecRequest", "ExecResult", "ExecStatus", "FunctionResult", "FunctionStatus",
     "IsolationLevel", "PoolConfig", "SandboxPool", "SandboxError", "IsolationUnavailable",
     "Overloaded", "PoolClosed", "TransportError", "FunctionError", "FunctionTimeout",
+    "SandboxClient", "LocalSandboxClient", "HttpSandboxClient",
 ]

@@ -1,0 +1,177 @@
+"""``sandbox serve``: the executor pool behind an aiohttp HTTP endpoint, one per sandbox node.
+
+Routes:
+- ``POST /v1/execute``: a batch of calls (see ``sandbox.wire``), answered in request order.
+- ``GET /health``: isolation level in force, workers, queue, in-flight calls (JSON). HTTP 200
+  while serving, 503 while shutting down or when no worker can be started.
+- ``GET /metrics``: Prometheus text: calls by status, latency histogram, queue depth, ...
+
+Overload is answered, not buffered: a batch that does not fit in the pool's bounded queue gets
+HTTP 503 with ``{"error": "overloaded", "reason": ...}`` and nothing of it runs. Shutdown
+(SIGTERM/SIGINT) stops accepting batches (503 ``shutting_down``), lets the batches in flight
+finish (up to ``--shutdown-grace``), then closes the listener and the pool.
+
+Binds 127.0.0.1 by default: the endpoint runs arbitrary code by design; expose it only on a
+private network, behind whatever authentication the cluster provides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+
+import msgspec
+from aiohttp import web
+
+from .errors import Overloaded, PoolClosed
+from .metrics import render
+from .pool import SandboxPool
+from .wire import JSON, ErrorBody, ExecBatchResult, codec_for
+
+_json = msgspec.json.Encoder()
+
+
+class ServerState:
+    """What the HTTP layer counts and whether it is draining."""
+
+    def __init__(self, max_batch: int) -> None:
+        self.max_batch = max_batch
+        self.draining = False
+        self.inflight_batches = 0
+        self.batches = 0
+        self.rejected: dict[str, int] = {}
+        self.started = time.monotonic()
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def reject(self, kind: str) -> None:
+        self.rejected[kind] = self.rejected.get(kind, 0) + 1
+
+
+def _error(status: int, kind: str, reason: str, content_type: str) -> web.Response:
+    codec = codec_for(content_type)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return web.Response(status=status, body=codec.encode(ErrorBody(kind, reason)),
+                        content_type=codec.content_type, headers=headers)
+
+
+def build_app(pool: SandboxPool, *, max_batch: int = 1024,
+              max_body_bytes: int = 256 << 20) -> web.Application:
+    """The aiohttp application serving ``pool`` (started and closed by the caller)."""
+    state = ServerState(max_batch)
+    app = web.Application(client_max_size=max_body_bytes)
+    app["pool"] = pool
+    app["state"] = state
+
+    async def execute(request: web.Request) -> web.Response:
+        ctype = request.headers.get("Content-Type")
+        if state.draining:
+            state.reject("shutting_down")
+            return _error(503, "shutting_down", "this node is shutting down", ctype)
+        codec = codec_for(ctype)
+        try:
+            batch = codec.batch.decode(await request.read())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            state.reject("bad_request")
+            return _error(400, "bad_request", f"malformed batch: {exc}", ctype)
+        if len(batch.requests) > state.max_batch:
+            state.reject("batch_too_large")
+            return _error(413, "batch_too_large",
+                          f"{len(batch.requests)} calls > max batch {state.max_batch}", ctype)
+        state.inflight_batches += 1
+        state.idle.clear()
+        try:
+            results = await pool.execute_many(batch.requests)
+        except Overloaded as exc:
+            state.reject("overloaded")
+            return _error(503, "overloaded", str(exc), ctype)
+        except PoolClosed as exc:
+            state.reject("shutting_down")
+            return _error(503, "shutting_down", str(exc), ctype)
+        finally:
+            state.inflight_batches -= 1
+            if state.inflight_batches == 0:
+                state.idle.set()
+        state.batches += 1
+        return web.Response(body=codec.encode(ExecBatchResult(results)),
+                            content_type=codec.content_type)
+
+    async def health(request: web.Request) -> web.Response:
+        info = pool.describe()
+        info.update(status="draining" if state.draining else ("broken" if info["broken"]
+                                                                 else "ok"),
+                    inflight_batches=state.inflight_batches,
+                    uptime_s=round(time.monotonic() - state.started, 1))
+        return web.Response(status=200 if info["status"] == "ok" else 503,
+                            body=_json.encode(info), content_type=JSON)
+
+    async def metrics(request: web.Request) -> web.Response:
+        gauges = {
+            "sandbox_queue_depth": pool.queue_depth,
+            "sandbox_inflight_calls": pool.inflight,
+            "sandbox_capacity_calls": pool.capacity,
+            "sandbox_workers_ready": sum(1 for w in pool.describe()["workers"] if w["ready"]),
+            "sandbox_http_inflight_batches": state.inflight_batches,
+        }
+        extra = {"sandbox_http_batches_total": state.batches}
+        for kind, n in state.rejected.items():
+            extra[f"sandbox_http_rejected_{kind}_total"] = n
+        return web.Response(text=render(pool.metrics, gauges, extra),
+                            content_type="text/plain", charset="utf-8")
+
+    app.router.add_post("/v1/execute", execute)
+    app.router.add_get("/health", health)
+    app.router.add_get("/healthz", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,
+                ready_file=None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code."""
+    async with SandboxPool(pool_config) as pool:
+        app = build_app(pool, max_batch=max_batch)
+        state: ServerState = app["state"]
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
+            await site.start()
+            addr = runner.addresses[0]
+            line = (f"sandbox serving on http://{addr[0]}:{addr[1]} "
+                    f"isolation={pool.isolation} workers={pool_config.workers}")
+            print(line, file=ready_file or sys.stdout, flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+            state.draining = True
+            try:
+                async with asyncio.timeout(shutdown_grace_s):
+                    await state.idle.wait()
+            except TimeoutError:
+                print(f"sandbox: {state.inflight_batches} batches still running after "
+                      f"{shutdown_grace_s:g}s; closing anyway", file=sys.stderr, flush=True)
+        finally:
+            await runner.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sandbox serve ...`` / ``python -m sandbox probe``."""
+    from . import cli
+
+    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run the HTTP sandbox server")
+    cli.add_serve_arguments(serve_p)
+    probe_p = sub.add_parser("probe", help="print which isolation levels work on this host")
+    probe_p.add_argument("--jail", default="auto", choices=("auto", "nsjail", "bwrap"))
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return cli.run_serve(args)
+    return cli.run_probe(args)
