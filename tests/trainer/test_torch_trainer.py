@@ -220,3 +220,18 @@ def test_parallel_none_is_refused_under_a_process_group(monkeypatch):
     monkeypatch.setattr(tt, "_init_distributed", lambda cfg: (2, 0))
     with pytest.raises(TrainerError, match="ddp"):
         make()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_step_matches_cpu_step():
+    batch = rl_batch(0)
+    cpu = make()
+    gpu = TorchTrainer(tiny_model(0), TorchTrainerConfig(device="cuda"),
+                       AlgorithmSection(lr=1e-3), pad_token_id=0)
+    gc, gg = capture_grads(cpu), capture_grads(gpu)
+    mc, mg = cpu.train_step(batch), gpu.train_step(batch)
+    assert gpu.device.type == "cuda"
+    assert mg["train/loss"] == pytest.approx(mc["train/loss"], abs=1e-4)
+    for k, v in gc[0].items():
+        torch.testing.assert_close(gg[0][k].cpu(), v, atol=1e-5, rtol=1e-3, msg=k)
