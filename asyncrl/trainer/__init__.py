@@ -20,6 +20,12 @@ def _torch(*args: Any, **kwargs: Any) -> Trainer:
     return TorchTrainer(*args, **kwargs)
 
 
-TRAINER_KINDS: dict[str, Callable[..., Trainer]] = {"torch": _torch}
+def _megatron(*args: Any, **kwargs: Any) -> Trainer:
+    from .megatron.launch import make_trainer
+
+    return make_trainer(*args, **kwargs)
+
+
+TRAINER_KINDS: dict[str, Callable[..., Trainer]] = {"torch": _torch, "megatron": _megatron}
 
 __all__ = ["TRAINER_KINDS", "Trainer"]

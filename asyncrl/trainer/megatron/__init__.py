@@ -1,0 +1,12 @@
+"""`trainer.kind = "megatron"`: a megatron-core GPT model trained behind the `Trainer` protocol.
+
+Modules (nothing here imports megatron-core at import time; `model.py` does on first use):
+- `arch`: a HF config (Qwen3, Qwen2, Llama) read into the facts the model needs.
+- `convert`: HF <-> Megatron weight names and tensor layouts, per parameter and TP rank.
+- `hf_files`: lazy reads and sharded writes of HF safetensors directories.
+- `model`: megatron parallel state, building the `GPTModel`, weights in/out, logits.
+- `vocab_parallel`: token logprobs and entropy over the TP-split vocabulary.
+- `trainer`: `MegatronTrainer` (RL and SFT steps, optimizer, export, state).
+- `launch`: torchrun runs with the event loop on rank 0 and the other ranks following.
+- `cpu_compat`: the patches that let megatron-core run on a CPU torch — tests only.
+"""

@@ -1,0 +1,182 @@
+"""Multi-process runs of the Megatron trainer: the event loop on rank 0, the others follow.
+
+Under torchrun every rank starts; only rank 0 runs `asyncrl train` (rollouts, RoC, engines,
+metrics). The other ranks hold their shards of the model and take part in every collective of
+every trainer call. They learn what to do from rank 0 over torch.distributed:
+
+- rank 0 builds its trainer through `make_trainer` (the `"megatron"` registry entry). In a
+  world of one it is simply `MegatronTrainer`. Otherwise it first broadcasts the constructor
+  arguments, then returns a `RankZeroTrainer`, a proxy that broadcasts each call (method name,
+  arguments — the whole `Batch` for `train_step`) before running it locally.
+- every other rank runs `follow()`: receive the constructor arguments, build the same trainer,
+  then run each announced call until rank 0 says `close` (also sent at rank 0's exit).
+
+Control messages use a dedicated gloo group with a long timeout, because rank 0 may spend far
+longer on rollouts between two calls than NCCL's watchdog allows a pending collective.
+
+A HF model passed to `make_trainer` reaches the followers as its directory when it was loaded
+from one (each rank then reads only its tensors), else pickled whole (tiny runs).
+
+Entry point: `torchrun ... -m asyncrl.trainer.megatron.launch train CONFIG [--set ...]` runs
+`asyncrl train` on rank 0 and `follow()` elsewhere (see tools/launch_multinode.sh).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+_CONTROL: Any = None
+CONTROL_TIMEOUT = timedelta(days=7)
+_METHODS = ("train_step", "sft_step", "state_dict_for_sync", "export_hf", "save_state",
+            "load_state", "set_lr")
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) from torch.distributed, else from torchrun's environment."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _control_group() -> Any:
+    """Join the default process group (if needed) and create the gloo control group."""
+    global _CONTROL
+    if _CONTROL is None:
+        if not dist.is_initialized():
+            import torch
+
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                    timeout=timedelta(minutes=30))
+        _CONTROL = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+    return _CONTROL
+
+
+def _send(msg: Any) -> None:
+    dist.broadcast_object_list([msg], src=0, group=_control_group())
+
+
+def _recv() -> Any:
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0, group=_control_group())
+    return box[0]
+
+
+def _portable_model(model: Any) -> Any:
+    """What the followers need to rebuild `model`: its directory when it has one on disk."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    path = getattr(getattr(model, "config", None), "_name_or_path", "")
+    if path and (Path(path) / "config.json").exists():
+        return str(path)
+    return model
+
+
+def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: Any) -> Any:
+    """The trainer for rank 0 (the registry's `"megatron"` entry); see the module doc."""
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    rank, size = world()
+    if size == 1:
+        return MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs)
+    if rank != 0:
+        raise RuntimeError("make_trainer runs on rank 0; other ranks call launch.follow()")
+    _send(("init", _portable_model(model), cfg, algo, pad_token_id, kwargs))
+    proxy = RankZeroTrainer(MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs))
+    atexit.register(proxy.close)
+    return proxy
+
+
+class RankZeroTrainer:
+    """Rank 0's trainer: each protocol call is announced to the followers, then run here."""
+
+    def __init__(self, trainer: Any) -> None:
+        self._trainer = trainer
+        self._closed = False
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._closed:
+            raise RuntimeError(f"trainer is closed; cannot {name}")
+        _send(("call", name, args, kwargs))
+        return getattr(self._trainer, name)(*args, **kwargs)
+
+    def train_step(self, batch: Any, lr_scale: float = 1.0) -> dict[str, float]:
+        return self._call("train_step", batch, lr_scale)
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        return self._call("sft_step", examples)
+
+    def state_dict_for_sync(self) -> Any:
+        return self._call("state_dict_for_sync")
+
+    def export_hf(self, path: Any) -> None:
+        self._call("export_hf", path)
+
+    def save_state(self, path: Any) -> None:
+        self._call("save_state", path)
+
+    def load_state(self, path: Any) -> None:
+        self._call("load_state", path)
+
+    def set_lr(self, lr: float) -> None:
+        self._call("set_lr", lr)
+
+    def close(self) -> None:
+        """Release the followers (idempotent; also registered to run at exit)."""
+        if self._closed:
+            return
+        self._closed = True
+        if dist.is_initialized():
+            _send(("close",))
+
+    def __getattr__(self, name: str) -> Any:
+        # Local, non-collective attributes (model, optimizer_step, layout, ...).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._trainer, name)
+
+
+def follow() -> None:
+    """A non-zero rank's whole life: build the trainer rank 0 describes, serve its calls."""
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    rank, _ = world()
+    kind, model, cfg, algo, pad_token_id, kwargs = _recv()
+    if kind != "init":
+        raise RuntimeError(f"follower expected an init message, got {kind!r}")
+    trainer = MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs)
+    log.info("follower_ready", rank=rank)
+    while True:
+        msg = _recv()
+        if msg[0] == "close":
+            break
+        _, name, args, kwargs = msg
+        if name not in _METHODS:
+            raise RuntimeError(f"follower got an unknown call {name!r}")
+        getattr(trainer, name)(*args, **kwargs)
+    log.info("follower_done", rank=rank)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`asyncrl` CLI on rank 0, `follow()` on every other rank."""
+    rank, _ = world()
+    if rank == 0:
+        from asyncrl.cli import main as cli_main
+
+        return cli_main(argv)
+    follow()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

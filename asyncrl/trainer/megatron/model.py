@@ -1,0 +1,283 @@
+"""A megatron-core `GPTModel` for a HF architecture: process groups, build, weights in and out,
+and vocab-parallel token log-probabilities.
+
+Owns: importing megatron-core (with a clear error when it is missing), initialising its
+parallel state on top of torch.distributed, building the model from an `Arch`, copying HF
+weights into this rank's shards, streaming this model's weights back out as whole HF tensors
+(gathered over the tensor-parallel group), and the forward pass to vocabulary-split logits.
+
+Does not own: the name/layout map (`convert.py`), log-probabilities over the split vocabulary
+(`vocab_parallel.py`), the update step (`trainer.py`), files (`hf_files.py`). Runs on CUDA in production; tests enter `cpu_compat.cpu_megatron()` first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.trainer.megatron import convert
+from asyncrl.trainer.megatron.arch import Arch
+from asyncrl.trainer.megatron.errors import MegatronUnavailableError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def require_megatron() -> None:
+    """Import megatron-core or raise `MegatronUnavailableError` saying how to install it."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as e:
+        raise MegatronUnavailableError(
+            f"trainer.kind = \"megatron\" needs megatron-core ({e}); "
+            "install it with `pip install 'asyncrl[gpu]'` or `pip install megatron-core==0.16.0`"
+        ) from None
+
+
+# ------------------------------------------------------------------------------ process groups
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the tensor x pipeline x data parallel grid."""
+
+    rank: int
+    world_size: int
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+    device: torch.device
+
+    @property
+    def is_writer(self) -> bool:
+        """The one rank of its TP group that writes exports (DP replica 0, TP rank 0)."""
+        return self.dp_rank == 0 and self.tp_rank == 0
+
+
+def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> Layout:
+    """Set up torch.distributed (if not yet) and megatron's parallel state; seed its RNGs.
+
+    Under torchrun the usual env (RANK, WORLD_SIZE, MASTER_ADDR, LOCAL_RANK) is read; a lone
+    process gets a world of one. NCCL on CUDA, gloo otherwise.
+    """
+    require_megatron()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        timeout = timedelta(minutes=timeout_minutes)
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timeout)
+    if parallel_state.model_parallel_is_initialized():
+        have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise RuntimeError(f"megatron parallel state is (tp, pp)={have}, asked for {(tp, pp)}")
+    else:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=timeout_minutes,
+        )
+    model_parallel_cuda_manual_seed(seed)
+    return current_layout()
+
+
+def current_layout() -> Layout:
+    from megatron.core import parallel_state as ps
+
+    return Layout(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        tp_size=ps.get_tensor_model_parallel_world_size(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        pp_size=ps.get_pipeline_model_parallel_world_size(),
+        dp_rank=ps.get_data_parallel_rank(),
+        dp_size=ps.get_data_parallel_world_size(),
+        device=torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+        else torch.device("cpu"),
+    )
+
+
+def destroy_parallel() -> None:
+    """Tear down megatron's groups (and torch.distributed if this module started it)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------- building
+def use_transformer_engine() -> bool:
+    """TE layers (fused attention and norms) when TE is installed and CUDA is there."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_gpt(
+    arch: Arch,
+    *,
+    dtype: str = "float32",
+    recompute: str = "none",
+    init_std: float = 0.02,
+) -> Any:
+    """A `GPTModel` holding this rank's shard of `arch`, randomly initialised (normal with
+    `init_std`); parallel state must be initialised. The vocabulary stays split over TP in the
+    output (`parallel_output=True`), which `vocab_parallel` relies on.
+
+    Always initialised, even when HF weights will overwrite it: megatron-core marks a weight as
+    tensor-parallel (what its grad-norm and checkpointing read) only in its init functions.
+    """
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    arch.check_parallel(tp, pp)
+    params_dtype = DTYPES[dtype]
+    te = use_transformer_engine()
+    recompute_kw: dict[str, Any] = {}
+    if recompute == "selective":
+        recompute_kw = {"recompute_granularity": "selective"}
+    elif recompute == "full":
+        recompute_kw = {"recompute_granularity": "full", "recompute_method": "uniform",
+                        "recompute_num_layers": 1}
+    config = TransformerConfig(
+        **arch.transformer_config_kwargs(),
+        activation_func=F.silu,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bf16=params_dtype is torch.bfloat16,
+        fp16=params_dtype is torch.float16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=True,
+        init_method_std=init_std,
+        # Fusions need apex/TE kernels; plain torch keeps CPU and GPU numerics alike.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
+        **recompute_kw,
+    )
+    if te:
+        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    model = GPTModel(
+        config, spec,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,
+        **arch.gpt_model_kwargs(),
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model
+
+
+def layer_offset(model: Any) -> int:
+    """Global index of this pipeline stage's first layer."""
+    layers = getattr(model.decoder, "layers", [])
+    return int(layers[0].layer_number) - 1 if len(layers) else 0
+
+
+def weight_names(model: Any) -> list[str]:
+    """Megatron state-dict names that hold weights, in module order."""
+    return [n for n in model.state_dict() if convert.is_weight(n)]
+
+
+# ---------------------------------------------------------------------------- weights in/out
+@torch.no_grad()
+def load_hf_weights(model: Any, arch: Arch, get_hf: Callable[[str], torch.Tensor]) -> None:
+    """Fill this rank's shards from HF tensors (`get_hf(name)` returns a whole HF tensor)."""
+    from megatron.core import parallel_state as ps
+
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    tp_size = ps.get_tensor_model_parallel_world_size()
+    offset = layer_offset(model)
+    state = model.state_dict(keep_vars=True)
+    for name in weight_names(model):
+        shard = convert.to_megatron(name, get_hf, arch, tp_rank=tp_rank, tp_size=tp_size,
+                                    layer_offset=offset)
+        target = state[name]
+        if tuple(target.shape) != tuple(shard.shape):
+            raise convert.ConversionError(
+                f"{name}: built shape {tuple(target.shape)}, converted {tuple(shard.shape)}"
+            )
+        target.data.copy_(shard.to(device=target.device, dtype=target.dtype))
+
+
+@torch.no_grad()
+def iter_hf_weights(model: Any, arch: Arch, dtype: torch.dtype | None = None
+                    ) -> Iterator[tuple[str, torch.Tensor]]:
+    """This pipeline stage's weights as whole HF tensors, one parameter at a time.
+
+    Collective over the TP group: every TP rank must iterate to the end; all of them receive
+    the gathered tensors (on the model's device; the caller moves them). Replicated tensors
+    (norms) are not gathered.
+    """
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    tp = ps.get_tensor_model_parallel_world_size()
+    offset = layer_offset(model)
+    state = model.state_dict()
+    for name in weight_names(model):
+        local = state[name]
+        if dtype is not None:
+            local = local.to(dtype)
+        if tp == 1 or convert.split_kind(name, arch) == "replicated":
+            shards = [local] * tp
+        else:
+            shards = [torch.empty_like(local) for _ in range(tp)]
+            dist.all_gather(shards, local.contiguous(), group=group)
+        yield from convert.to_hf(name, shards, arch, layer_offset=offset).items()
+
+
+# ---------------------------------------------------------------------------------- forward
+def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor | None:
+    """Megatron's attention mask (True = masked) for the local spec; TE builds its own."""
+    if use_transformer_engine():
+        return None
+    return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), 1)[None, None]
+
+
+def forward_logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits `[batch, seq, vocab / tp]` (this rank's vocabulary slice) for right-padded rows.
+
+    Right padding needs no padding mask: causal attention keeps pad tokens out of every real
+    position, and the loss masks the padded positions. (Megatron's RoPE ignores position ids
+    and numbers positions from 0, so sequences cannot be packed into one row here.)
+    """
+    b, s = input_ids.shape
+    position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+    return model(input_ids, position_ids, causal_mask(s, input_ids.device))

@@ -1,0 +1,441 @@
+"""The Megatron trainer: `trainer.kind = "megatron"` behind the `asyncrl.trainer.base.Trainer`
+interface, with tensor and data parallelism from megatron-core.
+
+Owns: turning a HF model (object or directory) into a sharded megatron-core `GPTModel`, the
+RL and SFT steps on it, the optimizer, weight export (HF names, gathered over TP) and trainer
+state. Shares with the torch trainer, not copies: batching, sharding and packing
+(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `mismatch_metrics` / `StepStats`
+(`asyncrl.algo.loss`) and the lr schedule (`asyncrl.algo.schedule`). Does not own the loop,
+RoC, or how other ranks receive their calls (`launch.py`).
+
+Layout: world = TP x PP x DP (PP = 1 for now). Each mini-batch is sharded over the DP ranks by
+`batching.shard`; all TP ranks of a replica see the same micro-batches. A packed micro-batch
+is unpacked into right-padded rows (megatron's RoPE cannot restart positions inside a row);
+padding is masked out of the loss. Loss of a micro-batch = token sum / trained tokens of the
+whole mini-batch (all ranks), times the DP size because gradients are averaged over DP, so an
+update equals the single-process update on the whole batch up to float summation order —
+the same contract as the torch trainer, whose update this one reproduces (tests check it).
+
+Optimizer, two paths with one interface (`_TorchOptimizer`, `_MegatronOptimizer`):
+- CUDA: megatron's DDP (grad buckets in fp32, reduced over DP) and megatron's optimizer
+  (AdamW, fp32 master weights for bf16 models, `distributed_optimizer` shards its state over
+  DP, global-norm clip done inside). Weight decay applies to every parameter, as in the torch
+  trainer (megatron's default would skip norms and biases).
+- No CUDA (CPU tests over gloo): megatron's DDP and optimizers hard-code CUDA, so plain torch
+  AdamW over this rank's shards, with one all-reduce of the flattened gradients over DP and a
+  TP-aware global gradient norm (replicated parameters counted once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.algo import batching
+from asyncrl.algo.batching import Packed, TrainSeq
+from asyncrl.algo.loss import StepStats, grpo_loss, mismatch_metrics, sft_loss
+from asyncrl.algo.schedule import lr_factor
+from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
+from asyncrl.errors import TrainerError
+from asyncrl.log import get_logger
+from asyncrl.records import Batch
+from asyncrl.trainer.megatron import model as mmodel
+from asyncrl.trainer.megatron import vocab_parallel
+from asyncrl.trainer.megatron.arch import Arch
+
+log = get_logger(__name__)
+
+
+class MegatronTrainer:
+    """Implements `asyncrl.trainer.base.Trainer` on a megatron-core GPT model.
+
+    `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests) or the path
+    of a HF directory (each rank reads only the tensors it needs, one at a time). `dtype`
+    defaults to the HF model's dtype. `temperature` and `total_steps` as in `TorchTrainer`.
+    Every rank constructs the trainer with the same arguments (see `launch.py`).
+    """
+
+    def __init__(self, model: Any, cfg: MegatronTrainerConfig, algo: AlgorithmSection,
+                 pad_token_id: int, *, temperature: float = 1.0,
+                 total_steps: int | None = None, seed: int = 0, dtype: str | None = None
+                 ) -> None:
+        if cfg.pipeline_parallel != 1:
+            raise TrainerError("trainer.pipeline_parallel: only 1 is implemented so far")
+        if algo.lr_schedule == "cosine" and not total_steps:
+            raise TrainerError("algorithm.lr_schedule = cosine needs total_steps")
+        mmodel.require_megatron()
+        self.cfg, self.algo = cfg, algo
+        self.pad_token_id = pad_token_id
+        self.temperature = temperature
+        self.total_steps = total_steps
+        hf_config, get_hf, src_dtype = _hf_source(model)
+        self.hf_config = hf_config
+        self.dtype = dtype or src_dtype
+        if self.dtype == "float16":
+            raise TrainerError("model.dtype: float16 is not supported by the megatron trainer "
+                               "(no loss scaling); use bfloat16")
+        self.arch = Arch.from_hf(hf_config)
+        self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
+        self.device = self.layout.device
+        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=cfg.recompute)
+        mmodel.load_hf_weights(self.model, self.arch, get_hf)
+        self.model.train()
+        if torch.cuda.is_available():
+            self._opt: _TorchOptimizer | _MegatronOptimizer = _MegatronOptimizer(
+                self.model, algo, cfg, self.dtype)
+        else:
+            self._opt = _TorchOptimizer(self.model, algo)
+        self._base_lr = algo.lr
+        self._opt_step = 0
+        log.info("trainer_ready", kind="megatron", device=str(self.device),
+                 world_size=self.layout.world_size, tp=self.layout.tp_size,
+                 dp=self.layout.dp_size, optimizer=type(self._opt).__name__,
+                 params=self.arch.num_params(), dtype=self.dtype)
+
+    # --------------------------------------------------------------------------- planning
+    def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
+        """This DP rank's micro-batches for one mini-batch, padded with dummies to the count
+        of the busiest DP rank (every rank computes every rank's packing; no collective)."""
+        dp, me = self.layout.dp_size, self.layout.dp_rank
+        lengths = [s.num_tokens for s in seqs]
+        counts, mine = [], []
+        for r in range(dp):
+            share = [seqs[i] for i in batching.shard(lengths, r, dp)]
+            packed = batching.pack(share, self.cfg.micro_batch_tokens)
+            counts.append(len(packed))
+            if r == me:
+                mine = packed
+        n = max(1, *counts)
+        return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
+
+    def _tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
+        """A packed micro-batch as right-padded rows, one sequence per row `[n, longest]`."""
+        starts = [0] + [i for i in range(1, mb.num_tokens)
+                        if mb.seq_index[i] != mb.seq_index[i - 1]]
+        spans = list(zip(starts, [*starts[1:], mb.num_tokens], strict=True))
+        width = max(e - s for s, e in spans)
+
+        def rows(values: list[Any], fill: float, dtype: torch.dtype) -> torch.Tensor:
+            out = torch.full((len(spans), width), fill, dtype=dtype)
+            for r, (s, e) in enumerate(spans):
+                out[r, : e - s] = torch.tensor(values[s:e], dtype=dtype)
+            return out.to(self.device)
+
+        return {
+            "input_ids": rows(mb.input_ids, self.pad_token_id, torch.long),
+            "mask": rows(mb.loss_mask, 0, torch.float32),
+            "advantages": rows(mb.advantages, 0.0, torch.float32),
+            "sampling_logprobs": rows(mb.sampling_logprobs, 0.0, torch.float32),
+        }
+
+    def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        return mmodel.forward_logits(self._opt.module, t["input_ids"])
+
+    # ------------------------------------------------------------------------- optimizer
+    def _optimizer_step(self, lr_scale: float) -> tuple[float, float]:
+        lr = self._base_lr * lr_scale * lr_factor(self._opt_step, self.algo.warmup_steps,
+                                                  self.algo.lr_schedule, self.total_steps)
+        norm = self._opt.step(lr, self.algo.grad_clip)
+        self._opt_step += 1
+        return norm, lr
+
+    # ----------------------------------------------------------------------------- steps
+    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
+        """One RL step (see `base.Trainer`). Blocking; every rank calls it with the batch."""
+        seqs = batching.sequences_from_batch(batch)
+        if not seqs:
+            log.warning("train_step_empty", step=batch.step)
+            return {"train/sequences": 0.0, "train/optimizer_steps": 0.0}
+        minis = batching.split_minibatches(seqs, self.algo.optimizer_steps_per_rl_step)
+        plans = [self._plan(mini) for mini in minis]
+        stats = StepStats()
+        dp = self.layout.dp_size
+        temp = self.temperature
+
+        olds: list[list[torch.Tensor]] = []
+        with torch.no_grad():
+            for plan in plans:
+                olds.append([])
+                for mb in plan:
+                    t = self._tensors(mb)
+                    old = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"], temp)
+                    olds[-1].append(old)
+                    stats.add(mismatch_metrics(old, t["sampling_logprobs"], t["mask"]))
+
+        norms, lr = [], 0.0
+        for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
+            normalizer = float(sum(s.num_loss_tokens for s in mini))
+            self._opt.zero_grad()
+            for mb, old in zip(plan, old_plan, strict=True):
+                t = self._tensors(mb)
+                logits = self._logits(t)
+                ent = vocab_parallel.token_entropy(logits.detach(), temp)
+                lp = vocab_parallel.token_logprobs(logits, t["input_ids"], temp)
+                loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], self.algo.eps_low,
+                                    self.algo.eps_high, self.algo.dual_clip,
+                                    normalizer=normalizer)
+                (loss * dp).backward()
+                stats.add(m)
+                stats.add({"entropy_sum": (ent * t["mask"]).sum()})
+            norm, lr = self._optimizer_step(lr_scale)
+            norms.append(norm)
+
+        out = self._means(stats, "train/")
+        out["train/loss"] = out.get("train/pg_loss", 0.0)
+        out.update({
+            "train/grad_norm": sum(norms) / len(norms),
+            "train/grad_norm_max": max(norms),
+            "train/lr": lr,
+            "train/sequences": float(len(seqs)),
+            "train/mini_batches": float(len(minis)),
+            "train/micro_batches": float(sum(len(p) for p in plans)),
+            "train/optimizer_step": float(self._opt_step),
+        })
+        return out
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One optimizer step of masked cross-entropy, token-mean over all examples."""
+        seqs = batching.sequences_from_sft(examples)
+        plan = self._plan(seqs)
+        normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
+        stats = StepStats()
+        self._opt.zero_grad()
+        for mb in plan:
+            t = self._tensors(mb)
+            lp = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"])
+            loss, m = sft_loss(lp, t["mask"], normalizer=normalizer)
+            (loss * self.layout.dp_size).backward()
+            stats.add(m)
+        norm, lr = self._optimizer_step(1.0)
+        out = self._means(stats, "sft/")
+        out["sft/loss"] = out.pop("sft/nll", 0.0)
+        out.update({"sft/grad_norm": norm, "sft/lr": lr, "sft/examples": float(len(seqs)),
+                    "sft/optimizer_step": float(self._opt_step)})
+        return out
+
+    def _means(self, stats: StepStats, prefix: str) -> dict[str, float]:
+        """Metrics summed over all ranks. TP ranks hold copies of their replica's sums, which
+        cancels in every `x_sum / tokens` mean and leaves maxima and minima alone; only the
+        plain `tokens` count is divided back by the copies."""
+        stats.reduce(self.device)
+        out = stats.means(prefix)
+        copies = self.layout.tp_size * self.layout.pp_size
+        if f"{prefix}tokens" in out:
+            out[f"{prefix}tokens"] /= copies
+        return out
+
+    # ---------------------------------------------------------------------- weights/state
+    def hf_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Every weight by HF name, on every TP rank of DP replica 0 ({} elsewhere)."""
+        if self.layout.dp_rank != 0:
+            return {}
+        return dict(mmodel.iter_hf_weights(self.model, self.arch, dtype))
+
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full weights by HF name on rank 0 ({} on the others, which must call it too: the
+        TP shards are gathered). Fresh tensors, not views of the parameters."""
+        sd = self.hf_weights()
+        return sd if self.layout.rank == 0 else {}
+
+    def export_hf(self, path: str | Path) -> None:
+        """Write a HF model directory (safetensors shards, index, config) from rank 0, one
+        gathered tensor at a time."""
+        from asyncrl.trainer.megatron.hf_files import write_hf
+
+        if self.layout.dp_rank == 0:
+            tensors = mmodel.iter_hf_weights(self.model, self.arch)
+            if self.layout.rank == 0:
+                write_hf(path, tensors, self.hf_config, dtype=mmodel.DTYPES[self.dtype])
+            else:
+                for _ in tensors:  # take part in the gathers
+                    pass
+        _barrier()
+
+    def _state_file(self, path: str | Path) -> Path:
+        return Path(path) / f"megatron_tp{self.layout.tp_rank:02d}.pt"
+
+    def save_state(self, path: str | Path) -> None:
+        """Per TP rank: model shard, optimizer and schedule; DP replica 0 writes."""
+        out = Path(path)
+        opt_state = self._opt.state_for_save(out, self.layout)
+        if self.layout.dp_rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": self.model.state_dict(), "optimizer": opt_state,
+                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
+                        "layout": {"tp": self.layout.tp_size, "pp": self.layout.pp_size}},
+                       self._state_file(out))
+        _barrier()
+
+    def load_state(self, path: str | Path) -> None:
+        """Restore what `save_state` wrote, for the same TP size (every rank reads its file)."""
+        file = self._state_file(path)
+        try:
+            state = torch.load(file, map_location=self.device, weights_only=False)
+        except (OSError, RuntimeError) as e:
+            raise TrainerError(f"cannot read trainer state {file}: {e}") from e
+        if state["layout"]["tp"] != self.layout.tp_size:
+            raise TrainerError(f"{file}: saved with tensor_parallel={state['layout']['tp']}, "
+                               f"running with {self.layout.tp_size}")
+        self.model.load_state_dict(state["model"])
+        self._opt.load(state["optimizer"], Path(path), self.layout)
+        self._opt_step = int(state["schedule"]["opt_step"])
+        self._base_lr = float(state["schedule"]["base_lr"])
+
+    def set_lr(self, lr: float) -> None:
+        """Base learning rate from the next optimizer step on (warmup/schedule multiply it)."""
+        self._base_lr = float(lr)
+
+    @property
+    def optimizer_step(self) -> int:
+        return self._opt_step
+
+    def close(self) -> None:
+        """Release megatron's process groups (and torch.distributed)."""
+        mmodel.destroy_parallel()
+
+
+# ------------------------------------------------------------------------------ optimizers
+class _TorchOptimizer:
+    """torch AdamW over this rank's shards; DP all-reduce and TP-aware clipping by hand."""
+
+    def __init__(self, model: Any, algo: AlgorithmSection) -> None:
+        self.module = model
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        # Qwen3's q/k norm weights are replicated over TP, but each rank only sees its own
+        # heads: their gradients are partial sums (megatron's finalize_model_grads sums them).
+        self._tp_partial = [i for i, (n, _) in enumerate(named)
+                            if "q_layernorm" in n or "k_layernorm" in n]
+        self.opt = torch.optim.AdamW(self.params, lr=algo.lr, betas=(algo.betas[0], algo.betas[1]),
+                                     weight_decay=algo.weight_decay)
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def step(self, lr: float, clip: float) -> float:
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        if ps.get_tensor_model_parallel_world_size() > 1 and self._tp_partial:
+            _all_reduce_([grads[i] for i in self._tp_partial], ps.get_tensor_model_parallel_group())
+        dp = ps.get_data_parallel_world_size()
+        if dp > 1:  # average over replicas, as DDP would
+            _all_reduce_(grads, ps.get_data_parallel_group(), scale=1.0 / dp)
+        sq = torch.zeros((), dtype=torch.float32, device=grads[0].device)
+        for p, g in zip(self.params, grads, strict=True):
+            if param_is_not_tensor_parallel_duplicate(p):
+                sq += torch.linalg.vector_norm(g.float()) ** 2
+        if ps.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        norm = sq.sqrt()
+        coef = torch.clamp(clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
+        for p, g in zip(self.params, grads, strict=True):
+            g.mul_(coef)
+            p.grad = g
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
+        return self.opt.state_dict()
+
+    def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
+        self.opt.load_state_dict(state)
+
+
+class _MegatronOptimizer:
+    """megatron DDP + megatron AdamW (fp32 master weights; optionally DP-sharded state)."""
+
+    def __init__(self, model: Any, algo: AlgorithmSection, cfg: MegatronTrainerConfig,
+                 dtype: str) -> None:
+        from megatron.core.distributed import DistributedDataParallel as DDP
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.distributed = cfg.distributed_optimizer
+        ddp_cfg = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=cfg.distributed_optimizer)
+        self.module = DDP(config=model.config, ddp_config=ddp_cfg, module=model)
+        opt_cfg = OptimizerConfig(
+            optimizer="adam", lr=algo.lr, weight_decay=algo.weight_decay,
+            adam_beta1=algo.betas[0], adam_beta2=algo.betas[1], adam_eps=1e-8,
+            clip_grad=algo.grad_clip, bf16=dtype == "bfloat16",
+            params_dtype=mmodel.DTYPES[dtype], use_distributed_optimizer=cfg.distributed_optimizer)
+        # `config_overrides={}`: weight decay on every parameter, like the torch trainer.
+        self.opt = get_megatron_optimizer(opt_cfg, [self.module], config_overrides={})
+
+    def zero_grad(self) -> None:
+        self.module.zero_grad_buffer()
+        self.opt.zero_grad()
+
+    def step(self, lr: float, clip: float) -> float:
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.module])  # DP reduce of the grad buckets
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        _ok, norm, _zeros = self.opt.step()
+        self.zero_grad()
+        return float(norm or 0.0)
+
+    def _param_file(self, path: Path, layout: mmodel.Layout) -> Path:
+        return path / f"megatron_tp{layout.tp_rank:02d}_optim_params.pt"
+
+    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
+        if self.distributed:  # collective over DP; DP rank 0 writes the gathered state
+            path.mkdir(parents=True, exist_ok=True)
+            self.opt.save_parameter_state(str(self._param_file(path, layout)))
+        return self.opt.state_dict()
+
+    def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
+        self.opt.load_state_dict(state)
+        if self.distributed:
+            self.opt.load_parameter_state(str(self._param_file(path, layout)))
+
+
+# --------------------------------------------------------------------------------- helpers
+def _hf_source(model: Any) -> tuple[Any, Any, str]:
+    """(HF config, tensor getter by HF name, dtype name) from a HF model or directory."""
+    if isinstance(model, (str, Path)):
+        from transformers import AutoConfig
+
+        from asyncrl.trainer.megatron.hf_files import HFReader
+
+        cfg = AutoConfig.from_pretrained(str(model))
+        raw = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
+        name = str(raw).removeprefix("torch.")
+        return cfg, HFReader(model), name if name in mmodel.DTYPES else "float32"
+    state = model.state_dict()
+
+    def get(name: str) -> torch.Tensor:
+        if name not in state:
+            raise TrainerError(f"HF model has no parameter {name!r}")
+        return state[name]
+
+    return model.config, get, str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def _all_reduce_(tensors: list[torch.Tensor], group: Any, scale: float = 1.0) -> None:
+    """Sum `tensors` in place over `group` with one collective, then multiply by `scale`."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    if scale != 1.0:
+        flat *= scale
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+

@@ -1,0 +1,46 @@
+"""megatron-core stays optional: nothing imports it until a Megatron trainer is built, and a
+missing install is a clear `TrainerError`, not an ImportError deep in a run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
+from asyncrl.errors import TrainerError
+from asyncrl.trainer.megatron.errors import MegatronUnavailableError
+
+
+def test_importing_asyncrl_and_this_package_does_not_import_megatron():
+    code = (
+        "import sys, asyncrl, asyncrl.trainer, asyncrl.train, asyncrl.runtime\n"
+        "from asyncrl.trainer.megatron import arch, convert, hf_files, model, launch, trainer\n"
+        "from asyncrl.trainer.megatron import vocab_parallel, cpu_compat\n"
+        "assert 'megatron' not in sys.modules, sorted(m for m in sys.modules if 'megatron' in m)\n"
+        "from asyncrl.trainer import TRAINER_KINDS\n"
+        "assert 'megatron' in TRAINER_KINDS\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_missing_megatron_core_is_a_trainer_error_saying_how_to_install(monkeypatch):
+    from asyncrl.trainer import TRAINER_KINDS
+
+    monkeypatch.setitem(sys.modules, "megatron", None)  # import megatron.* now fails
+    monkeypatch.setitem(sys.modules, "megatron.core", None)
+    with pytest.raises(MegatronUnavailableError, match="pip install") as e:
+        TRAINER_KINDS["megatron"]("unused", MegatronTrainerConfig(), AlgorithmSection(),
+                                  pad_token_id=0)
+    assert isinstance(e.value, TrainerError)
+
+
+def test_pipeline_parallel_is_refused_up_front():
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    with pytest.raises(TrainerError, match="pipeline_parallel"):
+        MegatronTrainer("unused", MegatronTrainerConfig(pipeline_parallel=2), AlgorithmSection(),
+                        pad_token_id=0)

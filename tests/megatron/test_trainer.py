@@ -1,0 +1,149 @@
+"""MegatronTrainer on the CPU (one process): its GRPO and SFT updates equal TorchTrainer's on
+the same batch, its state restores exactly, and it exports what the engines load."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from mg_cases import hf_model, rl_batch, sft_examples
+
+from asyncrl.config import AlgorithmSection, MegatronTrainerConfig, TorchTrainerConfig
+from asyncrl.trainer.megatron import convert
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:megatron",
+                                        "ignore::DeprecationWarning:megatron")
+
+ALGO = dict(lr=1e-3, optimizer_steps_per_rl_step=2)  # the 2nd mini-batch sees ratio != 1
+BUDGET = 64  # several micro-batches per mini-batch
+
+
+def torch_trainer(hf, **algo):
+    from asyncrl.trainer.torch_trainer import TorchTrainer
+
+    return TorchTrainer(copy.deepcopy(hf), TorchTrainerConfig(micro_batch_tokens=BUDGET),
+                        AlgorithmSection(**{**ALGO, **algo}), pad_token_id=0, temperature=0.8)
+
+
+def megatron_trainer(hf, **algo):
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    return MegatronTrainer(copy.deepcopy(hf),
+                           MegatronTrainerConfig(micro_batch_tokens=BUDGET, recompute="none"),
+                           AlgorithmSection(**{**ALGO, **algo}), pad_token_id=0, temperature=0.8)
+
+
+def record_torch_grads(tr) -> list[dict[str, torch.Tensor]]:
+    steps: list[dict[str, torch.Tensor]] = []
+    step = tr.optimizer.step
+
+    def recording(*a, **k):
+        steps.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
+        return step(*a, **k)
+
+    tr.optimizer.step = recording
+    return steps
+
+
+def record_megatron_grads(tr) -> list[dict[str, torch.Tensor]]:
+    """The clipped gradients each optimizer step applies, under HF names and layouts."""
+    steps: list[dict[str, torch.Tensor]] = []
+    opt = tr._opt.opt
+    step = opt.step
+    names = dict(zip(map(id, tr.model.parameters()),
+                     (n for n, _ in tr.model.named_parameters()), strict=True))
+
+    def recording(*a, **k):
+        grads: dict[str, torch.Tensor] = {}
+        for p in tr._opt.params:
+            grads.update(convert.to_hf(names[id(p)], [p.grad.clone()], tr.arch))
+        steps.append(grads)
+        return step(*a, **k)
+
+    opt.step = recording
+    return steps
+
+
+def assert_grads_close(mine, ref):
+    """Gradients, not weights, are compared tightly: Adam's first steps move a weight by about
+    lr * sign(grad), so weights whose gradient is float noise may differ by up to ~lr."""
+    assert len(mine) == len(ref) > 0
+    for a, b in zip(mine, ref, strict=True):
+        for k, g in a.items():
+            torch.testing.assert_close(g, b[k], atol=1e-7, rtol=1e-4, msg=k)
+
+
+def assert_metrics_close(mine, ref):
+    assert mine.keys() == ref.keys()
+    for k in ref:
+        assert mine[k] == pytest.approx(ref[k], rel=1e-4, abs=1e-6), k
+
+
+def test_grpo_update_equals_the_torch_trainer(cpu_megatron):
+    hf = hf_model("qwen3")
+    tt, mt = torch_trainer(hf), megatron_trainer(hf)
+    ref_grads, my_grads = record_torch_grads(tt), record_megatron_grads(mt)
+    ref_metrics = tt.train_step(rl_batch(0))
+    my_metrics = mt.train_step(rl_batch(0))
+
+    assert ref_metrics["train/micro_batches"] > 2  # packing actually split the batch
+    assert ref_metrics["train/ratio_max"] > 1.0  # the second mini-batch was off-policy
+    assert_grads_close(my_grads, ref_grads)
+    assert_metrics_close(my_metrics, ref_metrics)
+    after, before = mt.state_dict_for_sync(), hf.state_dict()
+    for k, w in tt.model.state_dict().items():
+        if k in after:
+            assert (w - before[k]).abs().max() > 1e-4, k  # every tensor moved
+            torch.testing.assert_close(after[k], w, atol=2e-5, rtol=1e-5, msg=k)
+
+
+def test_sft_step_equals_the_torch_trainer(cpu_megatron):
+    hf = hf_model("qwen2")  # qkv biases, untied output layer
+    tt, mt = torch_trainer(hf), megatron_trainer(hf)
+    ref_grads, my_grads = record_torch_grads(tt), record_megatron_grads(mt)
+    ref = tt.sft_step(sft_examples())
+    mine = mt.sft_step(sft_examples())
+    assert_grads_close(my_grads, ref_grads)
+    assert_metrics_close(mine, ref)
+
+
+def test_save_and_load_state_continue_identically(cpu_megatron, tmp_path):
+    hf = hf_model("qwen3")
+    a = megatron_trainer(hf, warmup_steps=3)
+    a.train_step(rl_batch(0))
+    a.set_lr(5e-4)
+    a.save_state(tmp_path / "ckpt")
+    a.train_step(rl_batch(1))
+    expect = a.state_dict_for_sync()
+
+    b = megatron_trainer(hf_model("qwen3", seed=7), warmup_steps=3)
+    b.load_state(tmp_path / "ckpt")
+    assert b.optimizer_step == 2
+    b.train_step(rl_batch(1))
+    got = b.state_dict_for_sync()
+    for k in expect:
+        assert torch.equal(got[k], expect[k]), k
+
+
+def test_sync_state_and_export_are_hf(cpu_megatron, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    hf = hf_model("qwen3")
+    mt = megatron_trainer(hf)
+    mt.train_step(rl_batch(0))
+    sd = mt.state_dict_for_sync()
+    mt.export_hf(tmp_path / "hf")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    for k, v in back.state_dict().items():
+        assert torch.equal(v, sd["model.embed_tokens.weight" if k == "lm_head.weight" else k]), k
+    assert back.config.tie_word_embeddings is True
+
+
+def test_registry_builds_a_protocol_trainer(cpu_megatron):
+    from asyncrl.trainer import TRAINER_KINDS, Trainer
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    tr = TRAINER_KINDS["megatron"](hf_model("llama"), MegatronTrainerConfig(recompute="none"),
+                                   AlgorithmSection(), pad_token_id=0)
+    assert isinstance(tr, MegatronTrainer) and isinstance(tr, Trainer)  # world of one: no proxy
