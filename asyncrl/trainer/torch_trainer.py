@@ -92,7 +92,7 @@ class TorchTrainer:
             self._module = self._wrap(model)
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad], lr=algo.lr,
-            betas=tuple(algo.betas), weight_decay=algo.weight_decay)
+            betas=(algo.betas[0], algo.betas[1]), weight_decay=algo.weight_decay)
         self._base_lr = algo.lr
         self._opt_step = 0
         log.info("trainer_ready", kind="torch", device=str(self.device),
@@ -110,7 +110,8 @@ class TorchTrainer:
             # Buffers (rotary tables) are identical everywhere: no per-forward broadcast.
             key = "forward_sync_buffers" if "forward_sync_buffers" in \
                 inspect.signature(DDP).parameters else "broadcast_buffers"
-            return DDP(model, device_ids=ids, **{key: False})
+            opts: dict[str, Any] = {key: False}
+            return DDP(model, device_ids=ids, **opts)
         from torch.distributed.fsdp import fully_shard
 
         # Sharding assumes identical weights everywhere; make it so.
@@ -264,8 +265,9 @@ class TorchTrainer:
                 get_model_state_dict,
             )
 
-            return get_model_state_dict(
+            full: dict[str, Any] = get_model_state_dict(
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            return full
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
