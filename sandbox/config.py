@@ -107,6 +107,11 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.time_limit_s > self.max_time_limit_s:
             raise bad("time_limit_s", f"{self.time_limit_s} exceeds max_time_limit_s "
                                       f"{self.max_time_limit_s}")
+        try:  # callers pass plain strings ("auto"); keep the enum from here on
+            msgspec.structs.force_setattr(self, "isolation", IsolationLevel(self.isolation))
+        except ValueError:
+            raise bad("isolation", f"must be one of {[v.value for v in IsolationLevel]}, "
+                                   f"got {self.isolation!r}") from None
         if self.jail not in ("auto", "nsjail", "bwrap"):
             raise bad("jail", f"must be 'auto', 'nsjail' or 'bwrap', got {self.jail!r}")
         if self.max_open_files < 8:

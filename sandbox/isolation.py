@@ -86,8 +86,12 @@ def worker_env(cfg: PoolConfig, tmp: str) -> dict[str, str]:
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1", "NUMEXPR_NUM_THREADS": "1", "MPLBACKEND": "Agg",
     }
+    # One malloc arena per thread would reserve 64 MiB of address space each and make RLIMIT_AS
+    # refuse the 8th thread of a 512 MiB call; two arenas are plenty for model-written code.
+    tunables = ["glibc.malloc.arena_max=2"]
     if cfg.huge_pages:
-        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+        tunables.append("glibc.malloc.hugetlb=1")
+    env["GLIBC_TUNABLES"] = ":".join(tunables)
     return env
 
 
