@@ -44,3 +44,29 @@ def test_pipeline_parallel_is_refused_up_front():
     with pytest.raises(TrainerError, match="pipeline_parallel"):
         MegatronTrainer("unused", MegatronTrainerConfig(pipeline_parallel=2), AlgorithmSection(),
                         pad_token_id=0)
+
+
+def test_launch_helper_prints_a_two_node_torchrun_command():
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "tools" / "launch_multinode.sh"
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "NNODES": "2", "NODE_RANK": "1",
+           "HEAD_NODE": "10.0.0.1", "GPUS_PER_NODE": "8"}
+    out = subprocess.run(["bash", str(script), "run.toml", "--resume"], env=env,
+                         capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    assert out[:3] == ["torchrun", "--nnodes", "2"]
+    assert "--node-rank" in out and out[out.index("--node-rank") + 1] == "1"
+    assert out[out.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
+    assert out[-5:] == ["-m", "asyncrl.trainer.megatron.launch", "train", "run.toml", "--resume"]
+
+
+def test_followers_get_a_path_for_a_model_loaded_from_disk(tmp_path):
+    from mg_cases import hf_model
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.trainer.megatron.launch import _portable_model
+
+    model = hf_model("llama")
+    assert _portable_model(model) is model  # built in memory: sent whole
+    model.save_pretrained(tmp_path)
+    assert _portable_model(AutoModelForCausalLM.from_pretrained(tmp_path)) == str(tmp_path)

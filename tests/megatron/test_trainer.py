@@ -147,3 +147,18 @@ def test_registry_builds_a_protocol_trainer(cpu_megatron):
     tr = TRAINER_KINDS["megatron"](hf_model("llama"), MegatronTrainerConfig(recompute="none"),
                                    AlgorithmSection(), pad_token_id=0)
     assert isinstance(tr, MegatronTrainer) and isinstance(tr, Trainer)  # world of one: no proxy
+
+
+def test_a_hf_config_alone_gives_a_randomly_initialised_trainer(cpu_megatron):
+    from mg_cases import hf_config
+
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    cfg = hf_config("qwen3")
+    mt = MegatronTrainer(cfg, MegatronTrainerConfig(recompute="none"), AlgorithmSection(lr=1e-3),
+                         pad_token_id=0)
+    before = {k: v.clone() for k, v in mt.state_dict_for_sync().items()}
+    assert 0.01 < before["model.layers.0.mlp.up_proj.weight"].std() < 0.03  # init_std 0.02
+    assert torch.isfinite(torch.tensor(mt.train_step(rl_batch(0))["train/grad_norm"]))
+    after = mt.state_dict_for_sync()
+    assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])

@@ -53,9 +53,10 @@ log = get_logger(__name__)
 class MegatronTrainer:
     """Implements `asyncrl.trainer.base.Trainer` on a megatron-core GPT model.
 
-    `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests) or the path
-    of a HF directory (each rank reads only the tensors it needs, one at a time). `dtype`
-    defaults to the HF model's dtype. `temperature` and `total_steps` as in `TorchTrainer`.
+    `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests), the path
+    of a HF directory (each rank reads only the tensors it needs, one at a time), or a HF
+    `PretrainedConfig` (random initialisation; benchmarks). `dtype` defaults to the HF
+    model's dtype. `temperature` and `total_steps` as in `TorchTrainer`.
     Every rank constructs the trainer with the same arguments (see `launch.py`).
     """
 
@@ -82,7 +83,8 @@ class MegatronTrainer:
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
         self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=cfg.recompute)
-        mmodel.load_hf_weights(self.model, self.arch, get_hf)
+        if get_hf is not None:
+            mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
         if torch.cuda.is_available():
             self._opt: _TorchOptimizer | _MegatronOptimizer = _MegatronOptimizer(
@@ -403,16 +405,24 @@ class _MegatronOptimizer:
 
 # --------------------------------------------------------------------------------- helpers
 def _hf_source(model: Any) -> tuple[Any, Any, str]:
-    """(HF config, tensor getter by HF name, dtype name) from a HF model or directory."""
+    """(HF config, tensor getter by HF name or None, dtype name) from a HF model, directory or
+    config."""
+    from transformers import PretrainedConfig
+
+    def dtype_of(cfg: Any) -> str:
+        raw = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
+        name = str(raw).removeprefix("torch.")
+        return name if name in mmodel.DTYPES else "float32"
+
+    if isinstance(model, PretrainedConfig):
+        return model, None, dtype_of(model)
     if isinstance(model, (str, Path)):
         from transformers import AutoConfig
 
         from asyncrl.trainer.megatron.hf_files import HFReader
 
         cfg = AutoConfig.from_pretrained(str(model))
-        raw = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or "float32"
-        name = str(raw).removeprefix("torch.")
-        return cfg, HFReader(model), name if name in mmodel.DTYPES else "float32"
+        return cfg, HFReader(model), dtype_of(cfg)
     state = model.state_dict()
 
     def get(name: str) -> torch.Tensor:
