@@ -328,12 +328,13 @@ class HttpSandboxClient:
             return results
         reason = data[:300].decode("utf-8", "replace")
         try:
-            reason = codec.error.decode(data).reason
+            err = codec.error.decode(data)
+            reason = f"{err.error}: {err.reason}"
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         if status == 503:  # overloaded or draining: nothing ran, another node may take it
             self.stats["overloaded"] += 1
             node.down_until = time.monotonic() + 0.2
-            raise _Retry(f"HTTP 503: {reason}")
+            raise _Retry(f"HTTP 503 {reason}")
         return [ExecResult.failure(f"node {node.url} answered HTTP {status}: {reason}")
                 for _ in calls]

@@ -32,6 +32,7 @@ from .pool import SandboxPool
 from .wire import JSON, ErrorBody, ExecBatchResult, codec_for
 
 _json = msgspec.json.Encoder()
+POOL_KEY: web.AppKey[SandboxPool] = web.AppKey("sandbox_pool", SandboxPool)
 
 
 class ServerState:
@@ -51,6 +52,9 @@ class ServerState:
         self.rejected[kind] = self.rejected.get(kind, 0) + 1
 
 
+STATE_KEY: web.AppKey[ServerState] = web.AppKey("sandbox_state", ServerState)
+
+
 def _error(status: int, kind: str, reason: str, content_type: str) -> web.Response:
     codec = codec_for(content_type)
     headers = {"Retry-After": "1"} if status == 503 else None
@@ -63,8 +67,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
     """The aiohttp application serving ``pool`` (started and closed by the caller)."""
     state = ServerState(max_batch)
     app = web.Application(client_max_size=max_body_bytes)
-    app["pool"] = pool
-    app["state"] = state
+    app[POOL_KEY] = pool
+    app[STATE_KEY] = state
 
     async def execute(request: web.Request) -> web.Response:
         ctype = request.headers.get("Content-Type")
@@ -134,7 +138,7 @@ async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_g
     """Run until SIGTERM/SIGINT; returns the process exit code."""
     async with SandboxPool(pool_config) as pool:
         app = build_app(pool, max_batch=max_batch)
-        state: ServerState = app["state"]
+        state = app[STATE_KEY]
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:

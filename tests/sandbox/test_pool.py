@@ -1,0 +1,150 @@
+"""Pool policy: isolation never silently weaker, dead/wedged workers replaced, bounded queue,
+hosted functions with deadlines, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import textwrap
+import time
+
+import pytest
+from sbx_helpers import assert_serves, run
+
+from sandbox import (ExecRequest, FunctionError, FunctionTimeout, Overloaded, PoolClosed,
+                     PoolConfig, SandboxPool)
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(60)]
+
+
+# ----------------------------------------------------------------------------- isolation
+async def test_pool_and_health_report_the_level_in_force(jail_pool):
+    assert jail_pool.isolation == "jail+seccomp"
+    info = jail_pool.describe()
+    assert info["isolation"] == "jail+seccomp" and info["jail"] in ("nsjail", "bwrap")
+    assert info["landlock"] is True and info["workers_ready"] == 2
+
+
+# ----------------------------------------------------------------------------- worker health
+def _worker_running(pool) -> int:
+    for _ in range(100):
+        busy = [w for w in pool._workers if w.inflight]
+        if busy:
+            return busy[0].pid
+        time.sleep(0.01)
+    raise AssertionError("no worker picked up the call")
+
+
+async def test_a_dead_worker_fails_only_its_calls_and_is_replaced(jail_pool):
+    call = asyncio.ensure_future(run(jail_pool, "import time; time.sleep(3); print('x')", limit=4))
+    await asyncio.sleep(0.3)
+    pid = _worker_running(jail_pool)
+    os.killpg(pid, signal.SIGKILL)
+    r = await asyncio.wait_for(call, 5)
+    assert r.status == "sandbox_failure" and "died" in r.detail, r
+    await assert_serves(jail_pool)
+    for _ in range(100):
+        if jail_pool.describe()["workers_ready"] == 2:
+            break
+        await asyncio.sleep(0.1)
+    assert jail_pool.describe()["workers_ready"] == 2
+    assert pid not in [w["pid"] for w in jail_pool.describe()["workers"]]
+    assert jail_pool.metrics.worker_restarts >= 1
+
+
+@pytest.fixture(scope="module")
+def small_cfg():
+    return dict(workers=1, isolation="seccomp", time_limit_s=0.5, wedge_grace_s=0.5,
+                max_inflight_per_worker=2, queue_limit=2, preload=("math",))
+
+
+async def test_a_wedged_worker_is_killed_and_replaced(small_cfg):
+    async with SandboxPool(PoolConfig(**small_cfg)) as pool:
+        zygote = pool._workers[0].pid
+        call = asyncio.ensure_future(run(pool, "print('never answered')"))
+        await asyncio.sleep(0)  # let the request be written before the zygote freezes
+        os.kill(zygote, signal.SIGSTOP)
+        t0 = time.monotonic()
+        r = await asyncio.wait_for(call, 10)
+        assert r.status == "sandbox_failure" and "wedged" in r.detail, r
+        assert time.monotonic() - t0 < 0.5 + 0.5 + 1.0  # limit + grace + watchdog period
+        await assert_serves_plain(pool)
+
+
+async def assert_serves_plain(pool):
+    r = await run(pool, "print(2 ** 10)")
+    assert (r.status, r.stdout) == ("ok", "1024\n"), r
+
+
+async def test_a_full_queue_is_an_overload_error_and_runs_nothing(small_cfg):
+    async with SandboxPool(PoolConfig(**small_cfg)) as pool:
+        slow = [asyncio.ensure_future(run(pool, "import time; time.sleep(0.3)"))
+                for _ in range(4)]  # 2 running + 2 queued: exactly full
+        await asyncio.sleep(0.05)
+        with pytest.raises(Overloaded):
+            await pool.execute(ExecRequest("print('should not run')"))
+        with pytest.raises(Overloaded):
+            await pool.execute_many([ExecRequest("print(1)")])
+        assert pool.metrics.overloaded == 2
+        assert [r.status for r in await asyncio.gather(*slow)] == ["ok"] * 4
+        await assert_serves_plain(pool)
+
+
+async def test_close_stops_workers_and_refuses_calls(small_cfg):
+    pool = SandboxPool(PoolConfig(**small_cfg))
+    await pool.start()
+    pids = [w.pid for w in pool._workers]
+    await pool.aclose()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with pytest.raises(PoolClosed):
+        await pool.execute(ExecRequest("print(1)"))
+
+
+# ----------------------------------------------------------------------------- hosted functions
+async def test_hosted_functions_return_values_errors_and_timeouts(jail_pool):
+    r = await jail_pool.call_function("math:factorial", (20,))
+    assert (r.status, r.value) == ("ok", 2432902008176640000)
+    r = await jail_pool.call_function("fractions:Fraction", (3, 6))
+    assert r.unwrap() == __import__("fractions").Fraction(1, 2)
+    r = await jail_pool.call_function("operator:truediv", (1, 0))
+    assert r.status == "error" and "ZeroDivisionError" in r.detail
+    with pytest.raises(FunctionError):
+        r.unwrap()
+    t0 = time.monotonic()
+    r = await jail_pool.call_function("time:sleep", (30,), timeout_s=0.5)
+    assert r.status == "timeout" and time.monotonic() - t0 < 1.5
+    with pytest.raises(FunctionTimeout):
+        r.unwrap()
+    r = await jail_pool.call_function("no_such_module:fn", ())
+    assert r.status == "error" and "ModuleNotFoundError" in r.detail
+    r = await jail_pool.call_function("math:sqrt", (lambda: 1,))
+    assert r.status == "error" and "picklable" in r.detail
+    await assert_serves(jail_pool)
+
+
+async def test_hosted_functions_from_python_paths_run_without_the_filter(tmp_path):
+    (tmp_path / "verify_helpers.py").write_text(textwrap.dedent("""
+        import socket, time
+
+        def socket_family():
+            s = socket.socket(socket.AF_UNIX)   # denied to model code, fine for trusted code
+            fam = int(s.family); s.close(); return fam
+
+        def slow_equal(a, b, delay):
+            time.sleep(delay); return a == b
+    """))
+    cfg = PoolConfig(workers=1, isolation="auto", python_paths=(str(tmp_path),),
+                     preload=("math",))
+    async with SandboxPool(cfg) as pool:
+        r = await pool.call_function("verify_helpers:socket_family")
+        assert (r.status, r.value) == ("ok", 1), r
+        rs = await asyncio.gather(*(pool.call_function("verify_helpers:slow_equal",
+                                                       (i, 2, 0.05 if i else 5), timeout_s=0.5)
+                                    for i in range(4)))
+        assert [r.status for r in rs] == ["timeout", "ok", "ok", "ok"]
+        assert [r.value for r in rs[1:]] == [False, True, False]
+        r = await run(pool, "import socket; socket.socket(socket.AF_UNIX)")
+        assert r.status == "error" and "PermissionError" in r.stderr
