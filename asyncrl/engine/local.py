@@ -318,6 +318,9 @@ class LocalEngine:
         return _Plan(keep=keep, decode=decode, prefill=prefill, version=self.policy_version)
 
     def _apply(self, plan: _Plan, outs: list[_Out]) -> None:
+        # Finished requests first: their consumers (often a tool call about to fire) wake
+        # before the rest of the batch's deltas are handed out.
+        outs.sort(key=lambda o: o.finish is None)
         for o in outs:
             seq = o.seq
             if seq.state != _RUNNING:  # aborted while the step ran

@@ -80,6 +80,27 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
 ProgressHook = Callable[[Rollout], None]
 
 
+_PARSE_WINDOWS = (64, 512)
+"""Without a single-token opener: the closing call is parsed from the turn's last 64 tokens
+when the whole call is there, else its last 512, else the whole turn (the engine stops at the
+first closing tag, so a turn ends with exactly one call)."""
+
+_OPENERS = {"hermes": "<tool_call>", "markdown": "```python\n"}
+"""Where a call starts, per format name. When the tokenizer has the opener as one token (Qwen's
+`<tool_call>`, the tiny tokenizer's markup tokens), the call is decoded from the opener's
+first occurrence on: the same text as the turn's suffix, at a fraction of the decode cost."""
+
+
+def _codec(tokenizer: Any) -> tuple[Callable[[list[int]], str], Callable[[str], list[int]]]:
+    """decode/encode through the `tokenizers` backend when that is exactly what the tokenizer
+    does (no Python-side clean-up): 3x less overhead on the tool-fire path."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return (lambda ids: backend.decode(ids, skip_special_tokens=False),
+                lambda text: backend.encode(text, add_special_tokens=False).ids)
+    return (tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
 def _malformed(error: str, max_chars: int) -> ToolOutcome:
     status = ToolStatus.MALFORMED
     return ToolOutcome(status=status, error=error,
@@ -99,6 +120,10 @@ class AgentLoop:
         self.fmt = settings.tool_format
         self._eos = frozenset(settings.stop_token_ids)
         self._requests = itertools.count()  # request ids stay unique when a turn is retried
+        self._decode, self._encode = _codec(tokenizer)
+        opener = _OPENERS.get(self.fmt.name)
+        opener_ids = self._encode(opener) if opener else []
+        self._opener_id = opener_ids[0] if len(opener_ids) == 1 else None
         self._sampling_base = SamplingParams(
             max_new_tokens=1, temperature=settings.temperature, top_p=settings.top_p,
             stop_token_ids=tuple(settings.stop_token_ids),
@@ -107,8 +132,7 @@ class AgentLoop:
     def new_rollout(self, prompt: str | list[int], *, rollout_id: str, prompt_id: str = "",
                     group_id: str = "", policy_version: int = 0) -> Rollout:
         """A fresh rollout record; a text prompt is tokenized once, here."""
-        ids = (list(prompt) if not isinstance(prompt, str)
-               else self.tokenizer.encode(prompt, add_special_tokens=False))
+        ids = list(prompt) if not isinstance(prompt, str) else self._encode(prompt)
         return Rollout(rollout_id=rollout_id, prompt_id=prompt_id, group_id=group_id,
                        policy_version=policy_version, prompt_ids=ids, response_ids=[],
                        loss_mask=[], logprobs=[], turns=[], tool_calls=[], policy_versions=[])
@@ -150,7 +174,7 @@ class AgentLoop:
                 return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
             if not self.tools or finish != "stop":
                 return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
-            call = self.fmt.parse(self.tokenizer.decode(ids))
+            call = self._parse(ids)
             if call is None:
                 return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
             if n_turn + 1 >= st.max_turns:
@@ -167,8 +191,7 @@ class AgentLoop:
                 exit_code=outcome.exit_code, duration_s=outcome.duration_s, wait_s=wait,
                 error=outcome.error))
             ro.turns[-1].tool_call = len(ro.tool_calls) - 1
-            tool_ids = self.tokenizer.encode(self.fmt.tool_response(outcome.output),
-                                             add_special_tokens=False)
+            tool_ids = self._encode(self.fmt.tool_response(outcome.output))
             if len(ro.response_ids) + len(tool_ids) >= st.max_response_tokens:
                 return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW)
             start = len(ro.response_ids)
@@ -179,6 +202,25 @@ class AgentLoop:
                                  tool_call=len(ro.tool_calls) - 1))
             if on_progress is not None:
                 on_progress(ro)
+
+    def _parse(self, ids: list[int]) -> formats.Call | formats.Malformed | None:
+        """The call closing this turn (decoding as little of the turn as possible)."""
+        if self._opener_id is not None:
+            try:
+                start = ids.index(self._opener_id)
+            except ValueError:
+                pass  # opener spelled out in other tokens: fall back to windows
+            else:
+                call = self.fmt.parse(self._decode(ids[start:]))
+                if call is not None:
+                    return call
+        for window in _PARSE_WINDOWS:
+            if len(ids) <= window:
+                break
+            call = self.fmt.parse(self._decode(ids[-window:]))
+            if call is not None:
+                return call
+        return self.fmt.parse(self._decode(ids))
 
     async def _generate(self, ro: Rollout, engine: Engine, n_turn: int,
                         remaining: int) -> tuple[list[int], str]:
@@ -263,7 +305,7 @@ class AgentLoop:
             ro.error = error
         if ro.policy_versions:
             ro.policy_version = min(ro.policy_versions)
-        ro.response_text = self.tokenizer.decode(ro.response_ids)
+        ro.response_text = self._decode(ro.response_ids)
 
 
 async def run_rollout(engine: Engine, tokenizer: Any, tools: Sequence[Tool],

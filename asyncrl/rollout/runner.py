@@ -123,7 +123,9 @@ class RolloutRunner:
                              **self.policy_options) as sched:
             self.last_scheduler = sched
             try:
-                for problem in problems:
+                for i, problem in enumerate(problems):
+                    if i and i % 32 == 0:
+                        await asyncio.sleep(0)  # tokenizing thousands of prompts: let others run
                     ids = self.prompt_ids(problem, settings)
                     gid = f"{problem.id}:v{policy_version}:{next(self._groups)}"
                     state = _GroupState(gid, problem, samples_per_prompt)

@@ -77,6 +77,9 @@ class PythonTool:
 
     def __init__(self, client: Any, *, time_limit_s: float = 4.0, max_output_chars: int = 256,
                  call_timeout_s: float | None = None) -> None:
+        from sandbox import ExecRequest  # imported here, not on the first call's fire path
+
+        self._request = ExecRequest
         self.client = client
         self.name = formats.PYTHON_TOOL
         self.schema = formats.PYTHON_TOOL_SCHEMA
@@ -85,8 +88,6 @@ class PythonTool:
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else time_limit_s + 10.0
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolOutcome:
-        from sandbox import ExecRequest
-
         code = arguments.get("code")
         stdin = arguments.get("input", "")
         if not isinstance(code, str):
@@ -99,7 +100,7 @@ class PythonTool:
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 res = await self.client.execute(
-                    ExecRequest(code=code, stdin=stdin, time_limit_s=self.time_limit_s))
+                    self._request(code=code, stdin=stdin, time_limit_s=self.time_limit_s))
         except TimeoutError:
             return _failure(f"sandbox did not answer within {self.call_timeout_s:.1f}s",
                             time.perf_counter() - t0, self.max_output_chars)

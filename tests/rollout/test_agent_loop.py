@@ -247,3 +247,35 @@ def test_settings_validate() -> None:
     s = RolloutSettings()
     assert s.tool_format is formats.HERMES and s.max_turns == 5
     json.dumps(s.stop_token_ids)
+
+
+async def test_a_call_closing_a_long_turn_is_parsed(tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    long_turn = "thinking about it " * 200 + CALL
+    assert len(tok.encode(long_turn)) > 600
+    eng = ScriptedEngine(_ids(tok, long_turn, ANSWER), tok)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, max_response_tokens=4096), PROMPT)
+    assert tool.calls == [{"code": "print(6*7)", "input": ""}]
+    # the turn is parsed as a whole (formats' contract): a stray opener far back makes the
+    # call malformed, exactly as `HERMES.parse` of the full turn text says
+    stray = "<tool_call> oops " + "x " * 400 + CALL
+    assert isinstance(formats.HERMES.parse(stray), formats.Malformed)
+    eng = ScriptedEngine(_ids(tok, stray, ANSWER), tok)
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, max_response_tokens=4096), PROMPT)
+    assert ro.tool_calls[0].status == ToolStatus.MALFORMED
+
+
+def test_fast_codec_is_exactly_the_tokenizer(tiny_tokenizer) -> None:
+    import random
+
+    from asyncrl.rollout.agent import _codec
+
+    decode, encode = _codec(tiny_tokenizer)
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(len(tiny_tokenizer)) for _ in range(rng.randint(1, 40))]
+        assert decode(ids) == tiny_tokenizer.decode(ids)
+    for text in (formats.HERMES.tool_response("Execution succeeded.\n42 é 😀\nTime: 0.01s"),
+                 formats.MARKDOWN.tool_response("x\n\n  y")):
+        assert encode(text) == tiny_tokenizer.encode(text, add_special_tokens=False)
