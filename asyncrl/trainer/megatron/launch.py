@@ -90,7 +90,10 @@ def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: A
     if size == 1:
         return MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs)
     if rank != 0:
-        raise RuntimeError("make_trainer runs on rank 0; other ranks call launch.follow()")
+        raise RuntimeError(
+            f"rank {rank} is building the Megatron trainer itself: under torchrun only rank 0 "
+            "runs `asyncrl train`; start the run with `python -m asyncrl.trainer.megatron.launch "
+            "train CONFIG` (tools/launch_multinode.sh) so the other ranks follow rank 0")
     _send(("init", _portable_model(model), cfg, algo, pad_token_id, kwargs))
     proxy = RankZeroTrainer(MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs))
     atexit.register(proxy.close)

@@ -54,11 +54,6 @@ class Layout:
     dp_size: int
     device: torch.device
 
-    @property
-    def is_writer(self) -> bool:
-        """The one rank of its TP group that writes exports (DP replica 0, TP rank 0)."""
-        return self.dp_rank == 0 and self.tp_rank == 0
-
 
 def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> Layout:
     """Set up torch.distributed (if not yet) and megatron's parallel state; seed its RNGs.

@@ -231,17 +231,18 @@ class MegatronTrainer:
         return out
 
     # ---------------------------------------------------------------------- weights/state
-    def hf_weights(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Every weight by HF name, on every TP rank of DP replica 0 ({} elsewhere)."""
+    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full weights by HF name, as fresh CPU tensors on rank 0 ({} on the others, which
+        must call it too: the TP shards are gathered). CPU, so that gathering a large model
+        never needs a second copy of it in GPU memory."""
         if self.layout.dp_rank != 0:
             return {}
-        return dict(mmodel.iter_hf_weights(self.model, self.arch, dtype))
-
-    def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full weights by HF name on rank 0 ({} on the others, which must call it too: the
-        TP shards are gathered). Fresh tensors, not views of the parameters."""
-        sd = self.hf_weights()
-        return sd if self.layout.rank == 0 else {}
+        keep = self.layout.rank == 0
+        out: dict[str, torch.Tensor] = {}
+        for name, t in mmodel.iter_hf_weights(self.model, self.arch):
+            if keep:
+                out[name] = t.detach().to("cpu", copy=True)
+        return out
 
     def export_hf(self, path: str | Path) -> None:
         """Write a HF model directory (safetensors shards, index, config) from rank 0, one
@@ -322,6 +323,8 @@ class _TorchOptimizer:
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
+        # Every parameter of a GPT model takes part in every forward, so a missing gradient
+        # only means "zero" (a rank whose share was a dummy micro-batch still has all of them).
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if ps.get_tensor_model_parallel_world_size() > 1 and self._tp_partial:
             _all_reduce_([grads[i] for i in self._tp_partial], ps.get_tensor_model_parallel_group())
