@@ -26,7 +26,7 @@ from .config import IsolationLevel, PoolConfig
 from .errors import IsolationUnavailable, Overloaded, PoolClosed, TransportError
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult
-from .wire import MSGPACK, ExecBatch, codec_for
+from .wire import FRAME, MSGPACK, STREAM, ExecBatch, codec_for
 
 log = structlog.get_logger("sandbox.client")
 
@@ -280,33 +280,37 @@ class HttpSandboxClient:
                 self.stats["retries"] += 1
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 1.0))
             try:
-                results = await self._post(node, live, remaining)
+                await self._post(node, live, remaining)
             except _Retry as exc:
                 last_error = f"{node.url}: {exc}"
                 continue
             node.failures = 0
-            for call, result in zip(live, results):
-                if not call.future.done():
-                    call.future.set_result(result)
             return
         for call in batch:
             if not call.future.done():
                 call.future.set_result(ExecResult.failure(
                     f"no sandbox node answered after {len(tried)} attempt(s): {last_error}"))
 
-    async def _post(self, node: _Node, calls: list[_Call], timeout_s: float) -> list[ExecResult]:
+    async def _post(self, node: _Node, calls: list[_Call], timeout_s: float) -> None:
+        """Send ``calls`` to ``node`` and resolve each call's future as its answer streams in.
+        Raises _Retry if some calls got no answer and may be sent elsewhere."""
         body = self._codec.encode(ExecBatch([c.req for c in calls]))
         node.outstanding += len(calls)
         node.sent += 1
         self.stats["batches"] += 1
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
+        headers = {"Content-Type": MSGPACK, "Accept": STREAM}
         try:
             async with self._session.post(node.url + "/v1/execute", data=body, timeout=timeout,
-                                          headers={"Content-Type": MSGPACK}) as resp:
+                                          headers=headers) as resp:
+                if resp.status == 200 and resp.content_type == STREAM:
+                    await self._read_stream(resp, calls)
+                    return
                 data = await resp.read()
                 status = resp.status
                 ctype = resp.headers.get("Content-Type")
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                asyncio.IncompleteReadError) as exc:
             self.stats["transport_failures"] += 1
             self._mark_down(node)
             raise _Retry(f"transport failure: {exc!r}") from None
@@ -316,7 +320,7 @@ class HttpSandboxClient:
         finally:
             node.outstanding -= len(calls)
         codec = codec_for(ctype)
-        if status == 200:
+        if status == 200:  # a node answering the whole batch at once (no stream support)
             try:
                 results = codec.result.decode(data).results
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -325,7 +329,10 @@ class HttpSandboxClient:
             if len(results) != len(calls):
                 self._mark_down(node)
                 raise _Retry(f"answer has {len(results)} results for {len(calls)} calls")
-            return results
+            for call, result in zip(calls, results):
+                if not call.future.done():
+                    call.future.set_result(result)
+            return
         reason = data[:300].decode("utf-8", "replace")
         try:
             err = codec.error.decode(data)
@@ -336,5 +343,21 @@ class HttpSandboxClient:
             self.stats["overloaded"] += 1
             node.down_until = time.monotonic() + 0.2
             raise _Retry(f"HTTP 503 {reason}")
-        return [ExecResult.failure(f"node {node.url} answered HTTP {status}: {reason}")
-                for _ in calls]
+        for call in calls:
+            if not call.future.done():
+                call.future.set_result(ExecResult.failure(
+                    f"node {node.url} answered HTTP {status}: {reason}"))
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, calls: list[_Call]) -> None:
+        decode = self._codec.frame.decode
+        answered = 0
+        while answered < len(calls):
+            (size,) = FRAME.unpack(await resp.content.readexactly(4))
+            try:
+                index, result = decode(await resp.content.readexactly(size))
+                call = calls[index]
+            except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as exc:
+                raise aiohttp.ClientPayloadError(f"bad frame from node: {exc}") from None
+            if not call.future.done():
+                call.future.set_result(result)
+            answered += 1

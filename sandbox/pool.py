@@ -60,6 +60,7 @@ class SandboxPool:
         self._start_failures = 0
         self._broken = ""
         self._submitted_at: dict[int, float] = {}
+        self._jobs_by_future: dict[asyncio.Future, Job] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -207,18 +208,43 @@ class SandboxPool:
     async def execute_many(self, reqs: list[ExecRequest]) -> list[ExecResult]:
         """Run calls concurrently; results in request order. The whole batch is admitted or
         rejected with Overloaded (nothing executed)."""
+        futures = self.submit_many(reqs)
+        try:
+            return list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            self.cancel_all(futures)
+            raise
+
+    def submit_many(self, reqs: list[ExecRequest]) -> list[asyncio.Future]:
+        """Start calls now; one future per request, each resolved (with its ExecResult) as
+        soon as that call is answered. All-or-nothing admission (Overloaded, nothing run).
+        Cancel unneeded ones with ``cancel_all`` (their children are killed)."""
         jobs = [self._exec_job(r) for r in reqs]
         pending = [j for j in jobs if isinstance(j, Job)]
         self.admit(len(pending))
         for job in pending:
             self._dispatch(job, admitted=True)
-        try:
-            await asyncio.gather(*(j.future for j in pending))
-        except asyncio.CancelledError:
-            for job in pending:
+        out = []
+        for j in jobs:
+            if isinstance(j, Job):
+                out.append(j.future)
+                self._jobs_by_future[j.future] = j
+                j.future.add_done_callback(self._forget_future)
+            else:
+                f = self._loop.create_future()
+                f.set_result(j)
+                out.append(f)
+        return out
+
+    def _forget_future(self, fut: asyncio.Future) -> None:
+        self._jobs_by_future.pop(fut, None)
+
+    def cancel_all(self, futures: list[asyncio.Future]) -> None:
+        """Cancel calls from ``submit_many`` that are not answered yet."""
+        for f in futures:
+            job = self._jobs_by_future.get(f)
+            if job is not None:
                 self._cancel(job)
-            raise
-        return [j if isinstance(j, ExecResult) else j.future.result() for j in jobs]
 
     async def call_function(self, target: str, args: tuple = (), kwargs: dict | None = None,
                             timeout_s: float = 2.0) -> FunctionResult:

@@ -29,7 +29,8 @@ from aiohttp import web
 from .errors import Overloaded, PoolClosed
 from .metrics import render
 from .pool import SandboxPool
-from .wire import JSON, ErrorBody, ExecBatchResult, codec_for
+from .records import ExecResult
+from .wire import FRAME, JSON, MSGPACK, STREAM, ErrorBody, ExecBatchResult, codec_for
 
 _json = msgspec.json.Encoder()
 POOL_KEY: web.AppKey[SandboxPool] = web.AppKey("sandbox_pool", SandboxPool)
@@ -88,6 +89,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
         state.inflight_batches += 1
         state.idle.clear()
         try:
+            if STREAM in request.headers.get("Accept", ""):
+                return await _stream_results(request, pool, batch.requests)
             results = await pool.execute_many(batch.requests)
         except Overloaded as exc:
             state.reject("overloaded")
@@ -131,6 +134,37 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
     app.router.add_get("/healthz", health)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+async def _stream_results(request: web.Request, pool: SandboxPool,
+                          reqs: list) -> web.StreamResponse:
+    """Answer each call as soon as it is done (frames in completion order)."""
+    futures = pool.submit_many(reqs)  # raises Overloaded before anything is sent
+    done: asyncio.Queue[int] = asyncio.Queue()
+    for i, fut in enumerate(futures):
+        fut.add_done_callback(lambda _f, i=i: done.put_nowait(i))
+    resp = web.StreamResponse(headers={"Content-Type": STREAM})
+    enc = codec_for(MSGPACK)
+    try:
+        await resp.prepare(request)
+        remaining = len(futures)
+        while remaining:
+            ready = [await done.get()]
+            while not done.empty():
+                ready.append(done.get_nowait())
+            buf = bytearray()
+            for i in ready:
+                fut = futures[i]
+                result = (ExecResult.failure("cancelled") if fut.cancelled() else fut.result())
+                data = enc.encode((i, result))
+                buf += FRAME.pack(len(data)) + data
+            remaining -= len(ready)
+            await resp.write(buf)
+        await resp.write_eof()
+    except BaseException:  # client gone or handler cancelled: stop what is still running
+        pool.cancel_all(futures)
+        raise
+    return resp
 
 
 async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,

@@ -3,11 +3,18 @@
 ``POST /v1/execute`` takes an ``ExecBatch`` and answers an ``ExecBatchResult`` (results in
 request order) with HTTP 200, or an ``ErrorBody`` with 400 (malformed), 413 (batch too large)
 or 503 (overloaded or shutting down; nothing was executed, safe to retry elsewhere).
+
+With ``Accept: application/x-sandbox-stream+msgpack`` the 200 answer is a stream instead: one
+frame per call, in completion order, as soon as that call is answered (4-byte little-endian
+length, then msgpack ``[index, ExecResult]``). A slow call then never holds back the answers
+of the fast calls batched with it; ``HttpSandboxClient`` always asks for the stream.
 msgpack (``application/msgpack``) is the default; JSON (``application/json``) is accepted and
 answered in kind, for curl and other languages.
 """
 
 from __future__ import annotations
+
+import struct
 
 import msgspec
 
@@ -15,6 +22,8 @@ from .records import ExecRequest, ExecResult
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
+STREAM = "application/x-sandbox-stream+msgpack"
+FRAME = struct.Struct("<I")
 
 
 class ExecBatch(msgspec.Struct, frozen=True):
@@ -40,6 +49,7 @@ class Codec:
         self.batch = mod.Decoder(ExecBatch)
         self.result = mod.Decoder(ExecBatchResult)
         self.error = mod.Decoder(ErrorBody)
+        self.frame = mod.Decoder(tuple[int, ExecResult])
 
     def encode(self, obj: object) -> bytes:
         return self._enc.encode(obj)

@@ -103,15 +103,20 @@ def _print_exception(exc: BaseException, skip_frames: int) -> None:
 
 
 def _finish(code: int) -> None:
-    """Exit like an interpreter would (join threads, atexit, flush), without its teardown."""
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
-    except BaseException:  # noqa: BLE001 -- user threads may leave any state; exit anyway
-        pass
-    try:
-        atexit._run_exitfuncs()
-    except BaseException:  # noqa: BLE001 -- atexit already printed what failed
-        pass
+    """Exit like an interpreter would (join threads, atexit, flush), without its teardown.
+
+    The common case (no thread started, no exit handler) skips the machinery: each Python
+    object it touches is a copy-on-write fault in a forked child."""
+    if len(threading._active) > 1 or threading._limbo:  # type: ignore[attr-defined]
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
+        except BaseException:  # noqa: BLE001 -- user threads may leave any state; exit anyway
+            pass
+    if atexit._ncallbacks():
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 -- atexit already printed what failed
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -41,7 +41,8 @@ _READ = 65536
 _PR_SET_DUMPABLE = 4
 
 WARMUP = r"""
-import numpy as np, sympy as sp, fractions, decimal, itertools, math, statistics, re, json
+import numpy as np, sympy as sp, fractions, decimal, itertools, math, statistics, re, json, ast
+ast.parse("x = [i ** 2 for i in range(3)]\nx[-1]")  # children parse to AST: init its state here
 x, y, n = sp.symbols('x y n')
 _ = [sp.factor(x**6 - y**6), sp.expand((x + 2)**7), sp.solve(x**2 - 3*x + 1, x),
      sp.simplify(sp.sin(x)**2 + sp.cos(x)**2), sp.Rational(2, 7) + sp.Rational(1, 9),
@@ -341,8 +342,7 @@ class Zygote:
     def serve(self) -> None:
         os.set_blocking(0, False)
         self.ep.register(0, select.EPOLLIN)
-        for frame in protocol.split_frames(self.inbuf):
-            self._handle(_decoder.decode(frame))
+        self._handle([_decoder.decode(f) for f in protocol.split_frames(self.inbuf)])
         while True:
             timeout = -1.0
             if self.deadlines:
@@ -377,23 +377,41 @@ class Zygote:
             if not chunk:
                 return False
             self.inbuf += chunk
-        for frame in protocol.split_frames(self.inbuf):
-            self._handle(_decoder.decode(frame))
+        self._handle([_decoder.decode(f) for f in protocol.split_frames(self.inbuf)])
         return True
 
-    def _handle(self, msg: list) -> None:
-        if msg[1] == protocol.KIND_CANCEL:
-            ch = self.children.get(msg[0])
-            if ch is not None and not ch.cancelled:
-                ch.cancelled = True
-                self._kill(ch)
-        else:
-            self._spawn(msg)
+    def _handle(self, msgs: list[list]) -> None:
+        calls = []
+        for msg in msgs:
+            if msg[1] == protocol.KIND_CANCEL:
+                ch = self.children.get(msg[0])
+                if ch is not None and not ch.cancelled:
+                    ch.cancelled = True
+                    self._kill(ch)
+            else:
+                calls.append(msg)
+        if calls:
+            self._spawn_batch(calls)
 
-    def _spawn(self, msg: list) -> None:
+    def _spawn_batch(self, msgs: list[list]) -> None:
+        """Prepare every call, fork them back to back, then do the bookkeeping.
+
+        Each fork write-protects the whole heap again, so every page the zygote touches
+        between two forks costs it a copy-on-write fault. Forking a burst in a tight loop and
+        registering afterwards pays the bookkeeping's faults once per burst, not per call.
+        """
+        prepared = [p for p in map(self._prepare, msgs) if p is not None]
+        started = []
+        for p in prepared:
+            started.append((p, *self._fork_child(p)))
+        for p, pid, t0 in started:
+            self._register(p, pid, t0)
+
+    def _prepare(self, msg: list):
         req_id, kind, text, data, limit = msg[0], msg[1], msg[2], msg[3], float(msg[4])
         ch = _Child(req_id, kind, limit, msg[5] if len(msg) > 5 else "")
         fds_to_close: list[int] = []
+        streams: list[_Stream] = []
         try:
             if kind == protocol.KIND_EXEC:
                 stdin_fd = os.memfd_create("stdin", 0)
@@ -402,20 +420,22 @@ class Zygote:
                     _write_all(stdin_fd, data)
                     os.lseek(stdin_fd, 0, os.SEEK_SET)
                 out_r, out_w = os.pipe()
+                streams.append(_Stream(out_r, self.max_output))
+                fds_to_close.append(out_w)
                 err_r, err_w = os.pipe()
-                fds_to_close += [out_w, err_w]
+                streams.append(_Stream(err_r, self.max_output))
+                fds_to_close.append(err_w)
                 child_fds = (stdin_fd, out_w, err_w)
-                streams = [(_Stream(out_r, self.max_output)), (_Stream(err_r, self.max_output))]
             else:
                 stdin_fd = os.open(os.devnull, os.O_RDONLY)
                 fds_to_close.append(stdin_fd)
                 log_r, log_w = os.pipe()
+                streams.append(_Stream(log_r, 8192))
                 fds_to_close.append(log_w)
                 child_fds = (stdin_fd, log_w, log_w)
-                streams = [_Stream(log_r, 8192)]
             st_r, st_w = os.pipe()
-            fds_to_close.append(st_w)
             streams.append(_Stream(st_r, self.max_result + 1))
+            fds_to_close.append(st_w)
             ch.workdir = os.path.join(self.workroot, f"w{self.index}-{req_id}")
             os.mkdir(ch.workdir, 0o700)
             workdir_fd = -1
@@ -423,9 +443,12 @@ class Zygote:
                 workdir_fd = os.open(ch.workdir, os.O_PATH)
                 fds_to_close.append(workdir_fd)
         except OSError as exc:
-            self._abandon(ch, fds_to_close, locals().get("streams", ()),
-                          f"could not prepare the call: {exc}")
-            return
+            self._abandon(ch, fds_to_close, streams, f"could not prepare the call: {exc}")
+            return None
+        return ch, (*child_fds, st_w), fds_to_close, streams, workdir_fd, text, data
+
+    def _fork_child(self, p) -> tuple[int, float]:
+        ch, fds, _, _, workdir_fd, text, data = p
         # A fresh program gets fresh randomness. Reseeding here, before the fork, costs the
         # zygote ~20 us and spares each child the copy-on-write faults of doing it itself.
         seed = os.urandom(12)
@@ -437,40 +460,40 @@ class Zygote:
             pid = self._fork()
         except OSError:
             pid = -1
+        if pid != 0:
+            return pid, t0
+        # ---- child: never returns
+        try:
+            exec_call = ch.kind == protocol.KIND_EXEC
+            childmod.setup(fds, limits=self.limits, time_limit_s=ch.limit, workdir=ch.workdir,
+                           workdir_fd=workdir_fd, landlock_rules=self.landlock_rules,
+                           drop_caps=self.drop_caps,
+                           seccomp_filter=self.seccomp_filter if exec_call else None)
+            os.write(3, b"R")
+            if exec_call:
+                os.close(3)
+                childmod.run_program(text)
+            else:
+                childmod.run_function(text, data, self.max_result)
+        except BaseException as exc:  # noqa: BLE001 -- report any setup failure, then die
+            try:
+                os.write(2, f"sandbox child setup failed: {exc!r}\n".encode())
+            except BaseException:  # noqa: BLE001
+                pass
+        os._exit(childmod.EXIT_SETUP_FAILED)
+
+    def _register(self, p, pid: int, t0: float) -> None:
+        ch, _, fds_to_close, streams, _, _, _ = p
         if pid < 0:
             self._abandon(ch, fds_to_close, streams, "fork failed (out of memory or pids?)")
             return
-        if pid == 0:  # ---- child
-            try:
-                if kind == protocol.KIND_EXEC:
-                    childmod.setup((*child_fds, st_w), limits=self.limits, time_limit_s=limit,
-                                   workdir=ch.workdir, workdir_fd=workdir_fd,
-                                   landlock_rules=self.landlock_rules,
-                                   drop_caps=self.drop_caps, seccomp_filter=self.seccomp_filter)
-                    os.write(3, b"R")
-                    os.close(3)
-                    childmod.run_program(text)
-                else:
-                    childmod.setup((*child_fds, st_w), limits=self.limits, time_limit_s=limit,
-                                   workdir=ch.workdir, workdir_fd=workdir_fd,
-                                   landlock_rules=self.landlock_rules,
-                                   drop_caps=self.drop_caps, seccomp_filter=None)
-                    os.write(3, b"R")
-                    childmod.run_function(text, data, self.max_result)
-            except BaseException as exc:  # noqa: BLE001 -- report any setup failure, then die
-                try:
-                    os.write(2, f"sandbox child setup failed: {exc!r}\n".encode())
-                except BaseException:  # noqa: BLE001
-                    pass
-            os._exit(childmod.EXIT_SETUP_FAILED)
-        # ---- zygote
         for fd in fds_to_close:
             os.close(fd)
         ch.pid = pid
         ch.start = t0
-        ch.deadline = t0 + limit
+        ch.deadline = t0 + ch.limit
         ch.pidfd = os.pidfd_open(pid)
-        self.children[req_id] = ch
+        self.children[ch.id] = ch
         ep = self.ep
         for s in streams:
             os.set_blocking(s.fd, False)
@@ -479,7 +502,7 @@ class Zygote:
             ep.register(s.fd, select.EPOLLIN)
         self.by_fd[ch.pidfd] = (ch, None)
         ep.register(ch.pidfd, select.EPOLLIN)
-        heapq.heappush(self.deadlines, (ch.deadline, req_id))
+        heapq.heappush(self.deadlines, (ch.deadline, ch.id))
 
     def _abandon(self, ch: _Child, fds: list[int], streams, detail: str) -> None:
         for fd in [*fds, *(s.fd for s in streams)]:

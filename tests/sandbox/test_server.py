@@ -81,6 +81,20 @@ async def test_batch_round_trip_health_and_metrics(jail_pool):
             assert "sandbox_queue_depth" in text and "sandbox_call_latency_seconds_bucket" in text
 
 
+async def test_a_slow_call_does_not_hold_back_the_rest_of_its_batch(jail_pool):
+    async with serving(jail_pool) as (url, app), HttpSandboxClient([url]) as client:
+        slow = asyncio.ensure_future(client.execute(
+            ExecRequest("import time; time.sleep(1.5); print('slow')")))
+        fast = [asyncio.ensure_future(client.execute(ExecRequest(f"print({i})")))
+                for i in range(10)]
+        t0 = time.monotonic()
+        results = await asyncio.gather(*fast)
+        assert time.monotonic() - t0 < 1.2 and not slow.done()
+        assert client.stats["batches"] == 1  # same batch, answered as each call finished
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(10)]
+        assert (await slow).stdout == "slow\n"
+
+
 async def test_overload_is_answered_with_503_and_a_reason():
     cfg = PoolConfig(workers=1, isolation="seccomp", max_inflight_per_worker=1, queue_limit=1,
                      preload=("time",))

@@ -1,0 +1,275 @@
+"""Tool-call latency and throughput of the sandbox, against a naive baseline.
+
+The standard workloads of ``../shared/bench/tool-workloads.json`` (W1..W7), exactly as given,
+at its concurrency points (closed loop: ``concurrency`` callers, each sending its next call
+when the previous one is answered), against
+
+- ``pool``:  ``SandboxPool`` in this process (through ``LocalSandboxClient``),
+- ``http``:  ``python -m sandbox serve`` on loopback, through ``HttpSandboxClient`` (batching),
+- ``naive``: one fresh ``sys.executable -c CODE`` subprocess per call (the real interpreter,
+  not a shim), killed at the time limit.
+
+Plus the W7 measurement: how long until W7's (timeout) result arrives, and the latency of W1
+calls sent while it runs, next to W1 alone at the same concurrency.
+
+    python bench/tool_latency.py [--quick] [--modes pool,http,naive] [--workloads PATH]
+
+Prints a table and writes ``bench/results/tool_latency.json``. Latency is per call as the
+caller sees it (queueing included); ``sbx_p99`` is the p99 of the sandbox's own fork-to-exit
+``duration_s``. A closed loop obeys Little's law: at concurrency C, mean latency = C / rate,
+so at C = 64 no system under ~3,200 calls/s can show a 20 ms p99.
+
+Every W7 call costs its full time limit, so W7 rows use fewer calls (``--w7-calls``), and the
+naive baseline, which pays a whole interpreter start (and the numpy/sympy imports) per call,
+runs ``--naive-calls`` calls per point; the ``calls`` column says how many each row used.
+The machine's load average is recorded before and after each mode: on a shared machine the
+figures are only as good as the quiet it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sandbox import (ExecRequest, ExecResult, ExecStatus, HttpSandboxClient,  # noqa: E402
+                     LocalSandboxClient, PoolConfig)
+
+DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tool-workloads.json"
+RESULTS = ROOT / "bench" / "results" / "tool_latency.json"
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[i]
+
+
+class NaiveClient:
+    """One ``sys.executable -c`` process per call; the baseline every sandbox must beat."""
+
+    isolation = "none (naive subprocess)"
+
+    def __init__(self, default_limit_s: float) -> None:
+        self.default_limit_s = default_limit_s
+        self.python = os.path.realpath(sys.executable)  # never a pyenv-style shell shim
+
+    async def execute(self, req: ExecRequest) -> ExecResult:
+        limit = req.time_limit_s or self.default_limit_s
+        t0 = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            self.python, "-c", req.code, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(req.stdin.encode()), limit)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return ExecResult(ExecStatus.TIMEOUT, "", "", -9, time.perf_counter() - t0, False)
+        status = ExecStatus.OK if proc.returncode == 0 else ExecStatus.ERROR
+        return ExecResult(status, out.decode(errors="replace"), err.decode(errors="replace"),
+                          proc.returncode, time.perf_counter() - t0, False)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def closed_loop(client, req: ExecRequest, calls: int, concurrency: int):
+    """``concurrency`` callers share ``calls`` calls; returns (latencies, results, wall_s)."""
+    latencies: list[float] = []
+    results: list[ExecResult] = []
+    remaining = calls
+
+    async def caller() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            r = await client.execute(req)
+            latencies.append(time.perf_counter() - t0)
+            results.append(r)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(min(concurrency, calls))))
+    return latencies, results, time.perf_counter() - t0
+
+
+def row(mode: str, wid: str, point: dict, expect: str, lat, results, wall) -> dict:
+    lat = sorted(lat)
+    durs = sorted(r.duration_s for r in results)
+    wrong = sum(1 for r in results if r.status != expect)
+    return {
+        "mode": mode, "workload": wid, "point": point["name"],
+        "concurrency": point["concurrency"], "calls": len(results),
+        "calls_per_s": len(results) / wall if wall else float("nan"),
+        "p50_ms": percentile(lat, 0.50) * 1e3, "p90_ms": percentile(lat, 0.90) * 1e3,
+        "p99_ms": percentile(lat, 0.99) * 1e3, "max_ms": lat[-1] * 1e3 if lat else float("nan"),
+        "sbx_p99_ms": percentile(durs, 0.99) * 1e3, "wrong": wrong,
+        "wrong_examples": sorted({f"{r.status}: {r.detail or r.stderr[-120:]}"
+                                  for r in results if r.status != expect})[:3],
+    }
+
+
+async def w7_probe(client, w7: dict, w1: dict, limit: float, concurrency: int) -> dict:
+    """Time to W7's result, and W1 latency while it runs vs. alone."""
+    w1_req = ExecRequest(w1["code"], w1["input"], limit)
+    base_lat, _, _ = await closed_loop(client, w1_req, 200, concurrency)
+    during: list[float] = []
+    statuses: list[str] = []
+    done = asyncio.Event()
+
+    async def w1_caller() -> None:
+        while not done.is_set():
+            t0 = time.perf_counter()
+            r = await client.execute(w1_req)
+            during.append(time.perf_counter() - t0)
+            statuses.append(str(r.status))
+
+    callers = [asyncio.ensure_future(w1_caller()) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    w7_result = await client.execute(ExecRequest(w7["code"], w7["input"], limit))
+    w7_s = time.perf_counter() - t0
+    done.set()
+    await asyncio.gather(*callers)
+    base_lat.sort()
+    during.sort()
+    return {
+        "w7_seconds": w7_s, "w7_status": str(w7_result.status), "time_limit_s": limit,
+        "w1_concurrency": concurrency, "w1_calls_during": len(during),
+        "w1_wrong_during": sum(1 for s in statuses if s != "ok"),
+        "w1_during_p50_ms": percentile(during, 0.5) * 1e3,
+        "w1_during_p99_ms": percentile(during, 0.99) * 1e3,
+        "w1_alone_p50_ms": percentile(base_lat, 0.5) * 1e3,
+        "w1_alone_p99_ms": percentile(base_lat, 0.99) * 1e3,
+    }
+
+
+async def start_server(workers: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox", "serve", "--port", "0",
+                             "--workers", str(workers)], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    line = await asyncio.to_thread(proc.stdout.readline)
+    if not line.startswith("sandbox serving on "):
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return proc, line.split()[3]
+
+
+async def run_mode(mode: str, spec: dict, args) -> tuple[list[dict], dict, dict]:
+    limit = float(spec["time_limit_s"])
+    workloads = {w["id"]: w for w in spec["workloads"]}
+    server = None
+    if mode == "pool":
+        client = LocalSandboxClient(PoolConfig(workers=args.workers))
+    elif mode == "http":
+        server, url = await start_server(args.workers)
+        client = HttpSandboxClient([url], batch_size=64, batch_window_ms=2.0)
+    else:
+        client = NaiveClient(limit)
+    meta = {"load_before": os.getloadavg()}
+    rows: list[dict] = []
+    try:
+        if hasattr(client, "__aenter__"):
+            await client.__aenter__()
+        meta["isolation"] = client.isolation
+        warm = ExecRequest(workloads["W1-trivial"]["code"], "", limit)
+        await closed_loop(client, warm, 20 if mode != "naive" else 2, 4)
+        for point in spec["points"]:
+            for wid, w in workloads.items():
+                calls = point["calls"] if not args.quick else args.quick_calls[point["name"]]
+                if w["expect"] == "timeout":
+                    calls = min(calls, args.w7_calls if point["concurrency"] > 1 else 2)
+                if mode == "naive":
+                    calls = min(calls, args.naive_calls[point["name"]])
+                req = ExecRequest(w["code"], w["input"], limit)
+                lat, results, wall = await closed_loop(client, req, calls, point["concurrency"])
+                rows.append(row(mode, wid, point, w["expect"], lat, results, wall))
+                print_row(rows[-1])
+        probe = {}
+        if mode != "naive" or not args.quick:
+            probe = await w7_probe(client, workloads["W7-timeout"], workloads["W1-trivial"],
+                                   limit, args.w7_concurrency)
+            print(f"  W7 probe [{mode}]: W7 answered in {probe['w7_seconds']:.2f}s "
+                  f"({probe['w7_status']}); W1 during: p50 {probe['w1_during_p50_ms']:.1f} "
+                  f"p99 {probe['w1_during_p99_ms']:.1f} ms over {probe['w1_calls_during']} "
+                  f"calls; alone: p50 {probe['w1_alone_p50_ms']:.1f} "
+                  f"p99 {probe['w1_alone_p99_ms']:.1f} ms", flush=True)
+    finally:
+        await client.aclose()
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(server.wait, 30)
+    meta["load_after"] = os.getloadavg()
+    return rows, probe, meta
+
+
+HEADER = (f"{'mode':6} {'workload':11} {'conc':>4} {'calls':>5} {'calls/s':>8} {'p50':>7} "
+          f"{'p90':>7} {'p99':>7} {'max':>7} {'sbx_p99':>7} {'wrong':>5}")
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['mode']:6} {r['workload']:11} {r['concurrency']:>4} {r['calls']:>5} "
+          f"{r['calls_per_s']:>8.1f} {r['p50_ms']:>7.1f} {r['p90_ms']:>7.1f} "
+          f"{r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} {r['sbx_p99_ms']:>7.1f} {r['wrong']:>5}"
+          + (f"   {r['wrong_examples']}" if r["wrong"] else ""), flush=True)
+
+
+async def main_async(args) -> int:
+    spec = json.loads(Path(args.workloads).read_text())
+    print(f"workloads: {args.workloads}  time limit {spec['time_limit_s']}s  "
+          f"cpus {os.cpu_count()}  load {os.getloadavg()}  quick={args.quick}")
+    print("latencies in ms, per call as the caller sees it; sbx_p99 = sandbox fork-to-exit")
+    print(HEADER)
+    out = {"workloads_file": str(args.workloads), "quick": args.quick,
+           "python": sys.version.split()[0], "machine": platform.platform(),
+           "cpus": os.cpu_count(), "rows": [], "w7_probe": {}, "modes": {}}
+    for mode in args.modes:
+        rows, probe, meta = await run_mode(mode, spec, args)
+        out["rows"] += rows
+        out["w7_probe"][mode] = probe
+        out["modes"][mode] = meta
+    try:
+        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                           capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {RESULTS}; load averages: "
+          + ", ".join(f"{m}: {v['load_before'][0]:.1f} -> {v['load_after'][0]:.1f}"
+                      for m, v in out["modes"].items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer calls: about a minute")
+    p.add_argument("--workloads", default=str(DEFAULT_WORKLOADS))
+    p.add_argument("--modes", default="pool,http,naive")
+    p.add_argument("--workers", type=int, default=2, help="zygote workers (pool and server)")
+    p.add_argument("--w7-calls", type=int, default=64, help="W7 calls at concurrency > 1")
+    p.add_argument("--w7-concurrency", type=int, default=16,
+                   help="W1 callers running while W7 runs in the W7 probe")
+    args = p.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.quick_calls = {"latency-floor": 40, "saturated": 300}
+    args.naive_calls = ({"latency-floor": 8, "saturated": 24} if args.quick
+                        else {"latency-floor": 30, "saturated": 128})
+    if args.quick:
+        args.w7_calls = min(args.w7_calls, 16)
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
