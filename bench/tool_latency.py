@@ -42,8 +42,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sandbox import (ExecRequest, ExecResult, ExecStatus, HttpSandboxClient,  # noqa: E402
-                     LocalSandboxClient, PoolConfig)
+from sandbox import (  # noqa: E402
+    ExecRequest,
+    ExecResult,
+    ExecStatus,
+    HttpSandboxClient,
+    LocalSandboxClient,
+    PoolConfig,
+)
 
 DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tool-workloads.json"
 RESULTS = ROOT / "bench" / "results" / "tool_latency.json"
@@ -52,7 +58,7 @@ RESULTS = ROOT / "bench" / "results" / "tool_latency.json"
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
-    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
     return sorted_values[i]
 
 
@@ -155,11 +161,11 @@ async def w7_probe(client, w7: dict, w1: dict, limit: float, concurrency: int) -
     }
 
 
-async def start_server(workers: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox", "serve", "--port", "0",
-                             "--workers", str(workers)], cwd=ROOT, stdout=subprocess.PIPE,
-                            text=True)
-    line = await asyncio.to_thread(proc.stdout.readline)
+async def start_server(workers: int) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sandbox", "serve", "--port", "0", "--workers", str(workers),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+    line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
     if not line.startswith("sandbox serving on "):
         proc.kill()
         raise RuntimeError(f"server did not start: {line!r}")
@@ -209,7 +215,7 @@ async def run_mode(mode: str, spec: dict, args) -> tuple[list[dict], dict, dict]
         await client.aclose()
         if server is not None:
             server.send_signal(signal.SIGTERM)
-            await asyncio.to_thread(server.wait, 30)
+            await asyncio.wait_for(server.wait(), 60)
     meta["load_after"] = os.getloadavg()
     return rows, probe, meta
 
@@ -225,8 +231,7 @@ def print_row(r: dict) -> None:
           + (f"   {r['wrong_examples']}" if r["wrong"] else ""), flush=True)
 
 
-async def main_async(args) -> int:
-    spec = json.loads(Path(args.workloads).read_text())
+async def main_async(args, spec: dict) -> dict:
     print(f"workloads: {args.workloads}  time limit {spec['time_limit_s']}s  "
           f"cpus {os.cpu_count()}  load {os.getloadavg()}  quick={args.quick}")
     print("latencies in ms, per call as the caller sees it; sbx_p99 = sandbox fork-to-exit")
@@ -239,17 +244,7 @@ async def main_async(args) -> int:
         out["rows"] += rows
         out["w7_probe"][mode] = probe
         out["modes"][mode] = meta
-    try:
-        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
-                                           capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1))
-    print(f"\nwrote {RESULTS}; load averages: "
-          + ", ".join(f"{m}: {v['load_before'][0]:.1f} -> {v['load_after'][0]:.1f}"
-                      for m, v in out["modes"].items()))
-    return 0
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +263,19 @@ def main(argv: list[str] | None = None) -> int:
                         else {"latency-floor": 30, "saturated": 128})
     if args.quick:
         args.w7_calls = min(args.w7_calls, 16)
-    return asyncio.run(main_async(args))
+    spec = json.loads(Path(args.workloads).read_text())
+    out = asyncio.run(main_async(args, spec))
+    try:
+        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
+                                           capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1))
+    print(f"\nwrote {RESULTS}; load averages: "
+          + ", ".join(f"{m}: {v['load_before'][0]:.1f} -> {v['load_after'][0]:.1f}"
+                      for m, v in out["modes"].items()))
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,14 +11,35 @@ See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the ex
 
 from .client import HttpSandboxClient, LocalSandboxClient, SandboxClient
 from .config import IsolationLevel, PoolConfig
-from .errors import (FunctionError, FunctionTimeout, IsolationUnavailable, Overloaded,
-                     PoolClosed, SandboxError, TransportError)
+from .errors import (
+                     FunctionError,
+                     FunctionTimeout,
+                     IsolationUnavailable,
+                     Overloaded,
+                     PoolClosed,
+                     SandboxError,
+                     TransportError,
+)
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus
 
 __all__ = [
-    "ExecRequest", "ExecResult", "ExecStatus", "FunctionResult", "FunctionStatus",
-    "IsolationLevel", "PoolConfig", "SandboxPool", "SandboxError", "IsolationUnavailable",
-    "Overloaded", "PoolClosed", "TransportError", "FunctionError", "FunctionTimeout",
-    "SandboxClient", "LocalSandboxClient", "HttpSandboxClient",
+                     "ExecRequest",
+                     "ExecResult",
+                     "ExecStatus",
+                     "FunctionError",
+                     "FunctionResult",
+                     "FunctionStatus",
+                     "FunctionTimeout",
+                     "HttpSandboxClient",
+                     "IsolationLevel",
+                     "IsolationUnavailable",
+                     "LocalSandboxClient",
+                     "Overloaded",
+                     "PoolClosed",
+                     "PoolConfig",
+                     "SandboxClient",
+                     "SandboxError",
+                     "SandboxPool",
+                     "TransportError",
 ]

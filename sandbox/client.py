@@ -44,7 +44,7 @@ class SandboxClient(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def __aenter__(self) -> "SandboxClient": ...
+    async def __aenter__(self) -> SandboxClient: ...
 
     async def __aexit__(self, *exc: object) -> None: ...
 
@@ -73,7 +73,7 @@ class LocalSandboxClient:
     def isolation(self) -> str:
         return self.pool.isolation
 
-    async def __aenter__(self) -> "LocalSandboxClient":
+    async def __aenter__(self) -> LocalSandboxClient:
         if self._owns:
             await self.pool.start()
         _check_isolation(self.pool.isolation, self._require)
@@ -100,7 +100,7 @@ class LocalSandboxClient:
 
 
 class _Call:
-    __slots__ = ("req", "future", "deadline")
+    __slots__ = ("deadline", "future", "req")
 
     def __init__(self, req: ExecRequest, future: asyncio.Future, deadline: float) -> None:
         self.req = req
@@ -109,7 +109,7 @@ class _Call:
 
 
 class _Node:
-    __slots__ = ("url", "outstanding", "down_until", "failures", "isolation", "sent")
+    __slots__ = ("down_until", "failures", "isolation", "outstanding", "sent", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -126,6 +126,9 @@ class _Retry(Exception):
 
 class HttpSandboxClient:
     """Batching, load-spreading client for one or more ``sandbox serve`` nodes."""
+
+    _loop: asyncio.AbstractEventLoop  # set by __aenter__
+    _session: aiohttp.ClientSession  # given, or opened by __aenter__
 
     def __init__(self, urls: Sequence[str], *, batch_size: int = 64,
                  batch_window_ms: float = 2.0, call_timeout_s: float = 120.0,
@@ -144,7 +147,8 @@ class HttpSandboxClient:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self._require = require_isolation
-        self._session = session
+        if session is not None:
+            self._session = session
         self._owns_session = session is None
         self._codec = codec_for(MSGPACK)
         self._pending: list[_Call] = []
@@ -153,7 +157,6 @@ class HttpSandboxClient:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self._isolation = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.stats = {"batches": 0, "retries": 0, "transport_failures": 0, "overloaded": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -162,9 +165,9 @@ class HttpSandboxClient:
         """The weakest isolation level among the reachable nodes (known after ``__aenter__``)."""
         return self._isolation
 
-    async def __aenter__(self) -> "HttpSandboxClient":
+    async def __aenter__(self) -> HttpSandboxClient:
         self._loop = asyncio.get_running_loop()
-        if self._session is None:
+        if self._owns_session:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
         try:
@@ -184,7 +187,7 @@ class HttpSandboxClient:
                 async with self._session.get(node.url + "/health", timeout=timeout) as resp:
                     info = await resp.json(content_type=None)
                 node.isolation = info.get("isolation", "")
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 node.down_until = time.monotonic() + 1.0
                 log.warning("sandbox_node_unreachable", url=node.url, error=repr(exc))
 
@@ -205,15 +208,16 @@ class HttpSandboxClient:
             self._flush()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._owns_session and self._session is not None:
+        if self._owns_session and hasattr(self, "_session"):
             await self._session.close()
 
     # ------------------------------------------------------------------ calls
     async def execute(self, req: ExecRequest) -> ExecResult:
         if self._closed:
             raise PoolClosed("client is closed")
-        loop = self._loop or asyncio.get_running_loop()
-        call = _Call(req, loop.create_future(), time.monotonic() + self.call_timeout_s)
+        if not hasattr(self, "_loop"):
+            raise PoolClosed("client not opened (use `async with HttpSandboxClient(...)`)")
+        call = _Call(req, self._loop.create_future(), time.monotonic() + self.call_timeout_s)
         self._enqueue(call)
         try:
             async with asyncio.timeout(self.call_timeout_s):
@@ -314,7 +318,7 @@ class HttpSandboxClient:
             self.stats["transport_failures"] += 1
             self._mark_down(node)
             raise _Retry(f"transport failure: {exc!r}") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # the batch's deadline passed on this node; there is no time left to retry
             raise _Retry(f"no answer within {timeout_s:.1f}s") from None
         finally:
@@ -329,7 +333,7 @@ class HttpSandboxClient:
             if len(results) != len(calls):
                 self._mark_down(node)
                 raise _Retry(f"answer has {len(results)} results for {len(calls)} calls")
-            for call, result in zip(calls, results):
+            for call, result in zip(calls, results, strict=True):
                 if not call.future.done():
                     call.future.set_result(result)
             return

@@ -9,18 +9,20 @@ calls, infinite loops, gigabytes of output).
 Covered at ``jail+seccomp`` (the default wherever it works):
 
 - Network: workers live in a fresh network namespace with no interface; on top, the seccomp
-  filter makes ``socket()`` fail, so not even loopback or Unix sockets are reachable.
+  filter makes ``socket()`` fail, so not even loopback or Unix sockets are reachable (and with
+  Landlock ABI >= 4, TCP bind/connect are denied a third time).
 - Host files: the jail's root is an empty tmpfs with only the Python install, the system
   libraries and this runtime bound read-only (plus /dev/null, /dev/zero, /dev/urandom and a
   private /proc). The project directory, /root, /home, /etc and the host's /tmp are not there.
-- Writes: everything is read-only except /tmp, which is a fresh, size-limited tmpfs per call
-  (its own mount namespace), gone when the call ends; concurrent calls never see each other's
-  files and nothing a call leaves behind reaches the next one.
+- Writes: everything is read-only except the jail's own /tmp (a size-limited tmpfs). Each call
+  gets a fresh working directory there (which is also its temp dir), removed when the call
+  ends, and Landlock confines the call to it: it can neither write elsewhere in /tmp nor
+  read or list another call's directory.
 - Environment: workers start with a fixed, minimal environment; no host variable is passed.
 - Processes: own PID namespace; the filter blocks fork/exec/clone-a-process, signals to
-  anything but the caller itself, ptrace and cross-process memory access; the zygote is
-  non-dumpable and the children drop all capabilities, so /proc/<pid>/mem of the zygote or of
-  another call cannot be opened.
+  anything but the caller itself, ptrace and cross-process memory access (Landlock ABI >= 6
+  scopes signals too); the zygote is non-dumpable and capabilities are dropped, so
+  /proc/<pid>/mem of the zygote or of another call cannot be opened.
 - Resources: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_NPROC, no core
   dumps, a wall-clock deadline after which the child's whole process group is SIGKILLed, and
   stdout/stderr capped in the zygote (never buffered unboundedly).
@@ -38,11 +40,17 @@ Not covered (be honest about these):
 - RLIMIT_NPROC counts per user, not per call, and does not apply to root.
 - Hosted functions (``call_function``) run without the seccomp filter: they are trusted code
   that may hang or blow up, not hostile code.
+- Calls of one worker share its /tmp tmpfs: one call filling it makes the others' writes fail
+  until it ends (then its directory is removed).
+- Without Landlock (kernels before 5.13 or with it disabled) the working directories are
+  private by convention only; ``describe()["landlock"]`` says whether it is in force.
 
-``seccomp`` level: the same filter, rlimits and deadline, but no jail. The host file system is
-readable and writable with the pool's permissions, the environment of the pool is not passed
-but the host's files are; only for machines dedicated to the sandbox. ``none``: rlimits and
-deadline only; for trusted code and tests.
+``seccomp`` level: the same filter, rlimits, deadline and (when the kernel has it) Landlock,
+but no namespaces: Landlock is then what keeps a call from reading or writing host files (it may
+read only the Python install and system libraries), and without Landlock the host file
+system is open with the pool's permissions. The pool's environment is never passed. Use it
+only on machines dedicated to the sandbox. ``none``: rlimits, working directory and deadline;
+for trusted code and tests.
 """
 
 from __future__ import annotations
@@ -156,7 +164,7 @@ def find_nsjail() -> str | None:
         p = str(bundled_nsjail())
         if os.access(p, os.X_OK):
             return p
-    except Exception:  # noqa: BLE001 -- the package is optional; any failure means "not here"
+    except Exception:
         pass
     return shutil.which("nsjail")
 
@@ -179,7 +187,7 @@ def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
             cmd += ["-s", f"{target}:{link}"]
         for k, v in env.items():
             cmd += ["-E", f"{k}={v}"]
-        return cmd + ["--"] + inner
+        return [*cmd, "--", *inner]
     if kind == "bwrap":
         cmd = [binary, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
                "--hostname", "sandbox", "--uid", "0", "--gid", "0"]
@@ -191,7 +199,7 @@ def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
             cmd += ["--symlink", target, link]
         cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(spec.tmp_bytes),
                 "--tmpfs", "/tmp", "--chdir", "/tmp"]
-        return cmd + ["--"] + inner
+        return [*cmd, "--", *inner]
     raise ValueError(f"unknown jail kind {kind!r}")
 
 

@@ -15,7 +15,7 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0
 class Histogram:
     """Cumulative-bucket histogram (Prometheus semantics), O(log buckets) per observation."""
 
-    __slots__ = ("bounds", "counts", "sum", "count")
+    __slots__ = ("bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
         self.bounds = bounds
@@ -30,7 +30,7 @@ class Histogram:
 
     def cumulative(self) -> list[tuple[str, int]]:
         out, running = [], 0
-        for bound, n in zip(self.bounds, self.counts):
+        for bound, n in zip(self.bounds, self.counts, strict=False):  # counts has +Inf too
             running += n
             out.append((f"{bound:g}", running))
         out.append(("+Inf", running + self.counts[-1]))

@@ -30,7 +30,7 @@ from ._runtime import protocol
 from .config import IsolationLevel, PoolConfig
 from .errors import IsolationUnavailable, Overloaded, PoolClosed, WorkerStartError
 from .metrics import PoolMetrics
-from .records import (ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus)
+from .records import ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus
 from .worker import Job, Worker, oldest_overdue
 
 log = structlog.get_logger("sandbox.pool")
@@ -45,6 +45,8 @@ class SandboxPool:
 
     Use as ``async with SandboxPool(PoolConfig(...)) as pool: await pool.execute(req)``.
     """
+
+    _loop: asyncio.AbstractEventLoop  # set by start()
 
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
@@ -61,10 +63,10 @@ class SandboxPool:
         self._broken = ""
         self._submitted_at: dict[int, float] = {}
         self._jobs_by_future: dict[asyncio.Future, Job] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drained = asyncio.Event()  # set when nothing is queued or running (for aclose)
 
     # ------------------------------------------------------------------ lifecycle
-    async def __aenter__(self) -> "SandboxPool":
+    async def __aenter__(self) -> SandboxPool:
         await self.start()
         return self
 
@@ -101,8 +103,15 @@ class SandboxPool:
                  startup_s=round(max(w.info.get("startup_s", 0) for w in workers), 2),
                  missing_preload=workers[0].info.get("missing_preload"))
 
+    @property
+    def plan(self) -> isolation.Plan:
+        """How the workers are isolated (after ``start``)."""
+        if self._plan is None:
+            raise PoolClosed("pool not started")
+        return self._plan
+
     def _check_isolation(self, info: dict) -> None:
-        if self._plan.level is not IsolationLevel.NONE and not info.get("seccomp"):
+        if self.plan.level is not IsolationLevel.NONE and not info.get("seccomp"):
             err = info.get("seccomp_error", "")
             for w in self._workers:
                 w.kill("isolation unavailable")
@@ -110,11 +119,11 @@ class SandboxPool:
 
     def _new_worker(self, index: int) -> Worker:
         cfg = self.config
-        argv, env = self._plan.worker_argv(cfg, self._workroot)
+        argv, env = self.plan.worker_argv(cfg, self._workroot)
         wcfg = {
             "index": index, "preload": list(cfg.preload), "python_paths": list(cfg.python_paths),
-            "seccomp": self._plan.level is not IsolationLevel.NONE,
-            "landlock": self._plan.landlock_paths(cfg),
+            "seccomp": self.plan.level is not IsolationLevel.NONE,
+            "landlock": self.plan.landlock_paths(cfg),
             "workroot": self._workroot, "memory_mb": cfg.memory_mb,
             "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
             "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files,
@@ -133,9 +142,13 @@ class SandboxPool:
             return
         self._closed = True
         try:
-            deadline = time.monotonic() + drain_timeout_s
-            while (self._queue or self.inflight) and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            if self._queue or self.inflight:
+                self._drained.clear()
+                try:
+                    async with asyncio.timeout(drain_timeout_s):
+                        await self._drained.wait()
+                except TimeoutError:
+                    pass
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -159,9 +172,7 @@ class SandboxPool:
     @property
     def isolation(self) -> str:
         """The isolation level in force (never weaker than the one asked for)."""
-        if self._plan is None:
-            raise PoolClosed("pool not started")
-        return self._plan.level.value
+        return self.plan.level.value
 
     @property
     def inflight(self) -> int:
@@ -182,9 +193,9 @@ class SandboxPool:
         return {
             "isolation": self.isolation,
             "requested": IsolationLevel(self.config.isolation).value,
-            "jail": self._plan.jail,
+            "jail": self.plan.jail,
             "landlock": bool(info0.get("landlock")),
-            "notes": list(self._plan.notes),
+            "notes": list(self.plan.notes),
             "broken": self._broken,
             "workers": [{"index": w.index, "pid": w.pid, "ready": w.ready,
                          "inflight": len(w.inflight),
@@ -257,7 +268,7 @@ class SandboxPool:
             raise PoolClosed("pool is closed")
         try:
             payload = pickle.dumps((tuple(args), kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # noqa: BLE001 -- any pickling failure is the caller's error
+        except Exception as exc:
             return FunctionResult(FunctionStatus.ERROR, None, f"arguments not picklable: {exc!r}")
         if not (timeout_s > 0):
             return FunctionResult(FunctionStatus.ERROR, None, "timeout_s must be positive")
@@ -368,6 +379,8 @@ class SandboxPool:
             self._reply_function(job, msg, latency)
         if self._queue:
             self._pump()
+        elif self._closed and not self.inflight:
+            self._drained.set()
 
     def _reply_function(self, job: Job, msg: list, latency: float) -> None:
         status = _FUNC_STATUS.get(msg[1], FunctionStatus.SANDBOX_FAILURE)
@@ -376,7 +389,7 @@ class SandboxPool:
         if status is FunctionStatus.OK:
             try:
                 ok, value = pickle.loads(msg[2])
-            except Exception as exc:  # noqa: BLE001 -- an unloadable result is a failed call
+            except Exception as exc:
                 ok, value = False, f"result could not be unpickled: {exc!r}"
             if not ok:
                 status, detail, value = FunctionStatus.ERROR, str(value), None
@@ -394,6 +407,8 @@ class SandboxPool:
             result = FunctionResult(FunctionStatus.SANDBOX_FAILURE, None, detail)
         if not job.future.done():
             job.future.set_result(result)
+        if self._closed and not self._queue and not self.inflight:
+            self._drained.set()
 
     # ------------------------------------------------------------------ worker health
     def _on_worker_exit(self, worker: Worker) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import FunctionError, FunctionTimeout, FunctionCallError
+from .errors import FunctionCallError, FunctionError, FunctionTimeout
 
 
 class ExecStatus(enum.StrEnum):
@@ -71,7 +71,7 @@ class ExecResult(msgspec.Struct, frozen=True):
         return self.status is ExecStatus.OK
 
     @classmethod
-    def failure(cls, detail: str, duration_s: float = 0.0) -> "ExecResult":
+    def failure(cls, detail: str, duration_s: float = 0.0) -> ExecResult:
         """A ``sandbox_failure`` result carrying ``detail``."""
         return cls(ExecStatus.SANDBOX_FAILURE, "", "", None, duration_s, False, detail)
 

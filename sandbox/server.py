@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import signal
 import sys
 import time
@@ -56,7 +57,7 @@ class ServerState:
 STATE_KEY: web.AppKey[ServerState] = web.AppKey("sandbox_state", ServerState)
 
 
-def _error(status: int, kind: str, reason: str, content_type: str) -> web.Response:
+def _error(status: int, kind: str, reason: str, content_type: str | None) -> web.Response:
     codec = codec_for(content_type)
     headers = {"Retry-After": "1"} if status == 503 else None
     return web.Response(status=status, body=codec.encode(ErrorBody(kind, reason)),
@@ -71,7 +72,7 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
     app[POOL_KEY] = pool
     app[STATE_KEY] = state
 
-    async def execute(request: web.Request) -> web.Response:
+    async def execute(request: web.Request) -> web.StreamResponse:
         ctype = request.headers.get("Content-Type")
         if state.draining:
             state.reject("shutting_down")
@@ -116,14 +117,14 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
                             body=_json.encode(info), content_type=JSON)
 
     async def metrics(request: web.Request) -> web.Response:
-        gauges = {
+        gauges: dict[str, float] = {
             "sandbox_queue_depth": pool.queue_depth,
             "sandbox_inflight_calls": pool.inflight,
             "sandbox_capacity_calls": pool.capacity,
             "sandbox_workers_ready": sum(1 for w in pool.describe()["workers"] if w["ready"]),
             "sandbox_http_inflight_batches": state.inflight_batches,
         }
-        extra = {"sandbox_http_batches_total": state.batches}
+        extra: dict[str, float] = {"sandbox_http_batches_total": state.batches}
         for kind, n in state.rejected.items():
             extra[f"sandbox_http_rejected_{kind}_total"] = n
         return web.Response(text=render(pool.metrics, gauges, extra),
@@ -136,13 +137,17 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
     return app
 
 
+def _put_index(queue: asyncio.Queue, index: int, _fut: asyncio.Future) -> None:
+    queue.put_nowait(index)
+
+
 async def _stream_results(request: web.Request, pool: SandboxPool,
                           reqs: list) -> web.StreamResponse:
     """Answer each call as soon as it is done (frames in completion order)."""
     futures = pool.submit_many(reqs)  # raises Overloaded before anything is sent
     done: asyncio.Queue[int] = asyncio.Queue()
     for i, fut in enumerate(futures):
-        fut.add_done_callback(lambda _f, i=i: done.put_nowait(i))
+        fut.add_done_callback(functools.partial(_put_index, done, i))
     resp = web.StreamResponse(headers={"Content-Type": STREAM})
     enc = codec_for(MSGPACK)
     try:

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 
@@ -28,7 +28,7 @@ _STDERR_KEEP = 8192
 class Job:
     """One call in flight: its encoded frame, its future, and when it must have answered."""
 
-    __slots__ = ("id", "kind", "frame", "future", "limit", "hard_deadline")
+    __slots__ = ("frame", "future", "hard_deadline", "id", "kind", "limit")
 
     def __init__(self, job_id: int, kind: int, frame: bytes, future: asyncio.Future,
                  limit: float) -> None:
@@ -43,9 +43,18 @@ class Job:
 class Worker:
     """One zygote. ``on_reply(job, msg)`` gets every answer; ``on_exit(worker)`` its death."""
 
+    # set by start(); a Worker is used only after start() succeeded
+    _proc: subprocess.Popen[bytes]
+    _loop: asyncio.AbstractEventLoop
+    _in_fd: int
+    _out_fd: int
+    _err_fd: int
+    _ready_fut: asyncio.Future
+    _exit_fut: asyncio.Future
+
     def __init__(self, index: int, argv: list[str], env: dict[str, str], config: dict,
                  on_reply: Callable[[Job, list], None],
-                 on_exit: Callable[["Worker"], None], cwd: str | None = None) -> None:
+                 on_exit: Callable[[Worker], None], cwd: str | None = None) -> None:
         self.index = index
         self.cwd = cwd
         self.argv = argv
@@ -59,38 +68,42 @@ class Worker:
         self.dead = False
         self.started_at = 0.0
         self.stderr_tail = bytearray()
-        self._proc: subprocess.Popen | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._rbuf = bytearray()
         self._wbuf = bytearray()
         self._flush_scheduled = False
         self._writer_added = False
-        self._ready_fut: asyncio.Future | None = None
-        self._exit_fut: asyncio.Future | None = None
+        self._spawned = False
         self._pidfd = -1
         self.exit_reason = ""
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._proc.pid if self._spawned else None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, timeout_s: float) -> dict:
         loop = self._loop = asyncio.get_running_loop()
         try:
-            self._proc = subprocess.Popen(
+            # Popen, not asyncio's subprocess transports: the pool reads and writes the raw
+            # pipe fds itself (add_reader/add_writer), without per-message transport overhead.
+            self._proc = subprocess.Popen(  # noqa: ASYNC220 -- fork+exec only, no waiting
                 self.argv, env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True, close_fds=True, bufsize=0,
                 cwd=self.cwd)
         except OSError as exc:
             raise WorkerStartError(f"cannot start worker {self.index}: {exc}") from exc
+        self._spawned = True
         self.started_at = time.monotonic()
-        for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
-            os.set_blocking(f.fileno(), False)
+        assert self._proc.stdin and self._proc.stdout and self._proc.stderr
+        self._in_fd = self._proc.stdin.fileno()
+        self._out_fd = self._proc.stdout.fileno()
+        self._err_fd = self._proc.stderr.fileno()
+        for fd in (self._in_fd, self._out_fd, self._err_fd):
+            os.set_blocking(fd, False)
         self._ready_fut = loop.create_future()
         self._exit_fut = loop.create_future()
-        loop.add_reader(self._proc.stdout.fileno(), self._on_stdout)
-        loop.add_reader(self._proc.stderr.fileno(), self._on_stderr)
+        loop.add_reader(self._out_fd, self._on_stdout)
+        loop.add_reader(self._err_fd, self._on_stderr)
         self._pidfd = os.pidfd_open(self._proc.pid)
         loop.add_reader(self._pidfd, self._on_process_exit)
         data = _encoder.encode(self.config)
@@ -114,7 +127,7 @@ class Worker:
         """SIGKILL the worker's process group; ``on_exit`` follows once it is gone."""
         if not self.exit_reason:
             self.exit_reason = reason
-        if self._proc is not None and self._proc.returncode is None:
+        if self._spawned and self._proc.returncode is None:
             try:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except OSError:
@@ -122,11 +135,16 @@ class Worker:
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Close stdin (the zygote kills its children and exits), then make sure it is gone."""
-        if self._proc is None or self.dead:
+        if not self._spawned or self.dead:
             return
         self.exit_reason = self.exit_reason or "stopped"
+        if self._writer_added:
+            self._loop.remove_writer(self._in_fd)
+            self._writer_added = False
+        self._in_fd = -1
         try:
-            self._proc.stdin.close()
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()  # EOF: the zygote kills its children and exits
         except OSError:
             pass
         try:
@@ -137,7 +155,7 @@ class Worker:
             await asyncio.shield(self._exit_fut)
 
     async def wait_exit(self) -> None:
-        if self._exit_fut is not None:
+        if self._spawned:
             await asyncio.shield(self._exit_fut)
 
     # ------------------------------------------------------------------ sending
@@ -161,9 +179,9 @@ class Worker:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self.dead or not self._wbuf:
+        if self.dead or not self._wbuf or self._in_fd < 0:
             return
-        fd = self._proc.stdin.fileno()
+        fd = self._in_fd
         try:
             n = os.write(fd, self._wbuf)
             del self._wbuf[:n]
@@ -178,13 +196,13 @@ class Worker:
             self._writer_added = True
 
     def _on_writable(self) -> None:
-        self._loop.remove_writer(self._proc.stdin.fileno())
+        self._loop.remove_writer(self._in_fd)
         self._writer_added = False
         self._flush()
 
     # ------------------------------------------------------------------ receiving
     def _on_stdout(self) -> None:
-        fd = self._proc.stdout.fileno()
+        fd = self._out_fd
         try:
             chunk = os.read(fd, 1 << 20)
         except BlockingIOError:
@@ -209,15 +227,15 @@ class Worker:
                     self.on_reply(job, msg)
         except (ValueError, msgspec.DecodeError, IndexError, TypeError) as exc:
             self.kill(f"undecodable message from worker: {exc!r}")
-            if self._ready_fut and not self._ready_fut.done():
+            if not self._ready_fut.done():
                 self._ready_fut.set_exception(ProtocolError(str(exc)))
 
     def _control(self, msg: list) -> None:
-        if msg[1] == "ready" and self._ready_fut and not self._ready_fut.done():
+        if msg[1] == "ready" and not self._ready_fut.done():
             self._ready_fut.set_result(msg[2])
 
     def _on_stderr(self) -> None:
-        fd = self._proc.stderr.fileno()
+        fd = self._err_fd
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -251,20 +269,18 @@ class Worker:
         self.ready = False
         if not self.exit_reason:
             self.exit_reason = f"worker exited with status {self._proc.returncode}"
-        for f in (self._proc.stdout, self._proc.stderr):
-            try:
-                loop.remove_reader(f.fileno())
-            except (ValueError, OSError):
-                pass
-        if self._writer_added:
-            loop.remove_writer(self._proc.stdin.fileno())
+        for fd in (self._out_fd, self._err_fd):
+            loop.remove_reader(fd)
+        if self._writer_added and self._in_fd >= 0:
+            loop.remove_writer(self._in_fd)
             self._writer_added = False
         for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
-        if self._ready_fut and not self._ready_fut.done():
+        if not self._ready_fut.done():
             self._ready_fut.set_exception(WorkerStartError(
                 f"worker {self.index} exited during start-up ({self.exit_reason}); "
                 f"stderr: {self.stderr_text()}"))

@@ -113,14 +113,14 @@ class _Prog:
     def assemble(self) -> bytearray:
         out = bytearray()
         for i, (code, jt, jf, k) in enumerate(self.ins):
-            def off(t: object, limit: int = 256) -> int:
+            def off(t: object, limit: int = 256, i: int = i) -> int:
                 if isinstance(t, str):
                     d = self.labels[t] - i - 1
                     if not 0 <= d < limit:
                         raise ValueError("seccomp jump out of range")
                     return d
-                return int(t)  # type: ignore[arg-type]
-            kk = off(k, 1 << 31) if code == _JA else int(k)  # type: ignore[arg-type]
+                return int(t)  # type: ignore[call-overload]
+            kk = off(k, 1 << 31) if code == _JA else int(k)  # type: ignore[call-overload]
             out += struct.pack("<HBBI", code, off(jt), off(jf), kk & 0xFFFFFFFF)
         return out
 

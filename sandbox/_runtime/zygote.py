@@ -14,7 +14,6 @@ Exit: EOF on stdin (the pool went away or closed us) -> kill every child and exi
 from __future__ import annotations
 
 import ctypes
-import errno
 import gc
 import heapq
 import importlib
@@ -66,7 +65,7 @@ print(fractions.Fraction(3, 8), decimal.Decimal(2).sqrt(), math.comb(9, 4),
 class _Stream:
     """Capture of one child pipe: keep the head and a bounded tail, count what is dropped."""
 
-    __slots__ = ("fd", "open", "head", "tail", "head_cap", "tail_cap", "total")
+    __slots__ = ("fd", "head", "head_cap", "open", "tail", "tail_cap", "total")
 
     def __init__(self, fd: int, cap: int) -> None:
         self.fd = fd
@@ -102,8 +101,20 @@ class _Stream:
 
 
 class _Child:
-    __slots__ = ("id", "kind", "pid", "pidfd", "streams", "start", "deadline", "limit",
-                 "timed_out", "cancelled", "workdir", "note")
+    __slots__ = (
+        "cancelled",
+        "deadline",
+        "id",
+        "kind",
+        "limit",
+        "note",
+        "pid",
+        "pidfd",
+        "start",
+        "streams",
+        "timed_out",
+        "workdir",
+    )
 
     def __init__(self, req_id: int, kind: int, limit: float, note: str) -> None:
         self.id = req_id
@@ -112,7 +123,11 @@ class _Child:
         self.note = note
         self.timed_out = False
         self.cancelled = False
-        self.workdir: str | None = None
+        self.workdir = ""
+        self.pid = 0
+        self.pidfd = -1
+        self.start = 0.0
+        self.deadline = 0.0
         self.streams: list[_Stream] = []
 
 
@@ -161,12 +176,12 @@ class Zygote:
         self.index = int(cfg["index"])
         self.max_output = int(cfg["max_output_bytes"])
         self.max_result = int(cfg["function_max_result_bytes"])
-        self.workroot: str | None = cfg.get("workroot")
+        self.workroot: str = cfg.get("workroot") or "/tmp"
         self.landlock_rules: landlock.Ruleset | None = None
         self._np_rand = None
         self.drop_caps = False
         self.seccomp_filter: seccomp.Filter | None = None
-        self.limits: childmod.Limits | None = None
+        self.limits = childmod.Limits(0, 0)  # set by prepare()
         self.children: dict[int, _Child] = {}
         self.by_fd: dict[int, tuple[_Child, _Stream | None]] = {}
         self.deadlines: list[tuple[float, int]] = []
@@ -184,7 +199,7 @@ class Zygote:
         for name in self.cfg.get("preload", []):
             try:
                 importlib.import_module(name)
-            except Exception as exc:  # noqa: BLE001 -- a missing optional preload is reported
+            except Exception as exc:
                 missing.append(f"{name}: {exc!r}"[:200])
         if not missing or all(not m.startswith(("numpy", "sympy")) for m in missing):
             self._warm_up()
@@ -211,9 +226,7 @@ class Zygote:
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             # children find their working directory as the temp dir on their own (see child)
-            tempfile.tempdir = None
-        if self.workroot is None:
-            self.workroot = "/tmp"
+            setattr(tempfile, "tempdir", None)  # noqa: B010 -- module attribute, not a typo
         os.makedirs(self.workroot, mode=0o700, exist_ok=True)
         ll = self.cfg.get("landlock")
         info["landlock"] = False
@@ -275,7 +288,7 @@ class Zygote:
         sys.stdout = io.StringIO()
         try:
             exec(compile(WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
-        except Exception as exc:  # noqa: BLE001 -- warm-up only speeds children up; report it
+        except Exception as exc:
             self.info["warmup_error"] = repr(exc)[:300]
         finally:
             sys.stdout = saved
@@ -315,7 +328,7 @@ class Zygote:
                             continue
                         raise RuntimeError(f"seccomp did not block {attempt}")
                 code = 0
-            except BaseException as exc:  # noqa: BLE001 -- any failure means "not available"
+            except BaseException as exc:
                 try:
                     os.write(w, repr(exc).encode()[:500])
                 except OSError:
@@ -475,10 +488,10 @@ class Zygote:
                 childmod.run_program(text)
             else:
                 childmod.run_function(text, data, self.max_result)
-        except BaseException as exc:  # noqa: BLE001 -- report any setup failure, then die
+        except BaseException as exc:
             try:
                 os.write(2, f"sandbox child setup failed: {exc!r}\n".encode())
-            except BaseException:  # noqa: BLE001
+            except BaseException:
                 pass
         os._exit(childmod.EXIT_SETUP_FAILED)
 
@@ -510,7 +523,7 @@ class Zygote:
                 os.close(fd)
             except OSError:
                 pass
-        if ch.workdir is not None:
+        if ch.workdir:
             _remove_tree(ch.workdir)
         self._answer_failure(ch, detail)
 

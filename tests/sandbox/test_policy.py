@@ -53,11 +53,11 @@ def test_jail_shows_only_the_python_install_libraries_and_runtime():
 
 
 def test_config_rejects_bad_values_naming_the_field():
-    with pytest.raises(SandboxConfigError, match="sandbox.workers"):
+    with pytest.raises(SandboxConfigError, match=r"sandbox\.workers"):
         PoolConfig(workers=0)
-    with pytest.raises(SandboxConfigError, match="sandbox.isolation"):
+    with pytest.raises(SandboxConfigError, match=r"sandbox\.isolation"):
         PoolConfig(isolation="chroot")
-    with pytest.raises(SandboxConfigError, match="sandbox.time_limit_s"):
+    with pytest.raises(SandboxConfigError, match=r"sandbox\.time_limit_s"):
         PoolConfig(time_limit_s=100, max_time_limit_s=10)
     assert PoolConfig(isolation="auto").isolation is IsolationLevel.AUTO
 

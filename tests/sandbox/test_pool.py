@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import textwrap
 import time
@@ -12,8 +13,15 @@ import time
 import pytest
 from sbx_helpers import assert_serves, run
 
-from sandbox import (ExecRequest, FunctionError, FunctionTimeout, Overloaded, PoolClosed,
-                     PoolConfig, SandboxPool)
+from sandbox import (
+    ExecRequest,
+    FunctionError,
+    FunctionTimeout,
+    Overloaded,
+    PoolClosed,
+    PoolConfig,
+    SandboxPool,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(60)]
 
@@ -148,3 +156,14 @@ async def test_hosted_functions_from_python_paths_run_without_the_filter(tmp_pat
         assert [r.value for r in rs[1:]] == [False, True, False]
         r = await run(pool, "import socket; socket.socket(socket.AF_UNIX)")
         assert r.status == "error" and "PermissionError" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+async def test_bubblewrap_is_a_working_fallback_jail():
+    cfg = PoolConfig(workers=1, isolation="jail+seccomp", jail="bwrap", preload=("math",))
+    async with SandboxPool(cfg) as pool:
+        assert pool.describe()["jail"] == "bwrap" and pool.isolation == "jail+seccomp"
+        r = await run(pool, f"import os, socket\nprint(os.path.exists({__file__!r}))\n"
+                            "socket.socket()")
+        assert r.status == "error" and r.stdout == "False\n" and "PermissionError" in r.stderr
+        await assert_serves_plain(pool)

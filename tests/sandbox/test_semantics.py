@@ -8,10 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sbx_helpers import assert_serves, run
 
 from sandbox import ExecRequest
-
-from sbx_helpers import assert_serves, run
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(60)]
 

@@ -12,8 +12,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from sandbox import (ExecRequest, HttpSandboxClient, IsolationUnavailable, LocalSandboxClient,
-                     PoolConfig, SandboxClient, SandboxPool, TransportError)
+from sandbox import (
+    ExecRequest,
+    HttpSandboxClient,
+    IsolationUnavailable,
+    LocalSandboxClient,
+    PoolConfig,
+    SandboxClient,
+    SandboxPool,
+    TransportError,
+)
 from sandbox.server import build_app
 from sandbox.wire import JSON
 
@@ -52,7 +60,7 @@ async def node_process(*extra: str):
 
 
 async def test_batch_round_trip_health_and_metrics(jail_pool):
-    async with serving(jail_pool) as (url, app), HttpSandboxClient([url]) as client:
+    async with serving(jail_pool) as (url, _app), HttpSandboxClient([url]) as client:
         assert isinstance(client, SandboxClient) and client.isolation == "jail+seccomp"
         r = await client.execute(ExecRequest("import sys; print(sys.stdin.read()[::-1])", "abc"))
         assert (r.status, r.stdout) == ("ok", "cba\n")
@@ -82,7 +90,7 @@ async def test_batch_round_trip_health_and_metrics(jail_pool):
 
 
 async def test_a_slow_call_does_not_hold_back_the_rest_of_its_batch(jail_pool):
-    async with serving(jail_pool) as (url, app), HttpSandboxClient([url]) as client:
+    async with serving(jail_pool) as (url, _app), HttpSandboxClient([url]) as client:
         slow = asyncio.ensure_future(client.execute(
             ExecRequest("import time; time.sleep(1.5); print('slow')")))
         fast = [asyncio.ensure_future(client.execute(ExecRequest(f"print({i})")))
@@ -98,7 +106,7 @@ async def test_a_slow_call_does_not_hold_back_the_rest_of_its_batch(jail_pool):
 async def test_overload_is_answered_with_503_and_a_reason():
     cfg = PoolConfig(workers=1, isolation="seccomp", max_inflight_per_worker=1, queue_limit=1,
                      preload=("time",))
-    async with SandboxPool(cfg) as pool, serving(pool) as (url, app):
+    async with SandboxPool(cfg) as pool, serving(pool) as (url, _app):
         busy = [asyncio.ensure_future(pool.execute(ExecRequest("import time; time.sleep(0.5)")))
                 for _ in range(2)]
         await asyncio.sleep(0.05)
@@ -121,7 +129,7 @@ async def test_overload_is_answered_with_503_and_a_reason():
 
 
 async def test_a_node_killed_mid_batch_is_retried_on_another_node():
-    async with node_process() as (a, url_a), node_process() as (b, url_b):
+    async with node_process() as (a, url_a), node_process() as (_b, url_b):
         async with HttpSandboxClient([url_a, url_b], batch_size=64) as client:
             reqs = [ExecRequest(f"import time; time.sleep(0.6); print({i})") for i in range(12)]
             pending = asyncio.ensure_future(client.execute_many(reqs))
@@ -148,7 +156,7 @@ async def test_graceful_shutdown_finishes_running_batches():
 
 
 async def test_client_deadline_and_unreachable_nodes(jail_pool):
-    async with serving(jail_pool) as (url, app):
+    async with serving(jail_pool) as (url, _app):
         async with HttpSandboxClient(["http://127.0.0.1:9", url], call_timeout_s=0.5) as client:
             t0 = time.monotonic()
             r = await client.execute(ExecRequest("import time; time.sleep(3)", "", 4))
