@@ -172,7 +172,7 @@ class HttpSandboxClient:
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
         try:
             await self._check_nodes()
-        except BaseException:
+        except BaseException:  # broad: close what we opened, then re-raise
             await self.aclose()
             raise
         return self

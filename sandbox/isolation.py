@@ -164,7 +164,7 @@ def find_nsjail() -> str | None:
         p = str(bundled_nsjail())
         if os.access(p, os.X_OK):
             return p
-    except Exception:
+    except Exception:  # broad: the package is optional; any failure means "not here"
         pass
     return shutil.which("nsjail")
 

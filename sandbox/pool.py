@@ -88,7 +88,7 @@ class SandboxPool:
         try:
             workers = [self._new_worker(i) for i in range(self.config.workers)]
             await asyncio.gather(*(w.start(self.config.worker_start_timeout_s) for w in workers))
-        except BaseException:
+        except BaseException:  # broad: cleanup then re-raise, cancellation included
             for w in workers:
                 w.kill("start-up failed")
             await asyncio.gather(*(w.wait_exit() for w in workers), return_exceptions=True)
@@ -268,7 +268,7 @@ class SandboxPool:
             raise PoolClosed("pool is closed")
         try:
             payload = pickle.dumps((tuple(args), kwargs or {}), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
+        except Exception as exc:  # broad: any pickling failure is the caller's error
             return FunctionResult(FunctionStatus.ERROR, None, f"arguments not picklable: {exc!r}")
         if not (timeout_s > 0):
             return FunctionResult(FunctionStatus.ERROR, None, "timeout_s must be positive")
@@ -389,7 +389,7 @@ class SandboxPool:
         if status is FunctionStatus.OK:
             try:
                 ok, value = pickle.loads(msg[2])
-            except Exception as exc:
+            except Exception as exc:  # broad: an unloadable result is a failed call
                 ok, value = False, f"result could not be unpickled: {exc!r}"
             if not ok:
                 status, detail, value = FunctionStatus.ERROR, str(value), None

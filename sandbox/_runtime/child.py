@@ -113,17 +113,17 @@ def _finish(code: int) -> None:
     if len(threading._active) > 1 or threading._limbo:  # type: ignore[attr-defined]
         try:
             threading._shutdown()  # type: ignore[attr-defined]  # waits for non-daemon threads
-        except BaseException:
+        except BaseException:  # broad: user threads may leave any state; exit anyway
             pass
     if atexit._ncallbacks():
         try:
             atexit._run_exitfuncs()
-        except BaseException:
+        except BaseException:  # broad: atexit already printed what failed
             pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException as exc:
+        except BaseException as exc:  # broad: a broken stream must not block exit
             try:
                 os.write(2, f"\nsandbox: could not flush output: {exc!r}\n".encode())
             except OSError:
@@ -140,7 +140,7 @@ def _exit_code_of(exc: SystemExit) -> int:
         return c & 0xFF
     try:
         print(c, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # broad: printing the message is best effort
         pass
     return 1
 
@@ -168,7 +168,7 @@ def run_program(code: str) -> None:
     except MemoryError as exc:
         _print_exception(exc, 1)
         _finish(EXIT_MEMORY)
-    except BaseException as exc:
+    except BaseException as exc:  # broad: SyntaxError, ValueError (NUL), RecursionError
         _print_exception(exc, 1)
         _finish(1)
     try:
@@ -182,7 +182,7 @@ def run_program(code: str) -> None:
     except MemoryError as exc:
         _print_exception(exc, 1)
         _finish(EXIT_MEMORY)
-    except BaseException as exc:
+    except BaseException as exc:  # broad: any exception of the program is its error
         _print_exception(exc, 1)
         _finish(1)
     _finish(0)
@@ -205,9 +205,9 @@ def run_function(target: str, payload: bytes, max_result_bytes: int) -> None:
         value = _resolve(target)(*args, **(kwargs or {}))
         try:
             data = pickle.dumps((True, value), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:
+        except Exception as exc:  # broad: any pickling failure is reported the same way
             data = pickle.dumps((False, f"result is not picklable: {exc!r}"))
-    except BaseException:
+    except BaseException:  # broad: the function's failure is the result
         data = pickle.dumps((False, traceback.format_exc(limit=20)))
     if len(data) > max_result_bytes:
         data = pickle.dumps((False, f"result of {len(data)} bytes exceeds the limit "

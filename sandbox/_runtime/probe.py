@@ -22,7 +22,7 @@ def _try_in_child(fn) -> str:
         code = 0
         try:
             fn()
-        except BaseException as exc:
+        except BaseException as exc:  # broad: every failure is a probe answer
             os.write(w, repr(exc).encode()[:400] or b"failed")
             code = 1
         os._exit(code)

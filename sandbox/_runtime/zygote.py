@@ -199,7 +199,7 @@ class Zygote:
         for name in self.cfg.get("preload", []):
             try:
                 importlib.import_module(name)
-            except Exception as exc:
+            except Exception as exc:  # broad: a missing optional preload is reported
                 missing.append(f"{name}: {exc!r}"[:200])
         if not missing or all(not m.startswith(("numpy", "sympy")) for m in missing):
             self._warm_up()
@@ -288,7 +288,7 @@ class Zygote:
         sys.stdout = io.StringIO()
         try:
             exec(compile(WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
-        except Exception as exc:
+        except Exception as exc:  # broad: warm-up only speeds children up; report it
             self.info["warmup_error"] = repr(exc)[:300]
         finally:
             sys.stdout = saved
@@ -328,7 +328,7 @@ class Zygote:
                             continue
                         raise RuntimeError(f"seccomp did not block {attempt}")
                 code = 0
-            except BaseException as exc:
+            except BaseException as exc:  # broad: any failure means "not available"
                 try:
                     os.write(w, repr(exc).encode()[:500])
                 except OSError:
@@ -488,10 +488,10 @@ class Zygote:
                 childmod.run_program(text)
             else:
                 childmod.run_function(text, data, self.max_result)
-        except BaseException as exc:
+        except BaseException as exc:  # broad: report any setup failure, then die
             try:
                 os.write(2, f"sandbox child setup failed: {exc!r}\n".encode())
-            except BaseException:
+            except BaseException:  # broad: best effort
                 pass
         os._exit(childmod.EXIT_SETUP_FAILED)
 
