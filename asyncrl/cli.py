@@ -53,8 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands contributed by other modules: each is `register(subparsers)` adding its parser with
 # `set_defaults(func=...)`. Listed here (not discovered) so the CLI surface is visible in one place.
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    regs: list[Callable[[argparse._SubParsersAction], None]] = []
-    return regs
+    from asyncrl import data, report, train
+
+    return [train.register, _register_eval, report.register, data.register, _register_sandbox]
+
+
+def _register_sandbox(sub: argparse._SubParsersAction) -> None:
+    from sandbox.cli import add_serve_arguments, run_serve
+
+    p = sub.add_parser("sandbox", help="the code-execution service")
+    ssub = p.add_subparsers(dest="sandbox_command", metavar="SUBCOMMAND")
+    serve = ssub.add_parser("serve", help="serve the sandbox pool over HTTP")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=run_serve)
+
+
+def _register_eval(sub: argparse._SubParsersAction) -> None:
+    from asyncrl import eval_cmd
+
+    eval_cmd.register(sub)
 
 
 _EXTRA_COMMANDS = _extra_commands()

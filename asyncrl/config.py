@@ -337,6 +337,8 @@ class StageSection(_Section, kw_only=True):
     """`hard`: before the stage, keep only problems the current policy does not solve k/k."""
     hard_filter_k: PosInt = 8
     """Samples per problem for the hard-problem filter."""
+    hard_filter_problems: NonNegInt = 0
+    """Problems examined by the filter: a seeded random subset of this size (0 = all)."""
     plateau: PlateauRule | None = None
     """End the stage early when the eval metric stops improving."""
     lr: NonNegFloat = 0.0

@@ -151,14 +151,35 @@ class TorchTrainer:
         return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
 
     def _tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
+        """A micro-batch as `[B, T]` tensors: one row per sequence, right-padded.
+
+        Rows rather than one packed row: with position-id packing the model needs a
+        block-diagonal mask, which runs on the slow masked attention path and costs
+        O(total_tokens^2); right-padded rows keep the plain causal kernel (a valid token never
+        attends to the padding after it) at O(sum of length^2). Padding has mask 0.
+        """
+        rows: list[tuple[int, int]] = []
+        start = 0
+        owner = mb.seq_index
+        for i in range(1, len(owner) + 1):
+            if i == len(owner) or owner[i] != owner[start]:
+                rows.append((start, i))
+                start = i
+        width = max(e - s for s, e in rows)
+
+        def grid(values: list, pad: float | int) -> list[list]:
+            return [values[s:e] + [pad] * (width - (e - s)) for s, e in rows]
+
         dev = self.device
         return {
-            "input_ids": torch.tensor([mb.input_ids], dtype=torch.long, device=dev),
-            "position_ids": torch.tensor([mb.position_ids], dtype=torch.long, device=dev),
-            "mask": torch.tensor([mb.loss_mask], dtype=torch.float32, device=dev),
-            "advantages": torch.tensor([mb.advantages], dtype=torch.float32, device=dev),
-            "sampling_logprobs": torch.tensor([mb.sampling_logprobs], dtype=torch.float32,
-                                              device=dev),
+            "input_ids": torch.tensor(grid(mb.input_ids, self.pad_token_id), dtype=torch.long,
+                                      device=dev),
+            "position_ids": torch.arange(width, device=dev).expand(len(rows), width),
+            "mask": torch.tensor(grid(mb.loss_mask, 0), dtype=torch.float32, device=dev),
+            "advantages": torch.tensor(grid(mb.advantages, 0.0), dtype=torch.float32,
+                                       device=dev),
+            "sampling_logprobs": torch.tensor(grid(mb.sampling_logprobs, 0.0),
+                                              dtype=torch.float32, device=dev),
         }
 
     def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,0 +1,90 @@
+"""`asyncrl eval CONFIG --checkpoint PATH --data FILE [--k 16]`: score a policy on a data set.
+
+Owns: the command. Runs the same rollout engine as training (same format, tools, sandbox and
+reward, any engine kind), k samples per problem, and reports avg@k, pass@k, maj@k, response
+length, tool calls and tool-error ratio as a table and JSON (`asyncrl.evaluation`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl import config as config_mod
+from asyncrl import log as logmod
+from asyncrl.errors import ConfigError
+
+log = logmod.get_logger(__name__)
+
+
+async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
+                   temperature: float | None = None, max_problems: int = 0) -> dict[str, Any]:
+    from asyncrl import metrics as metrics_mod
+    from asyncrl.data import load_split
+    from asyncrl.evaluation import format_table, summarize, write_summary
+    from asyncrl.records import write_jsonl
+    from asyncrl.rollout import RolloutSettings
+    from asyncrl.runtime import open_runtime
+
+    async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
+        tools = [t.schema for t in rt.tools] or None
+        loaded = load_split(data, cfg.data.generator_options, cfg.run.seed, "eval", rt.tokenizer,
+                            rt.fmt, tools, cfg.data.max_prompt_tokens, cfg.data.system_prompt)
+        problems = loaded.problems[:max_problems] if max_problems else loaded.problems
+        r = cfg.rollout
+        settings = RolloutSettings(
+            max_response_tokens=cfg.eval.max_response_tokens or r.max_response_tokens,
+            max_turns=r.max_turns,
+            temperature=cfg.eval.temperature if temperature is None else temperature,
+            top_p=1.0, tool_format=rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
+            stop_token_ids=(rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+        )
+        t0 = time.monotonic()
+        groups = [g async for g in rt.runner.run(problems, k, settings, 0)]
+        summary = summarize(groups, k)
+        summary["seconds"] = round(time.monotonic() - t0, 2)
+        summary["skipped_rows"] = float(loaded.num_skipped)
+        summary.update(metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "eval_groups.jsonl").open("wb") as fp:
+        write_jsonl(fp, groups)
+    write_summary(summary, out_dir / "eval.json")
+    print(format_table(summary, title=f"eval {data} (k={k})"))
+    return summary
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from asyncrl.train import _run
+
+    overrides = list(args.set)
+    if args.checkpoint:
+        ckpt = Path(args.checkpoint)
+        if not (ckpt / "config.json").exists():
+            raise ConfigError("--checkpoint", f"{ckpt} is not an HF model directory")
+        overrides += [f'model.path="{ckpt}"']
+        if not any(o.startswith("tokenizer.path") for o in overrides):
+            overrides += [f'tokenizer.path="{ckpt}"']
+    cfg = config_mod.load(args.config, overrides)
+    out = Path(args.out) if args.out else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval"
+    logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=out)
+    summary = _run(evaluate(cfg, args.data or cfg.data.eval, args.k or cfg.eval.k, out,
+                            args.temperature, args.max_problems))
+    print(json.dumps({k: summary[k] for k in sorted(summary) if "@" in k or k == "accuracy"}))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate a checkpoint: avg@k, pass@k, maj@k, tool use")
+    p.add_argument("config", help="the curriculum the model was trained with")
+    p.add_argument("--checkpoint", default="", help="HF model directory (default: model.path)")
+    p.add_argument("--data", default="", help="problems (JSONL/parquet or generator:NAME); "
+                   "default: data.eval")
+    p.add_argument("--k", type=int, default=0, help="samples per problem (default: eval.k)")
+    p.add_argument("--temperature", type=float, default=None, help="default: eval.temperature")
+    p.add_argument("--max-problems", type=int, default=0)
+    p.add_argument("--out", default="", help="output directory (default: runs/NAME-eval)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.set_defaults(func=cmd_eval)

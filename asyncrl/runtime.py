@@ -1,0 +1,144 @@
+"""Builds a run's components from its config and owns their lifetimes.
+
+Owns: turning config sections into live objects — tokenizer and model (loaded, or built on the
+spot for tiny runs), trainer, engines, sandbox pool/client, tools and reward — and closing them
+in reverse order, also on error or cancellation. Each component receives its own section only.
+Does not own: what is done with them (`train.py`, `eval` command).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl import formats, modeling
+from asyncrl.config import LocalSandboxConfig, RunConfig
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class Runtime:
+    """The live components of a run."""
+
+    cfg: RunConfig
+    run_dir: Path
+    tokenizer: Any
+    trainer: Any
+    engines: list[Any]
+    runner: Any
+    tools: list[Any]
+    reward: Any
+    fmt: formats.ToolFormat
+    sandbox_isolation: str
+
+
+def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
+    """Load the model and tokenizer, or (tiny runs) make them and save them under `run_dir`."""
+    if cfg.model.path:
+        tok = modeling.load_tokenizer(cfg.tokenizer.path or cfg.model.path)
+        model = modeling.load_model(cfg.model.path, cfg.model.dtype, cfg.model.trust_remote_code)
+        return tok, model
+    init_dir = run_dir / "model-init"
+    if (init_dir / "config.json").exists():  # resumed or re-run: same tokenizer and init
+        return modeling.load_tokenizer(init_dir), modeling.load_model(init_dir, cfg.model.dtype)
+    if cfg.tokenizer.path:
+        tok = modeling.load_tokenizer(cfg.tokenizer.path)
+    else:
+        tok = modeling.train_tokenizer(_tokenizer_corpus(cfg), cfg.tokenizer.vocab_size)
+    model = modeling.build_model(cfg.model.init, tok, seed=cfg.run.seed, dtype=cfg.model.dtype)
+    modeling.save(model, tok, init_dir)
+    log.info("model_built", path=str(init_dir), params=sum(p.numel() for p in model.parameters()),
+             vocab=len(tok))
+    return tok, model
+
+
+def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
+    src = cfg.data.train
+    if src.startswith("generator:"):
+        from asyncrl import tasks
+
+        return list(tasks.corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
+    from asyncrl.data import load_problems
+
+    probs = load_problems(src, cfg.data.generator_options, cfg.run.seed, "train").problems
+    return [p.question for p in probs] + [p.answer for p in probs]
+
+
+@contextlib.asynccontextmanager
+async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
+    """(client for the model's tool calls, pool hosting the reward's checker).
+
+    The reward checker gets its own small pool: it needs `asyncrl` importable (the project
+    directory on its path) and math-verify preloaded, which the pool running model-written code
+    must not have.
+    """
+    from sandbox import HttpSandboxClient, LocalSandboxClient, PoolConfig, SandboxPool
+    from sandbox.config import DEFAULT_PRELOAD
+
+    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
+
+    reward_cfg = PoolConfig(workers=1, isolation="auto", preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
+                            python_paths=host_python_paths())
+    sb = cfg.sandbox
+    async with contextlib.AsyncExitStack() as stack:
+        reward_pool = await stack.enter_async_context(SandboxPool(reward_cfg))
+        if isinstance(sb, LocalSandboxConfig):
+            pool_cfg = PoolConfig(workers=sb.workers, isolation=sb.isolation,
+                                  time_limit_s=sb.time_limit_s, memory_mb=sb.memory_mb,
+                                  max_output_bytes=sb.max_output_bytes)
+            pool = await stack.enter_async_context(SandboxPool(pool_cfg))
+            client = await stack.enter_async_context(LocalSandboxClient(pool))
+        else:
+            client = await stack.enter_async_context(HttpSandboxClient(
+                sb.urls, batch_size=sb.batch_size, batch_window_ms=sb.batch_window_ms,
+                call_timeout_s=sb.call_timeout_s))
+        yield client, reward_pool
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = True
+                       ) -> AsyncIterator[Runtime]:
+    """Build every component; close them all on exit (also on error or cancellation).
+    `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
+    from asyncrl.engine.registry import build_engines
+    from asyncrl.reward import MathReward
+    from asyncrl.rollout import PythonTool, RolloutRunner
+    from asyncrl.trainer import TRAINER_KINDS
+
+    tok, model = build_tokenizer_and_model(cfg, run_dir)
+    fmt = formats.get_format(cfg.rollout.tool_format)
+    trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
+                                              pad_token_id=tok.pad_token_id,
+                                              temperature=cfg.rollout.temperature or 1.0)
+    # The local engine generates with its own copy: the trainer owns the training module.
+    engine_model = None
+    if cfg.engine.kind == "local":
+        engine_model = copy.deepcopy(model).eval() if with_trainer else model.eval()
+    async with contextlib.AsyncExitStack() as stack:
+        client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
+        engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,
+                                model_path=cfg.model.path or str(run_dir / "model-init"))
+        for e in engines:
+            if hasattr(e, "__aenter__"):
+                await stack.enter_async_context(e)
+            else:
+                stack.push_async_callback(e.close)
+        tools = []
+        if cfg.rollout.tools:
+            time_limit = getattr(cfg.sandbox, "time_limit_s", 4.0)
+            tools = [PythonTool(client, time_limit_s=time_limit,
+                                max_output_chars=cfg.rollout.tool_output_max_chars)]
+        reward = MathReward(reward_host)
+        runner = RolloutRunner(engines, tok, tools, reward)
+        isolation = getattr(client, "isolation", "unknown")
+        log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
+                 isolation=isolation, trainer=cfg.trainer.kind)
+        yield Runtime(cfg=cfg, run_dir=run_dir, tokenizer=tok, trainer=trainer, engines=engines,
+                      runner=runner, tools=tools, reward=reward, fmt=fmt,
+                      sandbox_isolation=str(isolation))

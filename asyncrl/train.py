@@ -1,0 +1,433 @@
+"""`asyncrl train CONFIG`: the staged recipe, one RL step in a page.
+
+Per RL step: prompts -> rollouts (the async rollout engine: streaming, tools mid-generation,
+reward as each group ends) -> RoC (2G -> G, advantages) -> update -> weight sync -> log.
+Stages run in order (SFT cold start, then RL stages); a stage ends at its step count or on a
+plateau; a `hard` stage first keeps only the problems the current policy does not solve k/k.
+Evaluation every N steps; checkpoints every N steps and at stage ends, resumable.
+
+Owns: the order of things and the run state. Does not own: any component's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asyncrl import config as config_mod
+from asyncrl import log as logmod
+from asyncrl.config import RunConfig, StageSection
+from asyncrl.engine.base import WeightUpdate
+from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
+from asyncrl.records import Batch, Group, Problem
+from asyncrl.stages import (PlateauState, hard_problem_ids, plateau_update, stage_budget,
+                            stage_done, stage_lr)
+
+log = logmod.get_logger(__name__)
+
+
+class TrainState(msgspec.Struct, kw_only=True):
+    """Everything besides weights and optimizer that a resumed run needs."""
+
+    stage_index: int = 0
+    stage_step: int = 0
+    global_step: int = 0
+    policy_version: int = 0
+    plateau: PlateauState = msgspec.field(default_factory=PlateauState)
+    data_cursor: dict[str, Any] = {}
+    stage_problem_ids: list[str] | None = None
+    """The hard-filtered problem ids of the current stage (None = all)."""
+    rng_state: Any = None
+    eval_history: list[dict[str, Any]] = []
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+class Trainer:
+    """Drives the stages over a live `Runtime`."""
+
+    def __init__(self, rt: Any, metrics: MetricsWriter, state: TrainState,
+                 train_problems: list[Problem], eval_problems: list[Problem]) -> None:
+        from asyncrl.data import ProblemStream
+
+        self.rt = rt
+        self.cfg: RunConfig = rt.cfg
+        self.metrics = metrics
+        self.state = state
+        self.train_problems = train_problems
+        self.eval_problems = eval_problems
+        self.rng = random.Random(self.cfg.run.seed)
+        if state.rng_state is not None:
+            self.rng.setstate(_as_rng_state(state.rng_state))
+        self._stream_cls = ProblemStream
+        self.stream = self._make_stream()
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _stage_problems(self) -> list[Problem]:
+        ids = self.state.stage_problem_ids
+        if ids is None:
+            return self.train_problems
+        keep = set(ids)
+        return [p for p in self.train_problems if p.id in keep]
+
+    def _make_stream(self) -> Any:
+        probs = self._stage_problems()
+        if self.state.data_cursor:
+            return self._stream_cls.from_state(probs, self.state.data_cursor)
+        return self._stream_cls(probs, seed=self.cfg.run.seed + self.state.stage_index,
+                                shuffle=self.cfg.data.shuffle)
+
+    def _settings(self, stage: StageSection | None, *, eval_: bool = False) -> Any:
+        from asyncrl.rollout import RolloutSettings
+
+        r = self.cfg.rollout
+        budget = stage_budget(r, stage) if stage else r.max_response_tokens
+        temp, top_p = r.temperature, r.top_p
+        if eval_:
+            budget = self.cfg.eval.max_response_tokens or budget
+            temp, top_p = self.cfg.eval.temperature, 1.0
+        return RolloutSettings(
+            max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
+            tool_format=self.rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
+            stop_token_ids=(self.rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+        )
+
+    async def _sync(self) -> float:
+        """Push the trainer's weights to every engine; bumps the policy version."""
+        t0 = time.monotonic()
+        self.state.policy_version += 1
+        sd = await asyncio.to_thread(self.rt.trainer.state_dict_for_sync)
+        update = WeightUpdate(version=self.state.policy_version, state_dict=sd)
+        await asyncio.gather(*(e.update_weights(update) for e in self.rt.engines))
+        return time.monotonic() - t0
+
+    async def _rollouts(self, problems: list[Problem], n: int, settings: Any) -> list[Group]:
+        return [g async for g in self.rt.runner.run(problems, n, settings,
+                                                    self.state.policy_version)]
+
+    # ---------------------------------------------------------------------------- the stages
+    async def run(self) -> None:
+        stages = self.cfg.stages
+        if self.state.stage_index == 0 and self.state.stage_step == 0 and stages[0].kind == "sft":
+            pass
+        while self.state.stage_index < len(stages):
+            stage = stages[self.state.stage_index]
+            with logmod.bound_contextvars(stage=stage.name):
+                await self._run_stage(stage)
+            self.state.stage_index += 1
+            self.state.stage_step = 0
+            self.state.plateau = PlateauState()
+            self.state.data_cursor = {}
+            self.state.stage_problem_ids = None
+            if self.state.stage_index < len(stages):
+                self.stream = self._make_stream()
+        await self.evaluate(label="final")
+
+    async def _run_stage(self, stage: StageSection) -> None:
+        self.rt.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
+        self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
+                           event="start", kind_=stage.kind)
+        log.info("stage_start", kind=stage.kind, steps=stage.steps)
+        if stage.kind == "sft":
+            await self._run_sft(stage)
+            await self._sync()
+            await self.evaluate(label="after_sft", stage=stage)
+        else:
+            if stage.data_filter == "hard" and self.state.stage_problem_ids is None:
+                await self._filter_hard(stage)
+            while not stage_done(stage, self.state.stage_step, self._plateaued):
+                await self.rl_step(stage)
+        self._checkpoint(force=True)
+
+    _plateaued = False
+
+    async def _run_sft(self, stage: StageSection) -> None:
+        from asyncrl.sft import build_sft_examples
+
+        bs = stage.batch_size or 16
+        n = stage.examples or stage.steps * bs
+        probs = [self.train_problems[i % len(self.train_problems)] for i in range(n)]
+        examples = build_sft_examples(probs, self.rt.fmt, self.rt.tokenizer,
+                                      random.Random(self.cfg.run.seed))
+        pairs = [(e.input_ids, e.loss_mask) for e in examples]
+        while self.state.stage_step < stage.steps:
+            i = self.state.stage_step * bs
+            chunk = [pairs[(i + j) % len(pairs)] for j in range(bs)]
+            m = await asyncio.to_thread(self.rt.trainer.sft_step, chunk)
+            self.state.stage_step += 1
+            if self.state.stage_step % 10 == 0 or self.state.stage_step == stage.steps:
+                self.metrics.write("sft_step", stage=stage.name, step=self.state.global_step,
+                                   sft_step=self.state.stage_step, **_floats(m, "sft/"))
+                log.info("sft_step", step=self.state.stage_step, loss=m.get("loss"))
+
+    async def _filter_hard(self, stage: StageSection) -> None:
+        """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
+        t0 = time.monotonic()
+        probs = self.train_problems
+        if stage.hard_filter_problems and stage.hard_filter_problems < len(probs):
+            probs = random.Random(self.cfg.run.seed + self.state.stage_index).sample(
+                probs, stage.hard_filter_problems)
+        groups = await self._rollouts(probs, stage.hard_filter_k, self._settings(stage))
+        correct = {g.problem.id: sum(r.reward > 0 for r in g.rollouts) for g in groups}
+        hard = hard_problem_ids(correct, stage.hard_filter_k)
+        if not hard:  # everything solved: keep training on all rather than on nothing
+            hard = set(correct)
+        self.state.stage_problem_ids = sorted(hard)
+        self.state.data_cursor = {}
+        self.stream = self._make_stream()
+        self.metrics.write("hard_filter", stage=stage.name, step=self.state.global_step,
+                           problems=len(probs), hard=len(hard),
+                           seconds=round(time.monotonic() - t0, 2))
+        log.info("hard_filter", problems=len(probs), hard=len(hard))
+
+    async def rl_step(self, stage: StageSection) -> None:
+        from asyncrl.algo.roc import apply_roc
+
+        cfg = self.cfg
+        t_step = time.monotonic()
+        self.state.global_step += 1
+        step = self.state.global_step
+        with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
+            problems = self.stream.next_batch(cfg.rollout.prompts_per_step)
+            t0 = time.monotonic()
+            groups = await self._rollouts(problems, cfg.rollout.samples_per_prompt,
+                                          self._settings(stage))
+            rollout_s = time.monotonic() - t0
+            kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng)
+            batch = Batch(step=step, policy_version=self.state.policy_version, groups=kept)
+            t0 = time.monotonic()
+            train_m: dict[str, float] = {}
+            if kept:
+                train_m = await asyncio.to_thread(self.rt.trainer.train_step, batch)
+            update_s = time.monotonic() - t0
+            sync_s = await self._sync() if kept else 0.0
+            self.state.stage_step += 1
+            rolls = group_rollouts(groups)
+            stats = rollout_stats(rolls)
+            row = {
+                "stage": stage.name, "step": step, "policy_version": self.state.policy_version,
+                "reward/mean": stats.get("rollout/reward_mean", 0.0),
+                "train/accuracy": stats.get("rollout/reward_mean", 0.0),
+                **stats, **_floats(roc_m, "roc/"), **_floats(train_m, ""),
+                "timing/rollout_s": rollout_s,
+                "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
+                "timing/update_s": update_s, "timing/sync_s": sync_s,
+                "timing/step_s": time.monotonic() - t_step,
+            }
+            self.metrics.write("rl_step", **row)
+            log.info("rl_step", reward=round(row["reward/mean"], 3),
+                     tool_err_pos=round(stats.get("rollout/tool_error_ratio_pos", 0.0), 3),
+                     kept_groups=len(kept), seconds=round(row["timing/step_s"], 2))
+            every = cfg.eval.every_steps
+            if every and self.state.stage_step % every == 0:
+                m = await self.evaluate(label="step", stage=stage)
+                if stage.plateau is not None:
+                    self.state.plateau, self._plateaued = plateau_update(
+                        stage.plateau, self.state.plateau, m)
+            self._checkpoint()
+
+    async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
+        from asyncrl.evaluation import summarize
+
+        probs = self.eval_problems
+        if not probs:
+            return {}
+        if self.cfg.eval.max_problems:
+            probs = probs[: self.cfg.eval.max_problems]
+        t0 = time.monotonic()
+        groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(stage, eval_=True))
+        summary = summarize(groups, self.cfg.eval.k)
+        m = {f"eval/{k}": v for k, v in summary.items()}
+        m.setdefault("eval/accuracy", summary.get("accuracy", 0.0))
+        self.metrics.write("eval", label=label, stage=stage.name if stage else "",
+                           step=self.state.global_step, seconds=time.monotonic() - t0, **m)
+        self.state.eval_history.append({"label": label, "step": self.state.global_step, **m})
+        log.info("eval", label=label, accuracy=round(m["eval/accuracy"], 4), problems=len(probs))
+        return m
+
+    def _checkpoint(self, force: bool = False) -> None:
+        from asyncrl.checkpoint import save_checkpoint
+
+        every = self.cfg.checkpoint.every_steps
+        if not force and not (every and self.state.global_step % every == 0):
+            return
+        self.state.data_cursor = self.stream.state()
+        self.state.rng_state = self.rng.getstate()
+        save_checkpoint(self.rt.run_dir, self.state.global_step, self.rt.trainer,
+                        msgspec.to_builtins(self.state), keep_last=self.cfg.checkpoint.keep_last)
+
+
+def _floats(m: dict[str, Any], prefix: str) -> dict[str, float]:
+    out = {}
+    for k, v in m.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k if not prefix or k.startswith(prefix) else prefix + k] = float(v)
+    return out
+
+
+def _as_rng_state(s: Any) -> tuple:
+    version, internal, gauss = s
+    return (version, tuple(internal), gauss)
+
+
+# ------------------------------------------------------------------------------- entry points
+def dry_run(cfg: RunConfig) -> list[str]:
+    """Resolve every stage, data file and component without starting anything heavy.
+
+    Returns the plan as lines; raises `ConfigError` naming the key of the first missing path
+    or unknown component.
+    """
+    from asyncrl.engine.registry import ENGINE_KINDS
+    from asyncrl.errors import ConfigError
+    from asyncrl.trainer import TRAINER_KINDS
+
+    lines = []
+    if cfg.model.path:
+        if not Path(cfg.model.path).exists():
+            raise ConfigError("model.path", f"no such directory: {cfg.model.path}")
+        lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")
+    else:
+        lines.append(f"model: built from model.init ({cfg.model.init.get('model_type')})")
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key)
+        if src and not src.startswith("generator:") and not Path(src).exists():
+            raise ConfigError(f"data.{key}", f"no such file: {src}")
+        lines.append(f"data.{key}: {src or '(none)'}")
+    if cfg.engine.kind not in ENGINE_KINDS:
+        raise ConfigError("engine.kind", f"engine {cfg.engine.kind!r} is not available here")
+    if cfg.trainer.kind not in TRAINER_KINDS:
+        raise ConfigError("trainer.kind", f"trainer {cfg.trainer.kind!r} is not available here")
+    lines.append(f"engine: {cfg.engine.kind}; trainer: {cfg.trainer.kind}; "
+                 f"sandbox: {cfg.sandbox.kind}")
+    r = cfg.rollout
+    lines.append(f"rollout: {r.prompts_per_step} prompts x {r.samples_per_prompt} samples -> "
+                 f"{r.group_size} kept (roc={cfg.roc.kind}/{cfg.roc.positive}), "
+                 f"format={r.tool_format}, temperature={r.temperature}")
+    for i, st in enumerate(cfg.stages):
+        extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
+        plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
+        lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
+                     f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
+                     f"{extra}{plateau}")
+    return lines
+
+
+def _pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> Path:
+    """The run directory: given, or `output_dir/name`; a fresh run never overwrites an old
+    one (a numbered suffix is added); `--resume` takes the newest existing one."""
+    if run_dir:
+        return Path(run_dir)
+    base = run_dir_for(cfg)
+    siblings = sorted((p for p in base.parent.glob(f"{base.name}*")
+                       if p.is_dir() and (p.name == base.name or p.name[len(base.name):].lstrip("-").isdigit())),
+                      key=lambda p: p.stat().st_mtime)
+    if resume:
+        if not siblings:
+            from asyncrl.errors import CheckpointError
+
+            raise CheckpointError(f"--resume: no run directory {base}* to resume")
+        return siblings[-1]
+    if not base.exists():
+        return base
+    n = 2
+    while Path(f"{base}-{n}").exists():
+        n += 1
+    return Path(f"{base}-{n}")
+
+
+async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None
+                      ) -> Path:
+    """Run the whole curriculum; returns the run directory."""
+    from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
+    from asyncrl.data import filter_overlong, load_problems
+    from asyncrl.runtime import open_runtime
+
+    rd = _pick_run_dir(cfg, run_dir, resume)
+    rd.mkdir(parents=True, exist_ok=True)
+    logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=rd)
+    logmod.bind_contextvars(run=rd.name)
+    config_mod.write_resolved(cfg, rd)
+    log.info("run_start", run_dir=str(rd), resume=resume)
+    t_start = time.monotonic()
+    state = TrainState()
+    ckpt = latest_checkpoint(rd) if resume else None
+    async with open_runtime(cfg, rd) as rt:
+        if ckpt is not None:
+            saved = load_checkpoint(ckpt, rt.trainer)
+            state = msgspec.convert(saved, TrainState)
+            await _push_weights(rt, state.policy_version)
+            log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
+                     stage=cfg.stages[min(state.stage_index, len(cfg.stages) - 1)].name)
+        tools = [t.schema for t in rt.tools] or None
+        train = load_problems(cfg.data.train, cfg.data.generator_options, cfg.run.seed, "train")
+        evals = (load_problems(cfg.data.eval, cfg.data.generator_options, cfg.run.seed, "eval")
+                 if cfg.data.eval else None)
+        train_p, n_long = filter_overlong(train.problems, rt.tokenizer, rt.fmt, tools,
+                                          cfg.data.max_prompt_tokens)
+        eval_p = []
+        if evals is not None:
+            eval_p, n_long_eval = filter_overlong(evals.problems, rt.tokenizer, rt.fmt, tools,
+                                                  cfg.data.max_prompt_tokens)
+            n_long += n_long_eval
+        log.info("data_loaded", train=len(train_p), eval=len(eval_p), overlong_skipped=n_long,
+                 bad_rows=dict(train.skipped))
+        with MetricsWriter(rd, start_time=t_start) as metrics:
+            metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
+                          overlong_skipped=n_long)
+            loop = Trainer(rt, metrics, state, train_p, eval_p)
+            await loop.run()
+            metrics.write("done", step=state.global_step,
+                          wall_s=round(time.monotonic() - t_start, 1))
+        rt.trainer.export_hf(rd / "final")
+    from asyncrl.report import write_report
+
+    report = write_report(rd)
+    log.info("run_done", run_dir=str(rd), report=str(report),
+             wall_s=round(time.monotonic() - t_start, 1))
+    return rd
+
+
+async def _push_weights(rt: Any, version: int) -> None:
+    sd = await asyncio.to_thread(rt.trainer.state_dict_for_sync)
+    await asyncio.gather(*(e.update_weights(WeightUpdate(version=version, state_dict=sd))
+                           for e in rt.engines))
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is optional (e.g. Windows)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def cmd_train(args: Any) -> int:
+    cfg = config_mod.load(args.config, args.set)
+    if args.dry_run:
+        for line in dry_run(cfg):
+            print(line)
+        print("dry run: ok")
+        return 0
+    rd = _run(train_async(cfg, resume=args.resume, run_dir=args.run_dir))
+    print(f"run directory: {rd}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("train", help="run a curriculum (SFT cold start, GRPO-RoC stages)")
+    p.add_argument("config", help="curriculum TOML, e.g. curricula/tiny.toml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (repeatable)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the newest run of this config from its latest checkpoint")
+    p.add_argument("--run-dir", default=None, help="run directory (default: output_dir/name)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="resolve stages, data and components without starting anything")
+    p.set_defaults(func=cmd_train)
