@@ -1,0 +1,387 @@
+"""Run report: PNG plots and a short Markdown summary from a run's `metrics.jsonl`.
+
+Owns: reading the metric rows a run writes, summarising them (held-out accuracy before and
+after RL, wall time, steps per stage, final figures), drawing the plots, and the
+`asyncrl report RUN_DIR` command. `train` calls `write_report` at the end of a run; the
+command rebuilds the report of any run directory, finished or not.
+
+Input: one JSON object per line, `{"kind": "rl_step" | "sft_step" | "eval" | "stage",
+"stage": str, "step": int (global RL step), "time_s": float (since run start), ...metrics}`.
+Rows or keys that are missing, malformed or non-finite are skipped (a run killed mid-write
+still gets a report); a file with no usable row is a `DataError` with a clear message.
+
+Output, under `RUN_DIR/report/`: `summary.md` and, for each plot that has data, a PNG. Plots are
+drawn with matplotlib's object API on the Agg canvas (no pyplot, no global backend switch).
+In the step-time plot the disjoint phases (rollout, reward, update, sync) are stacked and the
+tool wait — which overlaps the rollout phase — is a separate line.
+
+Does not own: writing metrics (the run's metrics sink) or deciding what a run logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import DataError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+Row = dict[str, Any]
+
+FINAL_KEYS = (
+    "reward/mean", "train/accuracy", "rollout/response_tokens_mean", "rollout/tool_calls_mean",
+    "rollout/tool_error_ratio", "rollout/tool_error_ratio_pos", "roc/kept", "roc/groups_dropped",
+    "loss/pg", "loss/clip_frac", "timing/step_s",
+)
+STACKED_TIMES = (("timing/rollout_s", "rollout"), ("timing/reward_s", "reward"),
+                 ("timing/update_s", "update"), ("timing/sync_s", "weight sync"))
+
+
+@dataclass(frozen=True)
+class LinePlot:
+    """One PNG: each series is (row kind, metric key, legend label), plotted against `step`."""
+
+    file: str
+    title: str
+    ylabel: str
+    series: tuple[tuple[str, str, str], ...]
+    ylim: tuple[float, float] | None = None
+
+
+LINE_PLOTS = (
+    LinePlot("reward.png", "Training reward (mean over rollouts)", "reward",
+             (("rl_step", "reward/mean", "reward"),), (-0.02, 1.02)),
+    LinePlot("eval_accuracy.png", "Held-out accuracy (greedy)", "accuracy",
+             (("eval", "eval/accuracy", "eval accuracy"),), (-0.02, 1.02)),
+    LinePlot("tool_error_ratio.png", "Tool-error ratio", "failed calls / calls",
+             (("rl_step", "rollout/tool_error_ratio_pos", "positive rollouts"),
+              ("rl_step", "rollout/tool_error_ratio", "all rollouts with calls"),
+              ("eval", "eval/tool_error_ratio", "eval")), (-0.02, 1.02)),
+    LinePlot("response_length.png", "Response length", "tokens (mean)",
+             (("rl_step", "rollout/response_tokens_mean", "training rollouts"),
+              ("eval", "eval/response_tokens_mean", "eval"))),
+    LinePlot("tool_calls.png", "Tool calls per rollout", "calls (mean)",
+             (("rl_step", "rollout/tool_calls_mean", "training rollouts"),
+              ("eval", "eval/tool_calls_mean", "eval"))),
+)
+
+
+# ------------------------------------------------------------------------------- reading
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def load_metrics(path: Path) -> list[Row]:
+    """The metric rows of `path`, in file order; malformed lines and rows are skipped.
+
+    Raises `DataError` when the file is missing or holds no usable row.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror} (is {path.parent} a run directory?)") \
+            from None
+    rows: list[Row] = []
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(row, dict) and isinstance(row.get("kind"), str):
+            rows.append(row)
+        else:
+            bad += 1
+    if bad:
+        log.warning("metrics_rows_skipped", path=str(path), skipped=bad)
+    if not rows:
+        raise DataError(f"{path} has no metric rows: the run logged nothing to report yet "
+                        "(it may have stopped before its first step)")
+    return rows
+
+
+def series(rows: Sequence[Row], kind: str, key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of `key` over the rows of `kind` that carry a finite value for it.
+    SFT rows are indexed by their order (their `step` is the RL step, constant during SFT)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    n = 0
+    for r in rows:
+        if r.get("kind") != kind:
+            continue
+        n += 1
+        y = _number(r.get(key))
+        x = float(n) if kind == "sft_step" else _number(r.get("step"))
+        if y is not None and x is not None:
+            xs.append(x)
+            ys.append(y)
+    return xs, ys
+
+
+# ----------------------------------------------------------------------------- summary
+@dataclass
+class StageSummary:
+    name: str
+    kind: str = ""
+    """`sft` or `rl` (from the step rows seen), empty when the stage logged no step."""
+    steps: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    start_s: float | None = None
+    """`time_s` of the stage's first row."""
+    end_s: float | None = None
+    """Where the next stage starts (the last stage: the run's last row)."""
+
+
+@dataclass
+class Summary:
+    rows: int
+    wall_time_s: float | None
+    before: Row | None
+    """The eval row labelled `after_sft` (else the first eval)."""
+    after: Row | None
+    """The eval row labelled `final` (else the last eval, if it is not `before`)."""
+    stages: list[StageSummary] = field(default_factory=list)
+    final: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Key -> (value at the last RL step, mean over the last 5 RL steps)."""
+    last_rl_step: int | None = None
+    evals: int = 0
+
+
+def summarize(rows: Sequence[Row]) -> Summary:
+    """Pure: the figures `summary.md` reports."""
+    times = [t for r in rows if (t := _number(r.get("time_s"))) is not None]
+    evals = [r for r in rows if r["kind"] == "eval" and _number(r.get("eval/accuracy")) is not None]
+    before = next((r for r in evals if r.get("label") == "after_sft"), evals[0] if evals else None)
+    after = next((r for r in reversed(evals) if r.get("label") == "final"), None)
+    if after is None and evals and evals[-1] is not before:
+        after = evals[-1]
+
+    stages: dict[str, StageSummary] = {}
+    for r in rows:
+        name = r.get("stage")
+        if not isinstance(name, str) or not name:
+            continue
+        st = stages.setdefault(name, StageSummary(name))
+        t = _number(r.get("time_s"))
+        if t is not None:
+            st.start_s = t if st.start_s is None else min(st.start_s, t)
+            st.end_s = t if st.end_s is None else max(st.end_s, t)
+        if r["kind"] in ("rl_step", "sft_step"):
+            st.kind = "rl" if r["kind"] == "rl_step" else "sft"
+            st.steps += 1
+            step = r.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                st.first_step = step if st.first_step is None else st.first_step
+                st.last_step = step
+
+    ordered = sorted((st for st in stages.values() if st.start_s is not None),
+                     key=lambda st: st.start_s or 0.0)
+    for i, st in enumerate(ordered):
+        nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+        st.end_s = nxt.start_s if nxt is not None else (max(times) if times else st.end_s)
+
+    rl = [r for r in rows if r["kind"] == "rl_step"]
+    final: dict[str, tuple[float, float]] = {}
+    for key in FINAL_KEYS:
+        vals = [v for r in rl if (v := _number(r.get(key))) is not None]
+        if vals:
+            tail = vals[-5:]
+            final[key] = (vals[-1], sum(tail) / len(tail))
+    last_step = rl[-1].get("step") if rl else None
+    return Summary(rows=len(rows), wall_time_s=max(times) if times else None, before=before,
+                   after=after, stages=list(stages.values()), final=final,
+                   last_rl_step=last_step if isinstance(last_step, int) else None,
+                   evals=len(evals))
+
+
+def _pct(v: Any) -> str:
+    x = _number(v)
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    m, sec = divmod(round(s), 60)
+    return f"{m}m {sec:02d}s" if m else f"{sec}s"
+
+
+def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
+    """Pure: the text of `summary.md`; `plots` are the PNG file names written next to it."""
+    out = [f"# Run report: {title}", ""]
+    b = _number(s.before.get("eval/accuracy")) if s.before else None
+    a = _number(s.after.get("eval/accuracy")) if s.after else None
+    out += ["## Held-out accuracy", "", "| checkpoint | step | accuracy |", "| --- | --- | --- |"]
+    for name, row in (("before RL", s.before), ("after RL", s.after)):
+        label = f" (`{row['label']}`)" if row and isinstance(row.get("label"), str) else ""
+        step = row.get("step", "") if row else ""
+        acc = _pct(row.get("eval/accuracy") if row else None)
+        out.append(f"| {name}{label} | {step} | {acc} |")
+    if a is not None and b is not None:
+        out += ["", f"Change: **{100 * (a - b):+.1f} points** ({s.evals} evaluations in all)."]
+    else:
+        out += ["", f"Change: n/a ({s.evals} evaluations; need one before and one after RL)."]
+
+    last = "n/a" if s.last_rl_step is None else s.last_rl_step
+    out += ["", "## Run", "", f"- Wall time: {_duration(s.wall_time_s)}",
+            f"- Metric rows: {s.rows}", f"- Last RL step: {last}",
+            "", "| stage | kind | steps | RL steps | time |", "| --- | --- | --- | --- | --- |"]
+    for st in s.stages:
+        span = (f"{st.first_step}-{st.last_step}" if st.kind == "rl" and st.first_step is not None
+                else "")
+        t = (_duration(st.end_s - st.start_s) if st.start_s is not None and st.end_s is not None
+             else "n/a")
+        out.append(f"| {st.name} | {st.kind or '-'} | {st.steps} | {span} | {t} |")
+
+    if s.final:
+        out += ["", "## Final figures", "", "| metric | last step | mean of last 5 |",
+                "| --- | --- | --- |"]
+        out += [f"| `{k}` | {last:.4g} | {mean:.4g} |" for k, (last, mean) in s.final.items()]
+    out += ["", "## Plots", ""]
+    out += [f"![{p.removesuffix('.png')}]({p})" for p in plots] or ["(no data to plot)"]
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------- plots
+def _stage_starts(rows: Sequence[Row]) -> list[tuple[float, str]]:
+    """(first RL step, stage name) where the RL stage changes."""
+    out: list[tuple[float, str]] = []
+    current = None
+    for r in rows:
+        if r.get("kind") == "rl_step" and r.get("stage") != current:
+            current = r.get("stage")
+            step = _number(r.get("step"))
+            if step is not None:
+                out.append((step, str(current)))
+    return out
+
+
+def _new_axes(title: str, ylabel: str, xlabel: str = "RL step") -> tuple[Any, Any]:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.8), dpi=100, layout="tight")
+    ax = fig.subplots()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _mark_stages(ax: Any, starts: Sequence[tuple[float, str]]) -> None:
+    for x, name in starts:
+        ax.axvline(x, color="grey", linestyle=":", linewidth=1, zorder=3)
+        ax.annotate(name, (x, 0.98), xycoords=("data", "axes fraction"), fontsize=7,
+                    color="dimgrey", rotation=90, va="top", ha="right", zorder=4,
+                    bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+
+
+def _line_plot(rows: Sequence[Row], spec: LinePlot, path: Path,
+               starts: Sequence[tuple[float, str]]) -> bool:
+    data = [(label, kind, *series(rows, kind, key)) for kind, key, label in spec.series]
+    data = [d for d in data if d[2]]
+    if not data:
+        return False
+    fig, ax = _new_axes(spec.title, spec.ylabel)
+    for label, kind, xs, ys in data:
+        style = {"marker": "o", "markersize": 4} if kind == "eval" or len(xs) < 3 else {}
+        ax.plot(xs, ys, label=label, **style)
+    if spec.file == "eval_accuracy.png":
+        for r in rows:
+            x, y = _number(r.get("step")), _number(r.get("eval/accuracy"))
+            if r["kind"] == "eval" and x is not None and y is not None and r.get("label") in (
+                    "after_sft", "final"):
+                ax.annotate(f"{r['label']}: {100 * y:.0f}%", (x, y), textcoords="offset points",
+                            xytext=(4, 6), fontsize=8)
+    if spec.ylim:
+        ax.set_ylim(*spec.ylim)
+    _mark_stages(ax, starts)
+    if len(data) > 1:
+        ax.legend(fontsize=8)
+    fig.savefig(path)
+    return True
+
+
+def _step_time_plot(rows: Sequence[Row], path: Path, starts: Sequence[tuple[float, str]]) -> bool:
+    rl = [r for r in rows if r["kind"] == "rl_step" and _number(r.get("step")) is not None]
+    keys = [(k, lbl) for k, lbl in STACKED_TIMES if any(_number(r.get(k)) is not None for r in rl)]
+    wait_x, wait_y = series(rows, "rl_step", "timing/tool_wait_s")
+    step_x, step_y = series(rows, "rl_step", "timing/step_s")
+    if not keys and not wait_x and not step_x:
+        return False
+    fig, ax = _new_axes("Step time breakdown", "seconds")
+    xs = [float(r["step"]) for r in rl]
+    bottom = [0.0] * len(rl)
+    for key, label in keys:
+        vals = [_number(r.get(key)) or 0.0 for r in rl]
+        ax.bar(xs, vals, bottom=bottom, width=0.8, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    if wait_x:
+        ax.plot(wait_x, wait_y, color="black", linestyle="--", label="tool wait (within rollout)")
+    if step_x:
+        ax.plot(step_x, step_y, color="black", label="whole step")
+    _mark_stages(ax, starts)
+    ax.legend(fontsize=8)
+    fig.savefig(path)
+    return True
+
+
+def _sft_loss_plot(rows: Sequence[Row], path: Path) -> bool:
+    xs, ys = series(rows, "sft_step", "sft/loss")
+    if not xs:
+        return False
+    fig, ax = _new_axes("SFT cold start: loss", "loss (token mean)", xlabel="SFT step")
+    ax.plot(xs, ys)
+    fig.savefig(path)
+    return True
+
+
+# ------------------------------------------------------------------------------ entry
+def write_report(run_dir: Path) -> Path:
+    """Write `run_dir/report/` (PNGs and `summary.md`) from `run_dir/metrics.jsonl`.
+
+    Returns the path of `summary.md`. Raises `DataError` when there are no metrics to report.
+    """
+    run_dir = Path(run_dir)
+    rows = load_metrics(run_dir / "metrics.jsonl")
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    starts = _stage_starts(rows)
+    plots = [spec.file for spec in LINE_PLOTS if _line_plot(rows, spec, out / spec.file, starts)]
+    if _step_time_plot(rows, out / "step_time.png", starts):
+        plots.append("step_time.png")
+    if _sft_loss_plot(rows, out / "sft_loss.png"):
+        plots.append("sft_loss.png")
+    summary = summarize(rows)
+    path = out / "summary.md"
+    path.write_text(render_markdown(summary, run_dir.resolve().name, plots), encoding="utf-8")
+    log.info("report_written", path=str(path), plots=len(plots), rows=summary.rows)
+    return path
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    path = write_report(Path(args.run_dir))
+    print(path)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add `asyncrl report RUN_DIR` to the CLI."""
+    p = subparsers.add_parser("report", help="write plots and a Markdown summary of a run",
+                              description="Read RUN_DIR/metrics.jsonl and write RUN_DIR/report/ "
+                                          "(PNG plots and summary.md).")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+    p.set_defaults(func=_cmd_report)

@@ -1,0 +1,213 @@
+"""Non-reasoning cold-start SFT data: generated transcripts that teach the format, not the math.
+
+Owns: rendering a problem into a short transcript of one of three kinds, and tokenizing it with
+a loss mask exactly as the agent loop will see a rollout:
+- `direct`: a one-line reason, then the answer — no tool;
+- `tool`: a reason, one Python call, its output, the answer;
+- `fail_fix`: a call that fails (a misspelt name or an unclosed parenthesis), its error, a
+  one-line fix note, the corrected call, its output, the answer.
+
+Every answer is true (SFT data never teaches wrong facts). The policy it gives is imperfect on
+purpose: it answers directly about as often as `1 - tool_fraction`, and for large numbers a
+small model cannot reproduce the answer from the question — which RL then fixes by preferring
+the tool.
+
+Token-in, token-out: a transcript is a list of segments, each tokenized on its own and the ids
+concatenated — the prompt (mask 0), each assistant span (mask 1), each tool output (mask 0,
+tokenized alone as the agent loop does), the end-of-turn token (mask 1). Calls are written with
+`fmt.render_call`, outputs with `fmt.tool_response(formats.render_tool_result(...))`, so SFT
+text matches RL text byte for byte. Tool outputs are computed by running the (trusted,
+generated) solution program in-process with a handful of builtins, not through the sandbox.
+
+Does not own: the training step (the trainer), the problems (`asyncrl.tasks`), the formats.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import keyword
+import random
+import re
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+
+from asyncrl import formats
+from asyncrl.records import Problem
+
+KINDS = ("direct", "tool", "fail_fix")
+REASON_DIRECT = "<reason>Answer directly.</reason>\n"
+REASON_TOOL = "<reason>Compute it with Python.</reason>\n"
+REASON_FIX = "<reason>Fix the code.</reason>\n"
+TOOL_DURATION_S = 0.01
+"""Execution time shown in generated tool outputs (a plausible sandbox figure)."""
+DEFAULT_TOOLS: tuple[dict[str, Any], ...] = (formats.PYTHON_TOOL_SCHEMA,)
+
+
+class SFTExample(msgspec.Struct, frozen=True, kw_only=True):
+    """One tokenized transcript. `loss_mask[i]` is 1 where token i is trained on."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    kind: str = ""
+    """`direct`, `tool` or `fail_fix`."""
+    problem_id: str = ""
+
+
+class Segment(NamedTuple):
+    """A span of transcript text, tokenized on its own; `trained` spans get loss mask 1."""
+
+    text: str
+    trained: bool
+
+
+# ------------------------------------------------------------------------------ execution
+_BUILTINS: dict[str, Any] = {f.__name__: f for f in (range, sum, len, pow, int, str, abs, min, max)}
+
+
+def run_trusted(code: str) -> tuple[str, str, str]:
+    """Run generated, trusted code in-process: (status, stdout, stderr).
+
+    Only a few builtins are visible. A failure gives status `error` and, as stderr, the last
+    line of the traceback Python would print (`NameError: name 'prnt' is not defined`).
+    Never use this for model-written code: that goes to the sandbox.
+    """
+    out = io.StringIO()
+    env = {"__builtins__": {**_BUILTINS, "print": functools.partial(print, file=out)}}
+    try:
+        exec(compile(code, "<string>", "exec"), env)
+    except Exception as e:  # the failure is the transcript's content, whatever it is
+        return "error", out.getvalue(), traceback.format_exception_only(type(e), e)[-1].strip()
+    return "ok", out.getvalue(), ""
+
+
+def break_code(code: str, rng: random.Random) -> str:
+    """A realistic broken version of `code`: a misspelt builtin (NameError) or a dropped
+    closing parenthesis (SyntaxError). The caller checks that it really fails."""
+    names = [n for n in ("print", "sum", "range", "pow", "str", "int")
+             if re.search(rf"\b{n}\(", code)]
+    if names and rng.random() < 0.6:
+        name = rng.choice(names)
+        i = rng.randrange(1, len(name))
+        # drop a letter, or swap two neighbours; never another visible builtin or a keyword
+        typos = sorted(t for t in {name[:i] + name[i + 1:],
+                                   name[: i - 1] + name[i] + name[i - 1] + name[i + 1:]}
+                       if t != name and t not in _BUILTINS and not keyword.iskeyword(t))
+        if typos:
+            return re.sub(rf"\b{name}\(", rng.choice(typos) + "(", code, count=1)
+    j = code.rstrip().rfind(")")
+    return code[:j] + code[j + 1:]
+
+
+def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int) -> tuple[str, str, str]:
+    """(text appended after the call, status, stdout) for running `code`."""
+    status, stdout, stderr = run_trusted(code)
+    result = formats.render_tool_result(status, stdout, stderr, TOOL_DURATION_S, max_chars)
+    return fmt.tool_response(result), status, stdout
+
+
+# ---------------------------------------------------------------------------- transcripts
+def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng: random.Random, *,
+                      code: str | None = None,
+                      tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
+                      system_prompt: str = "", max_chars: int = 256) -> list[Segment]:
+    """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
+
+    `code` is the solution program (default: the task family's, from `problem.source`).
+    Raises ValueError when the program does not print the problem's answer.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown transcript kind {kind!r}; expected one of {KINDS}")
+    segs = [Segment(formats.render_prompt(problem.question, fmt, list(tools) if tools else None,
+                                          system_prompt), False)]
+    answer = f"<answer>\\boxed{{{problem.answer}}}</answer>"
+    if kind == "direct":
+        return [*segs, Segment(REASON_DIRECT + answer, True), Segment(formats.IM_END, True)]
+    if not tools:
+        raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
+    if code is None:
+        from asyncrl.tasks import solution_code
+
+        code = solution_code(problem)
+    reason = REASON_TOOL
+    if kind == "fail_fix":
+        broken = break_code(code, rng)
+        response, status, _ = _tool_output(fmt, broken, max_chars)
+        if status == "ok":
+            raise ValueError(f"problem {problem.id}: broken program {broken!r} did not fail")
+        segs += [Segment(reason + fmt.render_call(broken), True), Segment(response, False)]
+        reason = REASON_FIX
+    response, status, stdout = _tool_output(fmt, code, max_chars)
+    if status != "ok" or stdout.strip() != problem.answer:
+        raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
+                         f"expected {problem.answer!r}")
+    return [*segs, Segment(reason + fmt.render_call(code), True), Segment(response, False),
+            Segment(answer, True), Segment(formats.IM_END, True)]
+
+
+def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,
+                fail_fix_fraction: float, direct_wrong_ok: bool = True) -> str:
+    """Draw a transcript kind: the tool with probability `tool_fraction` (then, with probability
+    `fail_fix_fraction`, a failing call fixed); else a direct answer. With `direct_wrong_ok`
+    False, problems above level 1 always use the tool (direct answers only where a small model
+    can plausibly compute them)."""
+    use_tool = rng.random() < tool_fraction
+    if not direct_wrong_ok and (problem.difficulty or 0) > 1:
+        use_tool = True
+    if not use_tool:
+        return "direct"
+    return "fail_fix" if rng.random() < fail_fix_fraction else "tool"
+
+
+def tokenize(segments: Iterable[Segment], tokenizer: Any) -> tuple[list[int], list[int]]:
+    """(ids, mask): each segment tokenized on its own (no special tokens added), concatenated."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for seg in segments:
+        part = tokenizer.encode(seg.text, add_special_tokens=False)
+        ids += part
+        mask += [int(seg.trained)] * len(part)
+    return ids, mask
+
+
+def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tokenizer: Any,
+                       rng: random.Random, tool_fraction: float = 0.5,
+                       fail_fix_fraction: float = 0.15, direct_wrong_ok: bool = True, *,
+                       tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
+                       system_prompt: str = "", max_chars: int = 256,
+                       code_for: Callable[[Problem], str] | None = None) -> list[SFTExample]:
+    """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
+
+    `fail_fix_fraction` is a share of the tool-using examples. `tools`, `system_prompt` and
+    `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
+    `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
+    program (default: its task family's). Deterministic for the same `rng` state.
+    """
+    for name, v in (("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {v}")
+    if not tools and (tool_fraction > 0 or not direct_wrong_ok):
+        raise ValueError("tool transcripts need the Python tool: set tool_fraction=0 "
+                         "and direct_wrong_ok=True when tools are off")
+    out = []
+    for p in problems:
+        kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok)
+        code = code_for(p) if code_for is not None and kind != "direct" else None
+        segs = render_transcript(p, fmt, kind, rng, code=code, tools=tools,
+                                 system_prompt=system_prompt, max_chars=max_chars)
+        ids, mask = tokenize(segs, tokenizer)
+        out.append(SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id))
+    return out
+
+
+def corpus_texts(problems: Iterable[Problem], fmts: Sequence[formats.ToolFormat],
+                 rng: random.Random) -> Iterator[str]:
+    """Whole transcript texts for a tokenizer corpus: kinds and formats taken in turn, so every
+    string a rollout can contain (prompts, calls, errors, outputs, answers) is represented."""
+    for i, p in enumerate(problems):
+        kind = KINDS[i % len(KINDS)]
+        fmt = fmts[(i // len(KINDS)) % len(fmts)]
+        yield "".join(s.text for s in render_transcript(p, fmt, kind, rng))

@@ -1,0 +1,66 @@
+"""Built-in task families, chosen by name (`data.train = "generator:NAME"`).
+
+Owns: the registry `TASK_FAMILIES` and the three things a run asks of a family — `generate`
+its (train, eval) problems, the `solution_code` of a problem (for SFT transcripts), and a
+tokenizer `corpus`. Does not own: reading problems from files, or batching them.
+
+    train, eval_set = generate("tiny_math", {"train_size": 4000, "eval_size": 128}, seed=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from asyncrl.records import Problem
+from asyncrl.tasks import tiny_math
+from asyncrl.tasks.base import TaskFamily
+
+__all__ = ["TASK_FAMILIES", "TaskFamily", "corpus", "generate", "get_family", "solution_code"]
+
+TASK_FAMILIES: dict[str, TaskFamily] = {tiny_math.FAMILY.name: tiny_math.FAMILY}
+
+
+def get_family(name: str) -> TaskFamily:
+    try:
+        return TASK_FAMILIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown task family {name!r}; known: {', '.join(sorted(TASK_FAMILIES))}"
+        ) from None
+
+
+def generate(name: str, options: Mapping[str, Any],
+             seed: int) -> tuple[list[Problem], list[Problem]]:
+    """(train, eval) problems of family `name`: disjoint questions, deterministic for a seed.
+
+    Unknown option names and bad values raise `ValueError` naming the option.
+    """
+    family = get_family(name)
+    return family.make(family.resolve_options(options), seed)
+
+
+def solution_code(problem: Problem) -> str:
+    """A Python program whose stdout is `problem.answer`; the family is `problem.source`."""
+    return get_family(problem.source).solution_code(problem)
+
+
+def corpus(name: str, options: Mapping[str, Any], seed: int, *,
+           tool_formats: Sequence[str] = ("markdown", "hermes"),
+           max_transcripts: int = 3000) -> Iterator[str]:
+    """Text to train a local tokenizer on: every string the model will read or write.
+
+    Full SFT transcripts (system prompt, question, reasoning markup, tool calls, tool outputs,
+    failing calls, answers, end of turn) of up to `max_transcripts` train problems, each kind of
+    transcript and each tool-call format in turn. Eval problems are left out: they share the
+    templates, so nothing is missing, and no eval text shapes the vocabulary.
+    """
+    import random
+
+    # Imported here: `asyncrl.sft` builds on this package (it asks for `solution_code`).
+    from asyncrl import formats, sft
+
+    train, _ = generate(name, options, seed)
+    fmts = [formats.get_format(f) for f in tool_formats]
+    rng = random.Random(f"{name}/corpus/{seed}")
+    yield from sft.corpus_texts(train[:max_transcripts], fmts, rng)

@@ -1,0 +1,128 @@
+"""Run report: plots and summary from metrics.jsonl; tolerant of gaps; clear on empty runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl import cli, report
+from asyncrl.errors import DataError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(run_dir: Path, rows: list[dict], extra: str = "") -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows) + extra
+    (run_dir / "metrics.jsonl").write_text(text)
+    return run_dir
+
+
+def _rl_row(step: int, stage: str, reward: float) -> dict:
+    return {
+        "kind": "rl_step", "stage": stage, "step": step, "time_s": 30.0 + 10 * step,
+        "reward/mean": reward, "train/accuracy": reward,
+        "rollout/response_tokens_mean": 80 - step, "rollout/tool_calls_mean": 0.5 + step / 10,
+        "rollout/tool_error_ratio": 0.3, "rollout/tool_error_ratio_pos": 0.1,
+        "roc/kept": 64, "roc/groups_dropped": 2, "loss/pg": 0.01, "loss/clip_frac": 0.02,
+        "timing/rollout_s": 5.0, "timing/tool_wait_s": 1.0, "timing/reward_s": 0.2,
+        "timing/update_s": 3.0, "timing/sync_s": 0.1, "timing/step_s": 8.4,
+    }
+
+
+def _full_run() -> list[dict]:
+    rows: list[dict] = [{"kind": "stage", "stage": "sft", "step": 0, "time_s": 0.5}]
+    rows += [{"kind": "sft_step", "stage": "sft", "step": 0, "time_s": 1.0 + i, "sft/loss": 3 - i}
+             for i in range(3)]
+    rows.append({"kind": "eval", "stage": "sft", "step": 0, "time_s": 20.0, "label": "after_sft",
+                 "eval/accuracy": 0.25, "eval/response_tokens_mean": 30,
+                 "eval/tool_calls_mean": 0.4, "eval/tool_error_ratio": 0.2})
+    rows += [_rl_row(s, "rl-short", 0.3 + 0.05 * s) for s in range(1, 4)]
+    rows.append({"kind": "eval", "stage": "rl-short", "step": 3, "time_s": 65.0, "label": "step",
+                 "eval/accuracy": 0.5})
+    rows += [_rl_row(s, "rl-long", 0.3 + 0.05 * s) for s in range(4, 7)]
+    rows.append({"kind": "eval", "stage": "rl-long", "step": 6, "time_s": 95.5, "label": "final",
+                 "eval/accuracy": 0.75, "eval/response_tokens_mean": 50,
+                 "eval/tool_calls_mean": 1.0, "eval/tool_error_ratio": 0.05})
+    return rows
+
+
+def test_full_run_writes_plots_and_before_after(tmp_path: Path) -> None:
+    run = _write(tmp_path / "run", _full_run())
+    summary = report.write_report(run)
+    assert summary == run / "report" / "summary.md"
+    expected = ["reward.png", "eval_accuracy.png", "tool_error_ratio.png", "response_length.png",
+                "tool_calls.png", "step_time.png", "sft_loss.png"]
+    for name in expected:
+        data = (run / "report" / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, name
+    text = summary.read_text()
+    assert "| before RL (`after_sft`) | 0 | 25.0% |" in text
+    assert "| after RL (`final`) | 6 | 75.0% |" in text
+    assert "+50.0 points" in text
+    assert "| sft | sft | 3 |" in text
+    assert "| rl-short | rl | 3 | 1-3 | 30s |" in text and "| rl-long | rl | 3 | 4-6 |" in text
+    assert "Wall time: 1m 36s" in text
+    # final figures: last value and mean of the last 5 RL steps
+    assert "| `reward/mean` | 0.6 | 0.5 |" in text
+    for name in expected:
+        assert f"]({name})" in text
+
+
+def test_without_labels_first_and_last_eval_are_before_and_after() -> None:
+    rows = [{"kind": "eval", "step": s, "eval/accuracy": a} for s, a in [(0, 0.1), (5, 0.2),
+                                                                          (9, 0.6)]]
+    s = report.summarize(rows)
+    assert s.before is rows[0] and s.after is rows[2]
+    one = report.summarize(rows[:1])
+    assert one.before is rows[0] and one.after is None
+    assert "Change: n/a" in report.render_markdown(one, "x", [])
+
+
+def test_missing_keys_and_bad_lines_do_not_crash(tmp_path: Path) -> None:
+    rows = [
+        {"kind": "rl_step", "stage": "rl", "step": 1},
+        {"kind": "rl_step", "stage": "rl", "step": 2, "reward/mean": 0.5, "timing/step_s": None},
+        {"kind": "rl_step", "step": "three", "reward/mean": "high"},
+        {"kind": "eval"},
+        {"no_kind": 1},
+        [1, 2],
+    ]
+    run = _write(tmp_path / "run", rows, extra='{"kind": "rl_step", "step": 3, "rew')
+    text = report.write_report(run).read_text()
+    produced = sorted(p.name for p in (run / "report").glob("*.png"))
+    assert produced == ["reward.png"]
+    assert "| before RL |  | n/a |" in text and "Change: n/a" in text
+    assert "| rl | rl | 2 | 1-2 |" in text
+
+
+def test_empty_or_missing_metrics_is_a_clear_error(tmp_path: Path) -> None:
+    run = _write(tmp_path / "empty", [], extra="\n")
+    with pytest.raises(DataError, match="no metric rows"):
+        report.write_report(run)
+    with pytest.raises(DataError, match=r"cannot read .*metrics\.jsonl"):
+        report.write_report(tmp_path / "nowhere")
+
+
+def test_cli_command(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(cli, "_EXTRA_COMMANDS", [*cli._EXTRA_COMMANDS, report.register]
+                        if report.register not in cli._EXTRA_COMMANDS else cli._EXTRA_COMMANDS)
+    run = _write(tmp_path / "run", _full_run())
+    assert cli.main(["report", str(run)]) == 0
+    # the summary's path is the command's last line of output (logs may precede it)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(run / "report" / "summary.md")
+
+    empty = _write(tmp_path / "empty", [])
+    assert cli.main(["report", str(empty)]) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "no metric rows" in err and "Traceback" not in err
+
+
+def test_register_adds_the_subcommand() -> None:
+    parser = argparse.ArgumentParser()
+    report.register(parser.add_subparsers())
+    args = parser.parse_args(["report", "runs/tiny"])
+    assert args.run_dir == "runs/tiny" and args.func is report._cmd_report

@@ -1,0 +1,143 @@
+"""Cold-start SFT transcripts: masks, token-exact text, parseable calls, kind mix, length."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from asyncrl import formats as F
+from asyncrl import sft, tasks
+
+OPTS = {"train_size": 600, "eval_size": 20, "levels": [1, 2, 3]}
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return tasks.generate("tiny_math", OPTS, seed=0)[0]
+
+
+@pytest.fixture(scope="module")
+def task_tokenizer():
+    """The tiny curriculum's tokenizer: trained on the task corpus, vocab 1024."""
+    from asyncrl.modeling import train_tokenizer
+
+    return train_tokenizer(tasks.corpus("tiny_math", OPTS, seed=0), vocab_size=1024)
+
+
+def _runs(ex: sft.SFTExample, tok) -> list[tuple[int, str]]:
+    """Maximal runs of equal mask value, decoded: [(mask, text), ...]."""
+    out: list[tuple[int, list[int]]] = []
+    for i, m in zip(ex.input_ids, ex.loss_mask, strict=True):
+        if out and out[-1][0] == m:
+            out[-1][1].append(i)
+        else:
+            out.append((m, [i]))
+    return [(m, tok.decode(ids, skip_special_tokens=False)) for m, ids in out]
+
+
+@pytest.mark.parametrize("fmt", [F.MARKDOWN, F.HERMES], ids=lambda f: f.name)
+@pytest.mark.parametrize("kind", sft.KINDS)
+def test_tokens_decode_to_the_rendered_text(problems, task_tokenizer, fmt, kind) -> None:
+    for p in problems[:30]:
+        segs = sft.render_transcript(p, fmt, kind, random.Random(p.id))
+        ids, mask = sft.tokenize(segs, task_tokenizer)
+        assert len(ids) == len(mask)
+        text = "".join(s.text for s in segs)
+        assert task_tokenizer.decode(ids, skip_special_tokens=False) == text
+        # the prompt is exactly what the agent loop renders
+        assert segs[0] == (F.render_prompt(p.question, fmt, [F.PYTHON_TOOL_SCHEMA]), False)
+
+
+@pytest.mark.parametrize("fmt", [F.MARKDOWN, F.HERMES], ids=lambda f: f.name)
+def test_masks_calls_and_outputs_line_up(problems, task_tokenizer, fmt) -> None:
+    examples = sft.build_sft_examples(problems[:200], fmt, task_tokenizer, random.Random(0))
+    eos = task_tokenizer.eos_token_id
+    seen = set()
+    for ex, p in zip(examples, problems[:200], strict=True):
+        seen.add(ex.kind)
+        assert ex.problem_id == p.id and len(ex.input_ids) == len(ex.loss_mask)
+        assert ex.input_ids[-1] == eos and ex.loss_mask[-1] == 1
+        runs = _runs(ex, task_tokenizer)
+        assert runs[0] == (0, F.render_prompt(p.question, fmt, [F.PYTHON_TOOL_SCHEMA]))
+        assistant = [t for m, t in runs if m == 1]
+        tool_out = [t for m, t in runs[1:] if m == 0]
+        assert all(t.startswith("<reason>") for t in assistant[:-1])
+        assert assistant[-1].endswith(f"<answer>\\boxed{{{p.answer}}}</answer><|im_end|>")
+        assert F.extract_answer("".join(assistant)) == p.answer
+        calls = {"direct": 0, "tool": 1, "fail_fix": 2}[ex.kind]
+        assert len(tool_out) == calls and len(assistant) == calls + 1
+        for turn, out in zip(assistant, tool_out, strict=False):
+            # each calling turn ends where the engine stops, and parses as a python call
+            assert turn.endswith(fmt.stop_strings[0])
+            call = fmt.parse(turn)
+            assert isinstance(call, F.Call) and call.name == F.PYTHON_TOOL
+            status, stdout, stderr = sft.run_trusted(call.arguments["code"])
+            assert out == fmt.tool_response(F.render_tool_result(status, stdout, stderr, 0.01, 256))
+        if ex.kind == "fail_fix":
+            assert "Execution failed (error)." in tool_out[0]
+            assert "Error: " in tool_out[0]
+        if calls:
+            assert "Execution succeeded." in tool_out[-1] and p.answer in tool_out[-1]
+    assert seen == set(sft.KINDS)
+
+
+def test_kind_fractions_follow_the_arguments(problems, task_tokenizer) -> None:
+    def mix(**kw) -> dict[str, float]:
+        ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1), **kw)
+        return {k: sum(e.kind == k for e in ex) / len(ex) for k in sft.KINDS}
+
+    m = mix()
+    assert m["direct"] == pytest.approx(0.5, abs=0.06)
+    assert m["fail_fix"] == pytest.approx(0.5 * 0.15, abs=0.03)
+    m = mix(tool_fraction=0.2, fail_fix_fraction=0.5)
+    assert m["direct"] == pytest.approx(0.8, abs=0.05)
+    assert m["fail_fix"] == pytest.approx(0.1, abs=0.04)
+    # direct answers only where a small model could compute them
+    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1),
+                                direct_wrong_ok=False)
+    by_id = {p.id: p for p in problems}
+    direct = [e for e in ex if e.kind == "direct"]
+    assert direct and all(by_id[e.problem_id].difficulty == 1 for e in direct)
+
+
+def test_deterministic_for_the_rng_state(problems, task_tokenizer) -> None:
+    a = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5))
+    b = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5))
+    assert a == b
+
+
+def test_transcripts_fit_the_tiny_response_budgets(problems, task_tokenizer) -> None:
+    """tiny.toml: 96 response tokens in the first RL stage, 160 after; prompts <= 256."""
+    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(2))
+    resp = {k: [len(e.loss_mask) - e.loss_mask.index(1) for e in ex if e.kind == k]
+            for k in sft.KINDS}
+    assert max(resp["direct"]) <= 32
+    assert max(resp["tool"]) <= 96
+    assert max(resp["fail_fix"]) <= 160
+    every = [n for v in resp.values() for n in v]
+    assert sum(every) / len(every) <= 60
+    assert max(e.loss_mask.index(1) for e in ex) <= 256
+
+
+def test_broken_code_really_fails() -> None:
+    rng = random.Random(0)
+    for code in ["print(12 * 34)", "print(sum(range(3, 90 + 1)))", "print(pow(3, 40, 7))",
+                 "print(sum(int(d) for d in str(7 ** 30)))"]:
+        for _ in range(20):
+            status, _, stderr = sft.run_trusted(sft.break_code(code, rng))
+            assert status == "error"
+            assert stderr.startswith(("NameError: name", "SyntaxError: "))
+
+
+def test_bad_arguments_are_rejected(problems, task_tokenizer) -> None:
+    with pytest.raises(ValueError, match="tool_fraction"):
+        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0),
+                               tool_fraction=1.5)
+    with pytest.raises(ValueError, match="tool"):
+        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0),
+                               tools=None)
+    wrong = msgspec.structs.replace(problems[0], answer="-1")
+    with pytest.raises(ValueError, match="expected '-1'"):
+        sft.render_transcript(wrong, F.MARKDOWN, "tool", random.Random(0))
