@@ -147,6 +147,7 @@ class Trainer:
         self._checkpoint(force=True)
 
     _plateaued = False
+    _last_checkpoint: tuple[int, int] | None = None
 
     async def _run_sft(self, stage: StageSection) -> None:
         from asyncrl.sft import build_sft_examples
@@ -213,6 +214,7 @@ class Trainer:
             stats = rollout_stats(rolls)
             row = {
                 "stage": stage.name, "step": step, "policy_version": self.state.policy_version,
+                "problem_ids": [p.id for p in problems],
                 "reward/mean": stats.get("rollout/reward_mean", 0.0),
                 "train/accuracy": stats.get("rollout/reward_mean", 0.0),
                 **stats, **_floats(roc_m, "roc/"), **_floats(train_m, ""),
@@ -258,6 +260,10 @@ class Trainer:
         every = self.cfg.checkpoint.every_steps
         if not force and not (every and self.state.global_step % every == 0):
             return
+        key = (self.state.stage_index, self.state.stage_step)
+        if key == self._last_checkpoint:
+            return
+        self._last_checkpoint = key
         self.state.data_cursor = self.stream.state()
         self.state.rng_state = self.rng.getstate()
         save_checkpoint(self.rt.run_dir, self.state.global_step, self.rt.trainer,
@@ -409,7 +415,20 @@ def _run(coro: Any) -> Any:
 
 
 def cmd_train(args: Any) -> int:
+    import os
+
     cfg = config_mod.load(args.config, args.set)
+    if int(os.environ.get("RANK", "0")) != 0 and not args.dry_run:
+        # Under torchrun only rank 0 runs the event loop; the others serve its trainer calls.
+        if cfg.trainer.kind != "megatron":
+            from asyncrl.errors import ConfigError
+
+            raise ConfigError("trainer.kind", "multi-process runs need trainer.kind = "
+                              "\"megatron\" (or torch with its own torchrun launch)")
+        from asyncrl.trainer.megatron.launch import follow
+
+        follow()
+        return 0
     if args.dry_run:
         for line in dry_run(cfg):
             print(line)
