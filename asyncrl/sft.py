@@ -164,13 +164,26 @@ def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,
 
 def tokenize(segments: Iterable[Segment], tokenizer: Any) -> tuple[list[int], list[int]]:
     """(ids, mask): each segment tokenized on its own (no special tokens added), concatenated."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for seg in segments:
-        part = tokenizer.encode(seg.text, add_special_tokens=False)
-        ids += part
-        mask += [int(seg.trained)] * len(part)
-    return ids, mask
+    return tokenize_many([list(segments)], tokenizer)[0]
+
+
+def tokenize_many(transcripts: Sequence[Sequence[Segment]],
+                  tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """`tokenize` for many transcripts: each distinct segment text is encoded once, in one
+    batched call (per-call overhead dominated building a few thousand examples one by one)."""
+    texts = list(dict.fromkeys(seg.text for segs in transcripts for seg in segs))
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    ids_of = dict(zip(texts, encoded, strict=True))
+    out = []
+    for segs in transcripts:
+        ids: list[int] = []
+        mask: list[int] = []
+        for seg in segs:
+            part = ids_of[seg.text]
+            ids += part
+            mask += [int(seg.trained)] * len(part)
+        out.append((ids, mask))
+    return out
 
 
 def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tokenizer: Any,
@@ -192,15 +205,16 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     if not tools and (tool_fraction > 0 or not direct_wrong_ok):
         raise ValueError("tool transcripts need the Python tool: set tool_fraction=0 "
                          "and direct_wrong_ok=True when tools are off")
-    out = []
+    kinds, rendered = [], []
     for p in problems:
         kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok)
         code = code_for(p) if code_for is not None and kind != "direct" else None
-        segs = render_transcript(p, fmt, kind, rng, code=code, tools=tools,
-                                 system_prompt=system_prompt, max_chars=max_chars)
-        ids, mask = tokenize(segs, tokenizer)
-        out.append(SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id))
-    return out
+        kinds.append(kind)
+        rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,
+                                          system_prompt=system_prompt, max_chars=max_chars))
+    return [SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id)
+            for p, kind, (ids, mask) in zip(problems, kinds, tokenize_many(rendered, tokenizer),
+                                            strict=True)]
 
 
 def corpus_texts(problems: Iterable[Problem], fmts: Sequence[formats.ToolFormat],

@@ -44,6 +44,9 @@ def test_tokens_decode_to_the_rendered_text(problems, task_tokenizer, fmt, kind)
         segs = sft.render_transcript(p, fmt, kind, random.Random(p.id))
         ids, mask = sft.tokenize(segs, task_tokenizer)
         assert len(ids) == len(mask)
+        # token-in/token-out: each segment on its own, as the agent loop appends tool outputs
+        assert ids == [i for s in segs for i in task_tokenizer.encode(s.text,
+                                                                      add_special_tokens=False)]
         text = "".join(s.text for s in segs)
         assert task_tokenizer.decode(ids, skip_special_tokens=False) == text
         # the prompt is exactly what the agent loop renders
