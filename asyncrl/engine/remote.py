@@ -351,6 +351,7 @@ class RemoteEngine:
         self._load = LoadCache(self.options.load_ttl_s)
         self._load_lock = asyncio.Lock()
         self._update_lock = asyncio.Lock()
+        self._relaunch_lock = asyncio.Lock()
         self._probe_now = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -560,16 +561,27 @@ class RemoteEngine:
         await asyncio.sleep(min(2.0 ** (self._restarts - 1), 30.0))
         log.info("engine_restart", engine=self.name, attempt=self._restarts)
         try:
+            await self.relaunch()
+        except EngineError as e:
+            log.error("engine_restart_failed", engine=self.name, error=str(e))
+            self._probe_now.set()  # try again on the next round
+
+    async def relaunch(self, reason: str = "") -> None:
+        """Stop a launched server and start it again from the latest disk weights; the engine
+        is down meanwhile (its streams raise `EngineUnavailable`) and up when healthy."""
+        if not self._launched:
+            raise EngineError(f"{self.name} was not launched by asyncrl; cannot relaunch it")
+        async with self._relaunch_lock:
+            if self._up and self._proc is not None and self._proc.running and not reason:
+                return  # someone else relaunched it while we waited
+            if reason:
+                self.mark_down(reason)
             await self._stop_process()
             await self._launch()
             await self._wait_ready()
             await self._on_ready()
-        except EngineError as e:
-            log.error("engine_restart_failed", engine=self.name, error=str(e))
-            self._probe_now.set()  # try again on the next round
-            return
-        self.policy_version = self._weights[1] if self._weights else 0
-        self._mark_up()
+            self.policy_version = self._weights[1] if self._weights else 0
+            self._mark_up()
 
     async def _recover(self) -> None:
         """A server answers again after being down. It may have been restarted by someone
@@ -655,6 +667,8 @@ class RemoteEngine:
                     if not chunk:
                         break
                     for data in decoder.feed(chunk):
+                        if ctl.cut_reason is not None:
+                            break  # cut while we held a delta: nothing more is yielded
                         if data == b"[DONE]":
                             state["done"] = True
                             break

@@ -37,7 +37,9 @@ the same flag, and with VLLM_SERVER_DEV_MODE=1 for weight updates and server-sid
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -207,6 +209,34 @@ class VLLMEngine(RemoteEngine):
         if not (reply or {}).get("success", False):
             log.warning("vllm_prefix_cache_not_reset", engine=self.name, reply=reply)
 
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Disk update in place (pause, reload, reset the prefix cache, resume).
+
+        vLLM 0.32's in-place reload leaves a tied output embedding stale ("ParallelLMHead:
+        Failed to load weights" in its log, wrong logits after). A model with
+        `tie_word_embeddings` is therefore updated by relaunching the server from the new
+        directory (launched servers), or refused (attached ones).
+        """
+        tied = False
+        if update.path:
+            tied = await asyncio.to_thread(ties_word_embeddings, update.path)
+        if tied:
+            if not self.launched:
+                raise WeightSyncError(
+                    f"{self.name}: {update.path} ties its word embeddings, which vLLM cannot "
+                    "reload in place; launch the servers from asyncrl (they are relaunched) "
+                    "or untie the embeddings")
+            async with self._update_lock:
+                self._weights = (update.path, update.version)
+                log.warning("vllm_update_by_relaunch", engine=self.name, version=update.version)
+                try:
+                    await self.relaunch("tied word embeddings: weight update by relaunch")
+                except EngineError as e:
+                    raise WeightSyncError(f"{self.name}: relaunch with {update.path} failed: "
+                                          f"{e}") from e
+            return
+        await super().update_weights(update)
+
     async def _apply(self, update: WeightUpdate) -> None:
         if not update.path:
             raise WeightSyncError(f"{self.name}: the vllm engine takes weights from disk only")
@@ -237,6 +267,16 @@ def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: A
     ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
     return [VLLMEngine(cfg, index=i, session=session, port=p, model_path=model_path,
                        options=options) for i, p in enumerate(ports)]
+
+
+def ties_word_embeddings(model_dir: str) -> bool:
+    """Whether the HF config in `model_dir` ties input and output embeddings."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False  # no readable config: vLLM's reload will report the problem itself
+    text = cfg.get("text_config") or {}
+    return bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
 
 
 @contextlib.asynccontextmanager

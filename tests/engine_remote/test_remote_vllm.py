@@ -100,3 +100,11 @@ async def test_dead_server(session):
                 async for _ in stream:
                     pass
         await eventually(lambda: not eng.healthy, 5)
+
+
+async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(session, tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "tie_word_embeddings": true}')
+    async with FakeVLLM() as fake, engine(fake, session) as eng:
+        with pytest.raises(WeightSyncError, match="ties its word embeddings"):
+            await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
+        assert fake.calls["/collective_rpc"] == [] and eng.policy_version == 0
