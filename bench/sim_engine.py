@@ -1,9 +1,8 @@
 """Simulated engines and a simulated sandbox for the event-loop benches (no model, no GPU).
 
-`SimEngine` implements the `asyncrl.engine.base.Engine` protocol on the event loop: a driver
-task per engine "decodes" `tokens_per_step` tokens per running request every `step_s` (steps
-missed while the loop lagged are caught up, as a GPU would not wait for the client), and
-delivers a delta every `stream_interval` tokens, like an SGLang stream. Token content comes from
+`SimEngine` implements the `asyncrl.engine.base.Engine` protocol on the event loop: each
+request "decodes" at a GPU-like rate and a timer delivers a delta every `stream_interval`
+tokens, like an SGLang stream read off a socket. Token content comes from
 a script function (one turn per request), so the real agent loop, tokenizer decode and call
 parsing run unchanged. `SimSandbox` stands in for a sandbox client with a latency model.
 
@@ -36,22 +35,35 @@ def stamp() -> Stamp:
 
 
 class _Req:
-    __slots__ = ("ctx", "finish", "items", "pos", "rid", "sent", "tokens", "waiter")
+    __slots__ = ("ctx", "finish", "handle", "items", "rate", "rid", "sent", "t0", "tokens",
+                 "waiter")
 
-    def __init__(self, rid: str, tokens: list[int], finish: str, ctx: int) -> None:
+    def __init__(self, rid: str, tokens: list[int], finish: str, ctx: int, t0: float,
+                 rate: float) -> None:
         self.rid = rid
         self.tokens = tokens
         self.finish = finish
-        self.pos = 0
         self.sent = 0
         self.ctx = ctx
+        self.t0 = t0
+        self.rate = rate
         self.items: collections.deque[tuple[TokenDelta, Stamp]] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.handle: asyncio.TimerHandle | None = None
 
 
 class SimEngine:
     """`SimEngine(name, script, *, step_s=0.03, tokens_per_step=1, stream_interval=8,
-    kv_capacity=10**9, on_final=None)`; `script(request) -> list[int]` is the turn to replay."""
+    kv_capacity=10**9, on_final=None)`; `script(request) -> list[int]` is the turn to replay.
+
+    Each request decodes `tokens_per_step` tokens per `step_s` (x a per-request +-10% rate
+    jitter) from one step after it arrives; a delta is delivered by a timer when
+    `stream_interval` more tokens are due (or the turn ends). The engine's own cost on the loop
+    is one timer callback per delta, standing in for reading one streamed chunk off a socket;
+    there is no per-step loop over all requests (that work is the GPU server's, not the
+    orchestrator's). Requests are never delayed by the loop: a late timer delivers every token
+    due by then.
+    """
 
     def __init__(self, name: str, script: Callable[[GenerateRequest], list[int]], *,
                  step_s: float = 0.03, tokens_per_step: int = 1, stream_interval: int = 8,
@@ -67,34 +79,38 @@ class SimEngine:
         self.deltas = 0
         self.tokens = 0
         self._active: dict[str, _Req] = {}
-        self._driver: asyncio.Task[None] | None = None
+        self._running = False
         self._kv_used = 0
+        self._rng = random.Random(name)
 
     async def __aenter__(self) -> SimEngine:
-        self._driver = asyncio.create_task(self._drive(), name=f"{self.name}-driver")
+        self._running = True
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        if self._driver is not None:
-            self._driver.cancel()
-            await asyncio.gather(self._driver, return_exceptions=True)
-            self._driver = None
+        self._running = False
+        for r in self._active.values():
+            if r.handle is not None:
+                r.handle.cancel()
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        if self._driver is None:
+        if not self._running:
             raise EngineUnavailable(f"{self.name} is not running")
         sp = request.sampling
         turn = self.script(request)
         finish = "stop"
         if len(turn) > sp.max_new_tokens:
             turn, finish = turn[: sp.max_new_tokens], "length"
-        r = _Req(request.request_id, turn, finish, len(request.input_ids))
+        loop = asyncio.get_running_loop()
+        rate = self.tokens_per_step / (self.step_s * self._rng.uniform(0.9, 1.1))
+        r = _Req(request.request_id, turn, finish, len(request.input_ids),
+                 loop.time() + self.step_s, rate)
         self._active[r.rid] = r
         self._kv_used += r.ctx
-        loop = asyncio.get_running_loop()
+        self._schedule(r, loop)
         try:
             while True:
                 if not r.items:
@@ -108,48 +124,39 @@ class SimEngine:
                 if delta.finish_reason is not None:
                     return
         finally:
+            if r.handle is not None:
+                r.handle.cancel()
             self._active.pop(r.rid, None)
-            self._kv_used -= r.ctx + r.pos
+            self._kv_used -= r.ctx + r.sent
 
-    async def _drive(self) -> None:
-        loop = asyncio.get_running_loop()
-        rng = random.Random(self.name)
-        # Engines are not phase-locked: a random phase, and +-10% jitter per step.
-        await asyncio.sleep(rng.random() * self.step_s)
-        last = loop.time()
-        while True:
-            await asyncio.sleep(self.step_s * rng.uniform(0.9, 1.1))
-            now = loop.time()
-            steps = max(1, int((now - last) / self.step_s + 0.5))
-            last = now
-            n = steps * self.tokens_per_step
-            # Requests that finish this step are served first: their consumers (a tool call
-            # about to fire) wake before the rest of the batch's deltas are handed out.
-            reqs = sorted(self._active.values(), key=lambda r: r.pos + n < len(r.tokens))
-            for i, r in enumerate(reqs):
-                if i and r.pos + n < len(r.tokens) and reqs[i - 1].pos >= len(reqs[i - 1].tokens):
-                    await asyncio.sleep(0)  # let the woken finishers run before the rest
-                if r.pos >= len(r.tokens) and r.sent >= len(r.tokens):
-                    continue
-                take = min(n, len(r.tokens) - r.pos)
-                r.pos += take
-                self._kv_used += take
-                done = r.pos >= len(r.tokens)
-                if done or r.pos - r.sent >= self.stream_interval:
-                    ids = r.tokens[r.sent:r.pos]
-                    r.sent = r.pos
-                    d = TokenDelta(token_ids=ids, logprobs=[-1.0] * len(ids),
-                                   finish_reason=r.finish if done else None,
-                                   policy_version=self.policy_version)
-                    r.items.append((d, stamp()))
-                    self.deltas += 1
-                    self.tokens += len(ids)
-                    if r.waiter is not None and not r.waiter.done():
-                        r.waiter.set_result(None)
+    def _schedule(self, r: _Req, loop: asyncio.AbstractEventLoop) -> None:
+        nxt = min(len(r.tokens), r.sent + self.stream_interval)
+        r.handle = loop.call_at(r.t0 + max(nxt, 1) / r.rate, self._emit, r, loop)
+
+    def _emit(self, r: _Req, loop: asyncio.AbstractEventLoop) -> None:
+        r.handle = None
+        due = int((loop.time() - r.t0) * r.rate)
+        pos = min(len(r.tokens), max(due, r.sent + self.stream_interval))
+        ids = r.tokens[r.sent:pos]
+        r.sent = pos
+        self._kv_used += len(ids)
+        done = pos >= len(r.tokens)
+        d = TokenDelta(token_ids=ids, logprobs=[-1.0] * len(ids),
+                       finish_reason=r.finish if done else None,
+                       policy_version=self.policy_version)
+        r.items.append((d, stamp() if done else (0.0, 0.0)))  # clocks only where measured
+        self.deltas += 1
+        self.tokens += len(ids)
+        if r.waiter is not None and not r.waiter.done():
+            r.waiter.set_result(None)
+        if not done:
+            self._schedule(r, loop)
 
     async def abort(self, request_id: str) -> None:
         r = self._active.get(request_id)
         if r is not None:
+            if r.handle is not None:
+                r.handle.cancel()
             r.items.append((TokenDelta(token_ids=[], logprobs=[], finish_reason="abort"),
                             stamp()))
             if r.waiter is not None and not r.waiter.done():

@@ -16,11 +16,13 @@ until it is released.
 
 Policies (`POLICIES`, chosen by name):
 - `kv` (the rStar2-Agent scheduler): the engine with the most free KV takes the head. The
-  reservation ratio is learned: 1.0 (the worst case) until `warmup` rollouts have finished,
-  then the mean fraction of their budget that finished rollouts used, plus `margin`, within
-  [`min_ratio`, 1]. The estimate of an engine's use is floored by the KV use it last reported
-  (adjusted by admissions and releases since), so an under-estimate is corrected at the next
-  report; a real engine preempts if it ever overflows.
+  reservation ratio starts at `initial_ratio` (1.0: the worst case of DESIGN.md) and is steered
+  by the KV use engines report: while rollouts are queued and the engines' mean utilisation is
+  below `target`, it decays (over-reservation must not leave KV idle); when any engine reports
+  more than `high`, it is raised at once (that engine is about to preempt). One ratio serves all
+  engines, so "most free" compares like with like. The estimate of an engine's use is also
+  floored by its last report (adjusted by admissions and releases since), so an under-estimate
+  is corrected at the next report; a real engine preempts if it ever overflows.
 - `least_requests`: the engine running the fewest rollouts takes the head, worst-case
   reservations (ratio 1, no correction).
 - `static`: the baseline fixed split: the i-th submitted rollout belongs to engine i mod N, each
@@ -64,6 +66,8 @@ class _Engine:
     sum_rem: int = 0
     floor: float | None = None
     """Reported KV use, adjusted by admissions/releases since the report (None: no report)."""
+    ratio: float = 1.0
+    """Fraction of a rollout's remaining budget reserved on this engine."""
     queue: collections.deque[Ask] = field(default_factory=collections.deque)
     """Per-engine queue (static policy only)."""
 
@@ -79,6 +83,7 @@ class AdmissionPolicy:
         if not capacities:
             raise ValueError("an admission policy needs at least one engine")
         self._engines = {n: _Engine(n, int(c)) for n, c in capacities.items()}
+        self._n_alive = len(self._engines)
         self._queue: collections.deque[Ask] = collections.deque()
         self._where: dict[str, str] = {}
         self._budget: dict[str, int] = {}
@@ -90,6 +95,13 @@ class AdmissionPolicy:
 
     def alive(self) -> list[str]:
         return [e.name for e in self._engines.values() if e.alive]
+
+    def any_alive(self) -> bool:
+        return self._n_alive > 0
+
+    def is_alive(self, engine: str) -> bool:
+        e = self._engines.get(engine)
+        return e is not None and e.alive
 
     def capacity(self, engine: str) -> int:
         return self._engines[engine].capacity
@@ -104,18 +116,28 @@ class AdmissionPolicy:
     def queued(self) -> list[str]:
         return [a.rollout_id for a in self._all_queued()]
 
-    def ratio(self) -> float:
-        """Fraction of the remaining budget reserved per rollout (1.0 = worst case)."""
-        return 1.0
+    def ratio(self, engine: str | None = None) -> float:
+        """Fraction of the remaining budget reserved per rollout on `engine` (1.0 = worst
+        case); without an engine, the mean over live engines."""
+        if engine is not None:
+            return self._engines[engine].ratio
+        alive = [e.ratio for e in self._engines.values() if e.alive]
+        return sum(alive) / len(alive) if alive else 1.0
 
     def estimate(self, engine: str) -> float:
         """Estimated KV use of an engine, in tokens."""
         e = self._engines[engine]
-        est = e.sum_ctx + self.ratio() * e.sum_rem
+        est = e.sum_ctx + e.ratio * e.sum_rem
         return est if e.floor is None else max(est, e.floor)
 
-    def reservation(self, ask: Ask) -> float:
-        return ask.context_tokens + self.ratio() * ask.remaining_tokens
+    def reservation(self, ask: Ask, engine: str) -> float:
+        """KV tokens `ask` reserves on `engine`."""
+        return ask.context_tokens + self._engines[engine].ratio * ask.remaining_tokens
+
+    def carry_over(self) -> dict[str, object]:
+        """Constructor options that hand what this policy learned to the next step's policy
+        (the runner makes one policy per step)."""
+        return {}
 
     def free(self, engine: str) -> float:
         return self._engines[engine].capacity - self.estimate(engine)
@@ -166,7 +188,7 @@ class AdmissionPolicy:
     def release(self, rollout_id: str, *, response_tokens: int | None = None,
                 requeue: bool = False) -> str | None:
         """A rollout left its engine: finished (`response_tokens` = its final response length,
-        from which the `kv` policy learns), failed (no tokens), or about to be resubmitted
+        for policies that learn from it), failed (no tokens), or about to be resubmitted
         (`requeue=True`). Unknown or already released ids are ignored. Returns the engine."""
         name = self._where.pop(rollout_id, None)
         budget = self._budget.get(rollout_id) if requeue else self._budget.pop(rollout_id, None)
@@ -197,6 +219,8 @@ class AdmissionPolicy:
         """Mark an engine failed; returns the rollouts that ran on it (released here; their
         owners resubmit them with `submit(..., front=True)`)."""
         e = self._engines[engine]
+        if e.alive:
+            self._n_alive -= 1
         e.alive = False
         lost = list(e.rollouts)
         for rid in lost:
@@ -209,6 +233,8 @@ class AdmissionPolicy:
 
     def engine_up(self, engine: str) -> None:
         e = self._engines[engine]
+        if not e.alive:
+            self._n_alive += 1
         e.alive = True
         e.floor = None
 
@@ -224,14 +250,14 @@ class AdmissionPolicy:
             return False
         if not e.rollouts:
             return True
-        return self.estimate(e.name) + self.reservation(ask) <= e.capacity
+        return self.estimate(e.name) + self.reservation(ask, e.name) <= e.capacity
 
     def _start(self, ask: Ask, e: _Engine) -> None:
         e.rollouts[ask.rollout_id] = _Running(ask.context_tokens, ask.remaining_tokens)
         e.sum_ctx += ask.context_tokens
         e.sum_rem += ask.remaining_tokens
         if e.floor is not None:
-            e.floor += self.reservation(ask)
+            e.floor += self.reservation(ask, e.name)
         self._where[ask.rollout_id] = e.name
 
     def _enqueue(self, ask: Ask, front: bool) -> None:
@@ -251,41 +277,66 @@ class AdmissionPolicy:
 
 
 class KvAwarePolicy(AdmissionPolicy):
-    """Most free KV first; learned reservation ratio; estimates floored by reported load."""
+    """Most free KV first; per-engine reservation ratios steered by reported KV use; estimates
+    floored by reported load. See the module docstring."""
 
     kind = "kv"
     uses_reports = True
 
-    def __init__(self, capacities: Mapping[str, int], *, warmup: int = 8, margin: float = 0.1,
-                 min_ratio: float = 0.2, window: int = 256) -> None:
+    def __init__(self, capacities: Mapping[str, int], *, initial_ratio: float = 1.0,
+                 min_ratio: float = 0.05, target: float = 0.9, high: float = 0.97,
+                 decay: float = 0.05, bump: float = 0.25) -> None:
         super().__init__(capacities)
-        self.warmup = warmup
-        self.margin = margin
+        if not 0 < min_ratio <= initial_ratio <= 1 or not 0 < target <= high <= 1:
+            raise ValueError("need 0 < min_ratio <= initial_ratio <= 1 and 0 < target <= high <= 1")
         self.min_ratio = min_ratio
-        self._fractions: collections.deque[float] = collections.deque(maxlen=window)
-        self._sum = 0.0
-        self._ratio = 1.0
+        self.target = target
+        self.high = high
+        self.decay = decay
+        self.bump = bump
+        self._use: dict[str, float] = {}
+        for e in self._engines.values():
+            e.ratio = initial_ratio
 
-    def ratio(self) -> float:
-        return self._ratio
+    def carry_over(self) -> dict[str, object]:
+        return {"initial_ratio": max(self.min_ratio, min(1.0, self.ratio()))}
 
-    def _learn(self, fraction: float) -> None:
-        f = min(1.0, max(0.0, fraction))
-        if len(self._fractions) == self._fractions.maxlen:
-            self._sum -= self._fractions[0]
-        self._fractions.append(f)
-        self._sum += f
-        if len(self._fractions) >= self.warmup:
-            mean = self._sum / len(self._fractions)
-            self._ratio = min(1.0, max(self.min_ratio, mean + self.margin))
+    def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None) -> None:
+        super().report(engine, kv_tokens_used, kv_tokens_capacity)
+        e = self._engines.get(engine)
+        if e is None or not e.alive or e.capacity <= 0:
+            return
+        use = kv_tokens_used / e.capacity
+        self._use[engine] = use
+        # One ratio for all engines (per-engine ratios would make engines that happened to
+        # report first look emptier and attract more than their share).
+        ratio = e.ratio
+        if use > self.high:
+            ratio = min(1.0, ratio + self.bump)
+        elif self._queue:
+            alive = [u for n, u in self._use.items() if self._engines[n].alive]
+            if sum(alive) / len(alive) < self.target:
+                ratio = max(self.min_ratio, ratio * (1.0 - self.decay))
+        if ratio != e.ratio:
+            for x in self._engines.values():
+                x.ratio = ratio
 
     def _choose(self, ask: Ask) -> _Engine | None:
-        best, best_free = None, None
+        # The hot path of admission (once per admitted rollout, over every engine): the same
+        # arithmetic as `estimate`/`_fits`, inlined.
+        ctx, rem = ask.context_tokens, ask.remaining_tokens
+        best, best_free = None, 0.0
         for e in self._engines.values():
-            if not self._fits(e, ask):
+            if not e.alive:
                 continue
-            free = e.capacity - self.estimate(e.name)
-            if best_free is None or free > best_free:
+            r = e.ratio
+            est = e.sum_ctx + r * e.sum_rem
+            if e.floor is not None and e.floor > est:
+                est = e.floor
+            free = e.capacity - est
+            if e.rollouts and ctx + r * rem > free:
+                continue
+            if best is None or free > best_free:
                 best, best_free = e, free
         return best
 

@@ -85,6 +85,7 @@ class RolloutRunner:
         self.load_timeout_s = load_timeout_s
         self.system_prompt = system_prompt
         self._groups = itertools.count()
+        self._carry: dict[str, Any] = {}
         self.last_scheduler: Scheduler | None = None
         """The scheduler of the latest `run` (its counters: admitted, requeues, failed_engines)."""
 
@@ -119,13 +120,18 @@ class RolloutRunner:
             if not task.cancelled() and task.exception() is not None:
                 done.put_nowait(task.exception())  # a bug in the runner itself: surface it
 
+        # What the admission policy learned last step (the kv reservation ratio) seeds this
+        # step's; options given by the caller win.
+        options = {**self._carry, **self.policy_options} if isinstance(self.policy, str) else {}
         async with Scheduler(self.engines, self.policy, load_timeout_s=self.load_timeout_s,
-                             **self.policy_options) as sched:
+                             **options) as sched:
             self.last_scheduler = sched
             try:
                 for i, problem in enumerate(problems):
-                    if i and i % 32 == 0:
-                        await asyncio.sleep(0)  # tokenizing thousands of prompts: let others run
+                    if i:
+                        # Start groups one loop iteration apart: thousands of rollouts taking
+                        # their first step in the same iteration would stall the loop.
+                        await asyncio.sleep(0)
                     ids = self.prompt_ids(problem, settings)
                     gid = f"{problem.id}:v{policy_version}:{next(self._groups)}"
                     state = _GroupState(gid, problem, samples_per_prompt)
@@ -144,6 +150,8 @@ class RolloutRunner:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                if sched.policy is not None:
+                    self._carry = sched.policy.carry_over()
 
     async def _rollout(self, sched: Scheduler, agent: AgentLoop, group: _GroupState, k: int,
                        prompt_ids: list[int], settings: RolloutSettings, policy_version: int,

@@ -118,7 +118,7 @@ class Scheduler:
         (a rollout resuming after its engine failed). Raises `EngineUnavailable` when no engine
         is left."""
         policy = self._policy()
-        if not policy.alive():
+        if not policy.any_alive():
             raise EngineUnavailable("no engine available")
         fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiters[ask.rollout_id] = fut
@@ -183,7 +183,7 @@ class Scheduler:
                 continue
             self.admitted += 1
             fut.set_result(name)
-        if not policy.alive() and self._waiters:
+        if self._waiters and not policy.any_alive():
             for rid, fut in list(self._waiters.items()):
                 policy.cancel(rid)
                 if not fut.done():
@@ -192,7 +192,7 @@ class Scheduler:
 
     def _take_out(self, name: str, why: str) -> None:
         policy = self._policy()
-        if name not in policy.alive():
+        if not policy.is_alive(name):
             return
         lost = policy.engine_down(name)
         self.failed_engines.append(name)
@@ -207,7 +207,7 @@ class Scheduler:
     def _refresh(self, name: str) -> None:
         """Ask `name` for its load (coalesced: one call in flight per engine)."""
         policy = self._policy()
-        if not policy.uses_reports or name not in policy.alive():
+        if not policy.uses_reports or not policy.is_alive(name):
             return
         if name in self._refreshing:
             self._dirty.add(name)

@@ -49,18 +49,32 @@ def test_a_lone_rollout_always_runs_even_if_larger_than_the_engine() -> None:
     assert p.admit() == []
 
 
-def test_learned_ratio_admits_more_after_short_rollouts() -> None:
-    p = KvAwarePolicy({"a": 1000}, warmup=4, margin=0.1)
-    for i in range(20):
+def test_reported_underuse_lowers_reservations_and_admits_more() -> None:
+    p = KvAwarePolicy({"a": 1000}, decay=0.5, target=0.9, high=0.97)
+    for i in range(30):
         p.submit(ask(i, 0, 100))
-    assert len(p.admit()) == 10  # worst case: 100 each
-    assert p.ratio() == 1.0
-    for i in range(4):
-        p.release(str(i), response_tokens=20)  # finished after 20 of 100 tokens
-    assert p.ratio() == pytest.approx(0.3)
-    admitted = p.admit()
-    assert len(admitted) == 10  # 6 running at 30 = 180; 10 more at 30 = 300 fit (and then some)
+    assert len(p.admit()) == 10  # worst case first: 100 each
+    assert p.ratio("a") == 1.0
+    p.report("a", 200)  # the engine holds only 200 of its 1000 tokens while 20 wait
+    assert p.ratio("a") == 0.5
+    assert len(p.admit()) == 10  # 20 running now at 50 each = 1000
     assert p.estimate("a") <= 1000
+    p.report("a", 990)  # about to overflow: back off at once
+    assert p.ratio("a") == 0.75
+    # one ratio for every engine
+    two = KvAwarePolicy({"a": 1000, "b": 1000}, decay=0.5)
+    for i in range(30):
+        two.submit(ask(i, 0, 100))
+    two.admit()
+    two.report("a", 100)  # mean use of reporting engines below target: both engines follow
+    assert two.ratio("a") == two.ratio("b") == 0.5
+    assert p.admit() == []
+    # with nobody waiting, low use is no reason to lower reservations
+    q = KvAwarePolicy({"a": 1000}, decay=0.5)
+    q.submit(ask(0))
+    q.admit()
+    q.report("a", 10)
+    assert q.ratio("a") == 1.0
 
 
 def test_reported_load_floors_the_estimate() -> None:
@@ -127,7 +141,7 @@ class AdmissionMachine(RuleBasedStateMachine):
                 caps=st.lists(st.integers(40, 600), min_size=1, max_size=4))
     def setup(self, kind: str, caps: list[int]) -> None:
         self.kind = kind
-        opts = {"warmup": 2} if kind == "kv" else {}
+        opts = {"decay": 0.3} if kind == "kv" else {}
         self.p = make_policy(kind, {f"e{i}": c for i, c in enumerate(caps)}, **opts)
         self.n = 0
         self.asks: dict[str, Ask] = {}
@@ -147,11 +161,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         queued_before = self.p.queued()
         est = {e: self.p.estimate(e) for e in self.p.engines}
         count = {e: len(self.p.running(e)) for e in self.p.engines}
-        ratio = self.p.ratio()
+        ratio = {e: self.p.ratio(e) for e in self.p.engines}
         got = self.p.admit()
         for rid, e in got:
             a = self.asks[rid]
-            res = a.context_tokens + ratio * a.remaining_tokens
+            res = a.context_tokens + ratio[e] * a.remaining_tokens
             # capacity is never exceeded, except by a rollout running alone
             assert count[e] == 0 or est[e] + res <= self.p.capacity(e) + 1e-6, (rid, e)
             assert e in self.p.alive()
@@ -238,3 +252,14 @@ class AdmissionMachine(RuleBasedStateMachine):
 TestAdmissionMachine = AdmissionMachine.TestCase
 TestAdmissionMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                          suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_kv_hands_its_ratio_to_the_next_step() -> None:
+    p = KvAwarePolicy({"a": 1000}, decay=0.5)
+    for i in range(30):
+        p.submit(ask(i, 0, 100))
+    p.admit()
+    p.report("a", 100)
+    nxt = make_policy("kv", {"a": 1000}, **p.carry_over())
+    assert nxt.ratio("a") == p.ratio("a") == 0.5
+    assert StaticPolicy({"a": 1}).carry_over() == {}
