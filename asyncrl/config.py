@@ -347,6 +347,10 @@ class StageSection(_Section, kw_only=True):
     """SFT: examples per optimizer step (0 = 16)."""
     examples: NonNegInt = 0
     """SFT: generated transcripts to train on (0 = steps * batch_size)."""
+    tool_fraction: Fraction = 0.5
+    """SFT: share of transcripts that call the tool (the rest answer directly)."""
+    fail_fix_fraction: Fraction = 0.15
+    """SFT: share of tool transcripts whose first call fails and is then fixed."""
 
 
 # -------------------------------------------------------------------------- eval/ckpt/logs

@@ -24,7 +24,7 @@ from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
-from asyncrl.records import Batch, Group, Problem
+from asyncrl.records import Batch, Group, Problem, write_jsonl
 from asyncrl.stages import (PlateauState, hard_problem_ids, plateau_update, stage_budget,
                             stage_done, stage_lr)
 
@@ -156,7 +156,12 @@ class Trainer:
         n = stage.examples or stage.steps * bs
         probs = [self.train_problems[i % len(self.train_problems)] for i in range(n)]
         examples = build_sft_examples(probs, self.rt.fmt, self.rt.tokenizer,
-                                      random.Random(self.cfg.run.seed))
+                                      random.Random(self.cfg.run.seed),
+                                      tool_fraction=stage.tool_fraction,
+                                      fail_fix_fraction=stage.fail_fix_fraction,
+                                      tools=[t.schema for t in self.rt.tools] or None,
+                                      system_prompt=self.cfg.data.system_prompt,
+                                      max_chars=self.cfg.rollout.tool_output_max_chars)
         pairs = [(e.input_ids, e.loss_mask) for e in examples]
         while self.state.stage_step < stage.steps:
             i = self.state.stage_step * bs
@@ -166,7 +171,7 @@ class Trainer:
             if self.state.stage_step % 10 == 0 or self.state.stage_step == stage.steps:
                 self.metrics.write("sft_step", stage=stage.name, step=self.state.global_step,
                                    sft_step=self.state.stage_step, **_floats(m, "sft/"))
-                log.info("sft_step", step=self.state.stage_step, loss=m.get("loss"))
+                log.info("sft_step", step=self.state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
 
     async def _filter_hard(self, stage: StageSection) -> None:
         """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
@@ -246,6 +251,10 @@ class Trainer:
         t0 = time.monotonic()
         groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(stage, eval_=True))
         summary = summarize(groups, self.cfg.eval.k)
+        out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
+        out.parent.mkdir(exist_ok=True)
+        with out.open("wb") as fp:  # every eval rollout, for inspection
+            write_jsonl(fp, groups)
         m = {f"eval/{k}": v for k, v in summary.items()}
         m.setdefault("eval/accuracy", summary.get("accuracy", 0.0))
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
