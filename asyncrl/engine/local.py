@@ -499,7 +499,7 @@ class LocalEngine:
 
     def _load_weights(self, update: WeightUpdate) -> None:
         torch = self._torch
-        sd = update.state_dict
+        sd: Any = update.state_dict
         if sd is None:
             if not update.path:
                 raise WeightSyncError(f"{self.name}: weight update has neither tensors nor a path")

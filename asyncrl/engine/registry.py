@@ -28,7 +28,7 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 
     if model is None or tokenizer is None:
         raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
-    opts = {"name": "local-0"}
+    opts: dict[str, Any] = {"name": "local-0"}
     opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve")})
     return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
                         max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,

@@ -266,7 +266,9 @@ class AgentLoop:
             del ro.logprobs[mark:]
             raise
         finally:
-            await agen.aclose()
+            aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
+            if aclose is not None:
+                await aclose()
             ro.timing.generation_s += time.perf_counter() - t0
         ro.response_ids.extend(ids)
         ro.loss_mask.extend([1] * len(ids))

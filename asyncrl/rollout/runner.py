@@ -22,7 +22,7 @@ from typing import Any
 from asyncrl import formats
 from asyncrl.engine.base import Engine
 from asyncrl.errors import EngineUnavailable
-from asyncrl.log import get_logger
+from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
 from asyncrl.rollout.agent import AgentLoop, RolloutSettings
@@ -117,8 +117,9 @@ class RolloutRunner:
         tasks: set[asyncio.Task[None]] = set()
 
         def crashed(task: asyncio.Task[None]) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                done.put_nowait(task.exception())  # a bug in the runner itself: surface it
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None:
+                done.put_nowait(exc)  # a bug in the runner itself: surface it
 
         # What the admission policy learned last step (the kv reservation ratio) seeds this
         # step's; options given by the caller win.
@@ -155,10 +156,12 @@ class RolloutRunner:
 
     async def _rollout(self, sched: Scheduler, agent: AgentLoop, group: _GroupState, k: int,
                        prompt_ids: list[int], settings: RolloutSettings, policy_version: int,
-                       done: asyncio.Queue[Group]) -> None:
+                       done: asyncio.Queue[Group | BaseException]) -> None:
         ro = agent.new_rollout(prompt_ids, rollout_id=f"{group.group_id}:{k}",
                                prompt_id=group.problem.id, group_id=group.group_id,
                                policy_version=policy_version)
+        # this task's own context (tasks copy it): every log line of this rollout carries these
+        bind_contextvars(rollout_id=ro.rollout_id, policy_version=policy_version)
         t0 = time.perf_counter()
         try:
             await self._drive(sched, agent, ro, settings)
