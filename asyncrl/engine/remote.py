@@ -8,6 +8,8 @@ asyncrl launched is relaunched with the latest weights); the stream guard (a dea
 network wait, local abort, SSE framing); the load cache (one scrape per `load_ttl_s`, shared by
 concurrent callers); and the pause → apply → flush → resume sequence around weight updates.
 
+Process handling is `server_process`, SSE and Prometheus parsing `http_wire`.
+
 Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`), or
 what happens to a rollout whose stream raised `EngineUnavailable` (the scheduler requeues it
 from its last completed turn on another engine).
@@ -23,12 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import functools
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -40,6 +37,8 @@ import msgspec
 import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.engine.http_wire import SSEDecoder
+from asyncrl.engine.server_process import ServerProcess
 from asyncrl.errors import EngineError, EngineOverloaded, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 
@@ -83,193 +82,6 @@ class RemoteOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Relaunches of one server before it stays down."""
     stop_grace_s: float = 20.0
     """SIGTERM → SIGKILL grace when stopping a launched server."""
-
-
-# ---------------------------------------------------------------------------- processes
-def _die_with_parent(parent_pid: int) -> None:  # pragma: no cover - runs in the child
-    """preexec_fn: ask the kernel to SIGTERM this child when the orchestrator dies."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_ports(host: str, base_port: int, n: int, taken: Sequence[int] = ()) -> list[int]:
-    """The first `n` free ports from `base_port` up (each server takes one; SGLang and vLLM
-    open further internal ports of their own, so launched servers are spaced by 10)."""
-    ports: list[int] = []
-    port = base_port
-    while len(ports) < n:
-        if port > 65535:
-            raise EngineUnavailable(f"no free port from {base_port} on {host}")
-        if port not in taken and port_is_free(host, port):
-            ports.append(port)
-            port += 10
-        else:
-            port += 1
-    return ports
-
-
-class ServerProcess:
-    """One launched server: its own process group, output appended to `log_path`.
-
-    `stop` terminates the whole group (the server's own workers included). The child also
-    gets PR_SET_PDEATHSIG, so a SIGKILLed orchestrator still takes its servers down.
-    """
-
-    def __init__(self, argv: Sequence[str], *, env: dict[str, str], log_path: Path,
-                 name: str) -> None:
-        self.argv = list(argv)
-        self.env = env
-        self.log_path = log_path
-        self.name = name
-        self._proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode if self._proc else None
-
-    async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as out:
-            out.write(f"\n=== asyncrl launch: {' '.join(self.argv)}\n".encode())
-            out.flush()
-            try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=self.env, start_new_session=True,
-                    preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-                )
-            except OSError as e:
-                raise EngineUnavailable(f"{self.name}: cannot launch {self.argv[0]}: {e}") from e
-        log.info("engine_server_launched", engine=self.name, pid=self._proc.pid,
-                 log=str(self.log_path))
-
-    def _signal_group(self, sig: int) -> None:
-        if self._proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self._proc.pid, sig)  # the group id is the leader's pid (new session)
-
-    async def stop(self, grace_s: float) -> None:
-        """SIGTERM the group, SIGKILL it after `grace_s`. Safe to call twice."""
-        if self._proc is None:
-            return
-        self._signal_group(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(grace_s):
-                await self._proc.wait()
-        except TimeoutError:
-            log.warning("engine_server_kill", engine=self.name, pid=self._proc.pid)
-        # Workers of the server may outlive the leader: the group goes either way.
-        self._signal_group(signal.SIGKILL)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5):
-                await self._proc.wait()
-
-    def log_tail(self, n: int = 15) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-
-# ------------------------------------------------------------------------- wire helpers
-class SSEDecoder:
-    """Splits a `text/event-stream` body into the payloads of its `data:` lines.
-
-    Frames can be far larger than aiohttp's line limit (SGLang's non-incremental stream
-    repeats the whole output in every event), so this buffers bytes itself.
-    """
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        self._buf += chunk
-        out: list[bytes] = []
-        while True:
-            cut = self._buf.find(b"\n\n")
-            if cut < 0:
-                return out
-            frame, self._buf = self._buf[:cut], self._buf[cut + 2:]
-            data = [line[5:].lstrip() for line in frame.split(b"\n") if line.startswith(b"data:")]
-            if data:
-                out.append(b"\n".join(data))
-
-
-def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Prometheus text exposition → {metric name: [(labels, value), ...]}."""
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        labels: dict[str, str] = {}
-        if "{" in line:
-            name, rest = line.split("{", 1)
-            body, _, tail = rest.rpartition("}")
-            for part in _split_labels(body):
-                k, _, v = part.partition("=")
-                labels[k.strip()] = v.strip().strip('"')
-        else:
-            name, _, tail = line.partition(" ")
-        try:
-            value = float(tail.split()[0])
-        except (IndexError, ValueError):
-            continue
-        out.setdefault(name.strip(), []).append((labels, value))
-    return out
-
-
-def _split_labels(body: str) -> list[str]:
-    parts: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in body:
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if cur:
-        parts.append("".join(cur))
-    return [p for p in parts if p.strip()]
-
-
-def gauge(metrics: dict[str, list[tuple[dict[str, str], float]]], *names: str,
-          per: str = "") -> float | None:
-    """Value of the first of `names` present: summed over distinct values of label `per`
-    (data-parallel ranks), max over the rest (tensor-parallel ranks repeat the same value)."""
-    for name in names:
-        if name in metrics:
-            groups: dict[str, float] = {}
-            for labels, value in metrics[name]:
-                key = labels.get(per, "") if per else ""
-                groups[key] = max(groups.get(key, value), value)
-            return sum(groups.values())
-    return None
 
 
 class LoadCache:
@@ -525,28 +337,35 @@ class RemoteEngine:
         self._notify(False)
 
     async def _supervise(self) -> None:
+        """Probe every `health_interval_s` (at once when a stream or scrape saw trouble)."""
         failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.options.health_interval_s):
                     await self._probe_now.wait()
             self._probe_now.clear()
-            if self._proc is not None and not self._proc.running:
-                self.mark_down(f"server process exited (rc={self._proc.returncode})")
+            try:
+                failures = await self._check(failures)
+            except Exception:  # a bug here must not end supervision of a live server
+                log.exception("engine_supervisor_error", engine=self.name)
+
+    async def _check(self, failures: int) -> int:
+        """One supervision round; returns the count of consecutive failed probes."""
+        if self._proc is not None and not self._proc.running:
+            self.mark_down(f"server process exited (rc={self._proc.returncode})")
+            await self._restart()
+            return 0
+        if await self._probe():
+            if not self._up:
+                await self._recover()
+            return 0
+        failures += 1
+        if failures >= self.options.health_failures or not self._up:
+            self.mark_down(f"{failures} failed health checks")
+            if self._launched:
                 await self._restart()
-                failures = 0
-                continue
-            if await self._probe():
-                failures = 0
-                if not self._up:
-                    await self._recover()
-                continue
-            failures += 1
-            if failures >= self.options.health_failures or not self._up:
-                self.mark_down(f"{failures} failed health checks")
-                if self._launched:
-                    await self._restart()
-                    failures = 0
+                return 0
+        return failures
 
     async def _restart(self) -> None:
         if not self._launched or self._closed:

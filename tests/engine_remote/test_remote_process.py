@@ -22,7 +22,7 @@ from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import WeightUpdate, collect
-from asyncrl.engine.remote import port_is_free
+from asyncrl.engine.server_process import port_is_free
 from asyncrl.engine.sglang import SGLangEngine, open_sglang_engines
 from asyncrl.errors import EngineUnavailable
 
@@ -107,7 +107,7 @@ def test_servers_die_with_a_killed_orchestrator(tmp_path):
         import asyncio, os, sys
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from asyncrl.engine.remote import ServerProcess
+        from asyncrl.engine.server_process import ServerProcess
 
         async def main():
             p = ServerProcess([sys.executable, {str(FAKE)!r}, "--model-path", "/fake/m",

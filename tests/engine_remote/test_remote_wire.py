@@ -6,7 +6,8 @@ import pytest
 from remote_helpers import make_request
 
 from asyncrl.engine.base import EngineLoad
-from asyncrl.engine.remote import LoadCache, SSEDecoder, gauge, parse_prometheus
+from asyncrl.engine.http_wire import SSEDecoder, gauge, parse_prometheus
+from asyncrl.engine.remote import LoadCache
 from asyncrl.engine.sglang import decode_event, sampling_body
 from asyncrl.engine.vllm import completion_body, decode_chunk
 from asyncrl.errors import EngineError
