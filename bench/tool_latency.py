@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -63,32 +64,38 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 class NaiveClient:
-    """One ``sys.executable -c`` process per call; the baseline every sandbox must beat."""
+    """One ``sys.executable -c`` process per call; the baseline every sandbox must beat.
+
+    ``subprocess.run`` in a thread per concurrent call (asyncio's own subprocess support
+    leaves finished processes in ``subprocess._active`` on 3.11, whose clean-up then reaps
+    reused pids of later calls: "Unknown child process pid ..." and lost results)."""
 
     isolation = "none (naive subprocess)"
 
-    def __init__(self, default_limit_s: float) -> None:
+    def __init__(self, default_limit_s: float, concurrency: int = 64) -> None:
         self.default_limit_s = default_limit_s
         self.python = os.path.realpath(sys.executable)  # never a pyenv-style shell shim
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=concurrency)
+
+    def _run(self, req: ExecRequest, limit: float) -> ExecResult:
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([self.python, "-c", req.code], input=req.stdin.encode(),
+                               capture_output=True, timeout=limit, check=False)
+        except subprocess.TimeoutExpired:  # run() killed and reaped it
+            return ExecResult(ExecStatus.TIMEOUT, "", "", -9, time.perf_counter() - t0, False)
+        status = ExecStatus.OK if p.returncode == 0 else ExecStatus.ERROR
+        return ExecResult(status, p.stdout.decode(errors="replace"),
+                          p.stderr.decode(errors="replace"), p.returncode,
+                          time.perf_counter() - t0, False)
 
     async def execute(self, req: ExecRequest) -> ExecResult:
         limit = req.time_limit_s or self.default_limit_s
-        t0 = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            self.python, "-c", req.code, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(req.stdin.encode()), limit)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return ExecResult(ExecStatus.TIMEOUT, "", "", -9, time.perf_counter() - t0, False)
-        status = ExecStatus.OK if proc.returncode == 0 else ExecStatus.ERROR
-        return ExecResult(status, out.decode(errors="replace"), err.decode(errors="replace"),
-                          proc.returncode, time.perf_counter() - t0, False)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._run, req,
+                                                                 limit)
 
     async def aclose(self) -> None:
-        pass
+        self._pool.shutdown(wait=True)
 
 
 async def closed_loop(client, req: ExecRequest, calls: int, concurrency: int):
@@ -244,7 +251,13 @@ async def main_async(args, spec: dict) -> dict:
         out["rows"] += rows
         out["w7_probe"][mode] = probe
         out["modes"][mode] = meta
+        write_results(out)  # after each mode, so a later failure loses nothing
     return out
+
+
+def write_results(out: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(out, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                                            capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1))
+    write_results(out)
     print(f"\nwrote {RESULTS}; load averages: "
           + ", ".join(f"{m}: {v['load_before'][0]:.1f} -> {v['load_after'][0]:.1f}"
                       for m, v in out["modes"].items()))

@@ -254,15 +254,16 @@ class Worker:
         loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
         self._pidfd = -1
-        try:
-            self._proc.wait(timeout=0)
-        except subprocess.TimeoutExpired:  # pidfd said it exited; reap on the next tick
-            pass
-        # the pidfd fires when our direct child (nsjail / the zygote) exits; make sure the rest
-        # of its session is gone too, then read what is left on stderr for the record
+        # The pidfd fires when our direct child (nsjail / the zygote) exits. Kill whatever is
+        # left of its process group *before* reaping it: until then the zombie holds the group
+        # id, so the id cannot have been reused by an unrelated process group.
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=0)
+        except subprocess.TimeoutExpired:  # cannot happen after the pidfd fired; keep going
             pass
         self._on_stderr()
         self.dead = True

@@ -364,19 +364,24 @@ class Zygote:
                 events = self.ep.poll(timeout)
             except InterruptedError:
                 continue
-            for fd, _ in events:
+            # Resolve every event to its owner *before* handling any: handling one can close
+            # fds whose numbers a call spawned in the same round then reuses, and a stale event
+            # must not be taken for the new owner's (a stdout event read as "this new child
+            # exited" would finalize -- kill -- a child that is still starting).
+            owned = [(fd, self.by_fd.get(fd)) for fd, _ in events]
+            for fd, entry in owned:
                 if fd == 0:
                     if not self._read_requests():
                         self._shutdown()
                         return
                     continue
-                entry = self.by_fd.get(fd)
                 if entry is None:
                     continue
                 ch, stream = entry
                 if stream is None:
-                    self._finalize(ch)
-                else:
+                    if self.children.get(ch.id) is ch:
+                        self._finalize(ch)
+                elif stream.open:
                     self._read_stream(ch, stream)
             if self.deadlines:
                 self._expire(time.monotonic())
@@ -611,7 +616,8 @@ class Zygote:
             detail = _join(detail, f"wall-clock limit of {ch.limit:g}s exceeded")
         elif not st.startswith(b"R"):
             status = "sandbox_failure"
-            detail = _join(detail, "sandbox setup failed in the child: "
+            how = f"signal {_signame(-code)}" if code < 0 else f"status {code}"
+            detail = _join(detail, f"sandbox setup failed in the child ({how}): "
                            + stderr.strip()[-500:])
         elif code == 0:
             status = "ok"
