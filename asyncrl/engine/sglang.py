@@ -7,7 +7,10 @@ sglang-router in front (`RoutedSGLangEngine`). The process, health, stream-guard
 machinery is `remote.RemoteEngine`; `open_sglang_engines` turns an `[engine]` table into
 running engines. Does not own: scheduling, requeueing, or the trainer side of a weight sync.
 
-Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`). Endpoints relied on:
+Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), from its http_server.py
+and io_struct.py; exercised here only against the fake in `tests/fakes/sglang_server.py` (no
+GPU on the CI machines): the `gpu` test and `bench/sglang_engine.py` are the real checks.
+Endpoints relied on:
   POST /generate                  {"rid", "input_ids", "stream": true, "return_logprob": true,
                                    "logprob_start_len": -1, "sampling_params": {
                                    "max_new_tokens", "temperature", "top_p", "stop",
