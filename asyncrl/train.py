@@ -401,6 +401,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
         rt.trainer.export_hf(rd / "final")
+        rt.tokenizer.save_pretrained(rd / "final")  # a complete HF directory for every tool
     from asyncrl.report import write_report
 
     report = write_report(rd)
