@@ -97,10 +97,16 @@ def setup(fds: tuple[int, int, int, int], *, limits: Limits, time_limit_s: float
         seccomp_filter.install()
 
 
-def _print_exception(exc: BaseException, skip_frames: int) -> None:
+def _print_exception(exc: BaseException, skip_frames: int | None) -> None:
+    """Print like the interpreter would, without the sandbox's own ``skip_frames`` outermost
+    frames (``None``: no frames at all, as for a program that does not compile)."""
     tb = exc.__traceback__
-    for _ in range(skip_frames):
-        if tb is not None:
+    if skip_frames is None:
+        tb = None
+    else:
+        for _ in range(skip_frames):
+            if tb is None:
+                break
             tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
 
@@ -166,10 +172,12 @@ def run_program(code: str) -> None:
         body = compile(tree, "<string>", "exec")
         tail = compile(last, "<string>", "eval") if last is not None else None
     except MemoryError as exc:
-        _print_exception(exc, 1)
+        _print_exception(exc, None)
         _finish(EXIT_MEMORY)
     except BaseException as exc:  # broad: SyntaxError, ValueError (NUL), RecursionError
-        _print_exception(exc, 1)
+        # No frames: like `python -c`, a program that does not compile shows only the error
+        # (the parser's own frames are the sandbox's, not the program's).
+        _print_exception(exc, None)
         _finish(1)
     try:
         exec(body, main.__dict__)

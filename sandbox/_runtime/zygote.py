@@ -6,7 +6,8 @@ fork and exit copy and free 2 MiB page-table entries instead of 4 KiB ones), sel
 seccomp filter, report ready, then serve. The loop is a single-threaded epoll loop: requests
 from the pool on fd 0, answers on fd 1, and per child a pidfd plus its stdout/stderr/status
 pipes. Every child has a wall-clock deadline; past it the child is SIGKILLed (with its process
-group). The zygote itself never runs model code.
+group). The zygote itself never runs model code. How a finished child becomes an answer is in
+``outcome``, the warm-up and huge-page work in ``warm``, the child's own steps in ``child``.
 
 Exit: EOF on stdin (the pool went away or closed us) -> kill every child and exit.
 """
@@ -31,74 +32,14 @@ import time
 import msgspec
 
 from . import child as childmod
-from . import landlock, protocol, seccomp
+from . import landlock, outcome, protocol, seccomp, warm
+from .outcome import Stream
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 _libc = ctypes.CDLL(None, use_errno=True)
 _READ = 65536
 _PR_SET_DUMPABLE = 4
-
-WARMUP = r"""
-import numpy as np, sympy as sp, fractions, decimal, itertools, math, statistics, re, json, ast
-ast.parse("x = [i ** 2 for i in range(3)]\nx[-1]")  # children parse to AST: init its state here
-x, y, n = sp.symbols('x y n')
-_ = [sp.factor(x**6 - y**6), sp.expand((x + 2)**7), sp.solve(x**2 - 3*x + 1, x),
-     sp.simplify(sp.sin(x)**2 + sp.cos(x)**2), sp.Rational(2, 7) + sp.Rational(1, 9),
-     sp.sqrt(12), sp.integrate(x**3 * sp.exp(x), x), sp.diff(sp.tan(x), x), sp.nsimplify(0.25),
-     sp.Matrix([[2, 1], [1, 3]]).inv(), sp.isprime(101), sp.binomial(12, 5), sp.latex(x**3),
-     sp.N(sp.pi, 20), sp.summation(n**2, (n, 1, 10)), sp.limit(sp.sin(x) / x, x, 0),
-     sp.gcd(12, 18), sp.factorint(360), sp.nroots(x**3 - 2), sp.Poly(x**3 + 1, x).all_coeffs(),
-     sp.series(sp.exp(x), x, 0, 4), sp.solveset(x**2 - 4, x, sp.S.Reals), sp.Eq(x, 2),
-     sp.log(8, 2), sp.floor(sp.Rational(7, 2)), sp.Mod(17, 5), sp.divisors(28)]
-print(*_)
-a = np.arange(12, dtype=float).reshape(3, 4)
-print(a, a.T @ a, np.linalg.det(np.eye(4) * 3), np.linalg.solve(np.eye(2), [1, 2]),
-      np.linalg.eig(np.eye(2)), np.random.default_rng(1).random(2), np.mean(a), np.sort(a[0]),
-      np.linalg.inv(np.eye(2) * 2), np.polyfit([0, 1, 2], [1, 3, 5], 1), np.cumsum([1, 2]))
-print(fractions.Fraction(3, 8), decimal.Decimal(2).sqrt(), math.comb(9, 4),
-      statistics.median([1, 5, 2]), list(itertools.permutations(range(3)))[:2],
-      re.findall(r"\d+", "a1b22"), json.dumps({"k": [1]}), f"{math.pi:.5f}", 10**30 // 7)
-"""
-
-
-class _Stream:
-    """Capture of one child pipe: keep the head and a bounded tail, count what is dropped."""
-
-    __slots__ = ("fd", "head", "head_cap", "open", "tail", "tail_cap", "total")
-
-    def __init__(self, fd: int, cap: int) -> None:
-        self.fd = fd
-        self.open = True
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.head_cap = cap - cap // 2
-        self.tail_cap = cap // 2
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.head_cap - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            extra = len(self.tail) - self.tail_cap
-            if extra > 0:
-                del self.tail[:extra]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.head_cap + self.tail_cap
-
-    def data(self) -> bytes:
-        if not self.truncated:
-            return bytes(self.head + self.tail)
-        dropped = self.total - len(self.head) - len(self.tail)
-        marker = f"\n[... sandbox: {dropped} bytes of output omitted ...]\n".encode()
-        return bytes(self.head) + marker + bytes(self.tail)
-
 
 class _Child:
     __slots__ = (
@@ -128,46 +69,7 @@ class _Child:
         self.pidfd = -1
         self.start = 0.0
         self.deadline = 0.0
-        self.streams: list[_Stream] = []
-
-
-def _vm_size() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _collapse_huge_pages() -> int:
-    """madvise(HUGEPAGE) + madvise(COLLAPSE) every private anonymous region >= 2 MiB.
-
-    Returns the AnonHugePages total (KiB). Best effort: kernels without THP or MADV_COLLAPSE
-    (< 6.1) just keep 4 KiB pages.
-    """
-    huge = 2 << 20
-    madvise = _libc.madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    with open("/proc/self/maps") as f:
-        lines = f.readlines()
-    for line in lines:
-        parts = line.split()
-        if parts[1] != "rw-p" or (len(parts) > 5 and parts[5] != "[heap]"):
-            continue
-        lo, hi = (int(v, 16) for v in parts[0].split("-"))
-        lo = (lo + huge - 1) // huge * huge
-        hi = hi // huge * huge
-        if hi > lo:
-            madvise(lo, hi - lo, 14)  # MADV_HUGEPAGE
-            madvise(lo, hi - lo, 25)  # MADV_COLLAPSE
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        self.streams: list[Stream] = []
 
 
 class Zygote:
@@ -183,7 +85,7 @@ class Zygote:
         self.seccomp_filter: seccomp.Filter | None = None
         self.limits = childmod.Limits(0, 0)  # set by prepare()
         self.children: dict[int, _Child] = {}
-        self.by_fd: dict[int, tuple[_Child, _Stream | None]] = {}
+        self.by_fd: dict[int, tuple[_Child, Stream | None]] = {}
         self.deadlines: list[tuple[float, int]] = []
         self.ep = select.epoll()
         self.inbuf = bytearray()
@@ -215,7 +117,7 @@ class Zygote:
         self.drop_caps = caps != 0
         want_seccomp = bool(self.cfg["seccomp"])
         prog = seccomp.Filter() if want_seccomp else None
-        limits_as = _vm_size() + int(self.cfg["memory_mb"]) * (1 << 20)
+        limits_as = warm.vm_size() + int(self.cfg["memory_mb"]) * (1 << 20)
         self.limits = childmod.Limits(limits_as, int(self.cfg["max_open_files"]))
         # Limits that hold for the zygote as well are set once here and inherited.
         fsize = int(self.cfg["max_file_mb"]) << 20
@@ -259,8 +161,8 @@ class Zygote:
         atexit._clear()  # children run only the exit handlers their program registers
         gc.collect()
         gc.freeze()
-        info["thp_kb"] = _collapse_huge_pages() if self.cfg.get("huge_pages") else 0
-        info.update(pid=os.getpid(), vm_bytes=_vm_size(), startup_s=time.monotonic() - t0,
+        info["thp_kb"] = warm.collapse_huge_pages() if self.cfg.get("huge_pages") else 0
+        info.update(pid=os.getpid(), vm_bytes=warm.vm_size(), startup_s=time.monotonic() - t0,
                     drop_caps=self.drop_caps, python=sys.version.split()[0])
 
     def _pick_fork(self):
@@ -287,7 +189,7 @@ class Zygote:
         saved = sys.stdout
         sys.stdout = io.StringIO()
         try:
-            exec(compile(WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
+            exec(compile(warm.WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
         except Exception as exc:  # broad: warm-up only speeds children up; report it
             self.info["warmup_error"] = repr(exc)[:300]
         finally:
@@ -429,7 +331,7 @@ class Zygote:
         req_id, kind, text, data, limit = msg[0], msg[1], msg[2], msg[3], float(msg[4])
         ch = _Child(req_id, kind, limit, msg[5] if len(msg) > 5 else "")
         fds_to_close: list[int] = []
-        streams: list[_Stream] = []
+        streams: list[Stream] = []
         try:
             if kind == protocol.KIND_EXEC:
                 stdin_fd = os.memfd_create("stdin", 0)
@@ -438,21 +340,21 @@ class Zygote:
                     _write_all(stdin_fd, data)
                     os.lseek(stdin_fd, 0, os.SEEK_SET)
                 out_r, out_w = os.pipe()
-                streams.append(_Stream(out_r, self.max_output))
+                streams.append(Stream(out_r, self.max_output))
                 fds_to_close.append(out_w)
                 err_r, err_w = os.pipe()
-                streams.append(_Stream(err_r, self.max_output))
+                streams.append(Stream(err_r, self.max_output))
                 fds_to_close.append(err_w)
                 child_fds = (stdin_fd, out_w, err_w)
             else:
                 stdin_fd = os.open(os.devnull, os.O_RDONLY)
                 fds_to_close.append(stdin_fd)
                 log_r, log_w = os.pipe()
-                streams.append(_Stream(log_r, 8192))
+                streams.append(Stream(log_r, 8192))
                 fds_to_close.append(log_w)
                 child_fds = (stdin_fd, log_w, log_w)
             st_r, st_w = os.pipe()
-            streams.append(_Stream(st_r, self.max_result + 1))
+            streams.append(Stream(st_r, self.max_result + 1))
             fds_to_close.append(st_w)
             ch.workdir = os.path.join(self.workroot, f"w{self.index}-{req_id}")
             os.mkdir(ch.workdir, 0o700)
@@ -532,7 +434,7 @@ class Zygote:
             _remove_tree(ch.workdir)
         self._answer_failure(ch, detail)
 
-    def _read_stream(self, ch: _Child, s: _Stream) -> None:
+    def _read_stream(self, ch: _Child, s: Stream) -> None:
         try:
             chunk = os.read(s.fd, _READ)
         except BlockingIOError:
@@ -544,7 +446,7 @@ class Zygote:
         else:
             self._close_stream(ch, s)
 
-    def _close_stream(self, ch: _Child, s: _Stream) -> None:
+    def _close_stream(self, ch: _Child, s: Stream) -> None:
         # fd numbers are reused by later children as soon as they are closed: track the
         # stream's own state, never "is this fd number registered"
         if s.open:
@@ -603,60 +505,20 @@ class Zygote:
         else:
             self._answer_call(ch, code, streams[0], status_data, duration)
 
-    def _answer_exec(self, ch: _Child, code: int, out: _Stream, err: _Stream, st: bytes,
+    def _answer_exec(self, ch: _Child, code: int, out: Stream, err: Stream, st: bytes,
                      duration: float) -> None:
-        detail = ch.note
-        stdout = out.data().decode("utf-8", "replace")
         stderr = err.data().decode("utf-8", "replace")
-        truncated = out.truncated or err.truncated
-        if ch.cancelled:
-            status, detail = "sandbox_failure", "cancelled by the caller"
-        elif ch.timed_out:
-            status = "timeout"
-            detail = _join(detail, f"wall-clock limit of {ch.limit:g}s exceeded")
-        elif not st.startswith(b"R"):
-            status = "sandbox_failure"
-            how = f"signal {_signame(-code)}" if code < 0 else f"status {code}"
-            detail = _join(detail, f"sandbox setup failed in the child ({how}): "
-                           + stderr.strip()[-500:])
-        elif code == 0:
-            status = "ok"
-        elif code == childmod.EXIT_MEMORY:
-            status, code = "killed", 1
-            detail = _join(detail, "memory limit exceeded (MemoryError)")
-        elif code == -signal.SIGXCPU:
-            status = "timeout"
-            detail = _join(detail, "CPU-time limit exceeded")
-        elif code == -signal.SIGXFSZ:
-            status = "killed"
-            detail = _join(detail, "file size limit exceeded")
-        elif code == -signal.SIGKILL:
-            status = "killed"
-            detail = _join(detail, "killed by SIGKILL (out of memory?)")
-        elif code < 0:
-            status = "error"
-            detail = _join(detail, f"terminated by signal {_signame(-code)}")
-        else:
-            status = "error"
-        self.send([ch.id, status, stdout, stderr, code, duration, truncated, detail])
+        status, code_out, detail = outcome.exec_outcome(
+            code, setup_ok=st.startswith(b"R"), timed_out=ch.timed_out, cancelled=ch.cancelled,
+            limit_s=ch.limit, note=ch.note, stderr=stderr)
+        self.send([ch.id, status, out.data().decode("utf-8", "replace"), stderr, code_out,
+                   duration, out.truncated or err.truncated, detail])
 
-    def _answer_call(self, ch: _Child, code: int, log: _Stream, st: bytes,
+    def _answer_call(self, ch: _Child, code: int, log: Stream, st: bytes,
                      duration: float) -> None:
-        payload = None
-        detail = ""
-        if ch.cancelled:
-            status, detail = "sandbox_failure", "cancelled by the caller"
-        elif ch.timed_out:
-            status, detail = "timeout", f"function exceeded its {ch.limit:g}s deadline"
-        elif not st.startswith(b"R"):
-            status = "sandbox_failure"
-            detail = "sandbox setup failed: " + log.data().decode("utf-8", "replace")[-500:]
-        elif code != 0 or len(st) < 2:
-            status = "error"
-            detail = (f"function process ended with status {code}: "
-                      + log.data().decode("utf-8", "replace")[-1000:])
-        else:
-            status, payload = "ok", st[1:]
+        status, payload, detail = outcome.call_outcome(
+            code, st, timed_out=ch.timed_out, cancelled=ch.cancelled, limit_s=ch.limit,
+            log=log.data().decode("utf-8", "replace"))
         self.send([ch.id, status, payload, detail, duration])
 
     def _answer_failure(self, ch: _Child, detail: str) -> None:
@@ -675,17 +537,6 @@ class Zygote:
                 pass
             if ch.workdir:
                 _remove_tree(ch.workdir)
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -4,13 +4,15 @@ program (run through a small BPF interpreter), output capture, metrics, wire cod
 from __future__ import annotations
 
 import errno
+import signal
 import struct
 
 import pytest
 
 from sandbox import ExecRequest, ExecResult, PoolConfig, isolation
 from sandbox._runtime import seccomp
-from sandbox._runtime.zygote import _Stream
+from sandbox._runtime.child import EXIT_MEMORY
+from sandbox._runtime.outcome import Stream, call_outcome, exec_outcome
 from sandbox.config import IsolationLevel
 from sandbox.errors import IsolationUnavailable, SandboxConfigError
 from sandbox.metrics import Histogram, PoolMetrics, render
@@ -149,7 +151,7 @@ def test_every_denied_syscall_is_denied():
 
 # ----------------------------------------------------------------------------- output capture
 def test_stream_keeps_head_and_tail_within_the_cap():
-    s = _Stream(-1, 100)
+    s = Stream(-1, 100)
     s.feed(b"H" * 10)
     for _ in range(1000):
         s.feed(b"m" * 97)
@@ -157,7 +159,7 @@ def test_stream_keeps_head_and_tail_within_the_cap():
     out = s.data()
     assert s.truncated and out.startswith(b"H" * 10) and out.endswith(b"T" * 10)
     assert len(out) < 100 + 80 and b"omitted" in out
-    small = _Stream(-1, 100)
+    small = Stream(-1, 100)
     small.feed(b"a" * 60)
     small.feed(b"b" * 40)
     assert not small.truncated and small.data() == b"a" * 60 + b"b" * 40
@@ -184,3 +186,38 @@ def test_wire_round_trip(ctype):
     assert codec.batch.decode(codec.encode(batch)) == batch
     res = ExecBatchResult([ExecResult("ok", "1\n", "", 0, 0.01, False)])
     assert codec.result.decode(codec.encode(res)) == res
+
+
+# ----------------------------------------------------------------------------- status rules
+def _exec(code, **kw):
+    base = dict(setup_ok=True, timed_out=False, cancelled=False, limit_s=4.0, note="",
+                stderr="")
+    base.update(kw)
+    return exec_outcome(code, **base)
+
+
+def test_exec_status_rules():
+    assert _exec(0) == ("ok", 0, "")
+    assert _exec(3)[:2] == ("error", 3)
+    assert _exec(-signal.SIGSEGV) == ("error", -signal.SIGSEGV, "terminated by signal SIGSEGV")
+    assert _exec(-signal.SIGKILL, timed_out=True)[0] == "timeout"
+    assert _exec(-signal.SIGXCPU)[0] == "timeout"
+    assert _exec(EXIT_MEMORY)[:2] == ("killed", 1)
+    assert _exec(-signal.SIGXFSZ)[0] == "killed"
+    assert _exec(-signal.SIGKILL)[0] == "killed"  # not ours: out of memory
+    status, _, detail = _exec(-signal.SIGKILL, setup_ok=False, stderr="boom")
+    assert status == "sandbox_failure" and "SIGKILL" in detail and "boom" in detail
+    assert _exec(0, cancelled=True)[0] == "sandbox_failure"
+    assert _exec(0, note="time limit capped")[2] == "time limit capped"
+
+
+def test_call_status_rules():
+    ok = call_outcome(0, b"R" + b"payload", timed_out=False, cancelled=False, limit_s=1,
+                      log="")
+    assert ok == ("ok", b"payload", "")
+    assert call_outcome(-9, b"R", timed_out=True, cancelled=False, limit_s=1, log="")[0] == \
+        "timeout"
+    assert call_outcome(1, b"R", timed_out=False, cancelled=False, limit_s=1,
+                        log="Traceback")[0] == "error"
+    assert call_outcome(250, b"", timed_out=False, cancelled=False, limit_s=1,
+                        log="x")[0] == "sandbox_failure"

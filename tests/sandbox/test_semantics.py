@@ -100,7 +100,8 @@ async def test_exit_codes_and_errors(jail_pool):
     r = await run(jail_pool, "raise SystemExit('fatal message')")
     assert r.status == "error" and "fatal message" in r.stderr
     r = await run(jail_pool, "def f(:\n  pass")
-    assert r.status == "error" and "SyntaxError" in r.stderr
+    assert r.status == "error" and r.stderr.startswith('  File "<string>", line 1')
+    assert "SyntaxError" in r.stderr and "ast.py" not in r.stderr  # like `python -c`
     r = await run(jail_pool, "print('before'); raise ValueError('boom')")
     assert r.status == "error" and r.stdout == "before\n"
     assert r.stderr.startswith("Traceback") and "ValueError: boom" in r.stderr
