@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import random
 import sys
@@ -42,7 +43,7 @@ from asyncrl import formats  # noqa: E402
 from asyncrl.api import exact_match_reward  # noqa: E402
 from asyncrl.records import Problem  # noqa: E402
 from asyncrl.rollout import PythonTool, RolloutRunner, RolloutSettings  # noqa: E402
-from asyncrl.rollout.eventloop import loop_kind, run  # noqa: E402
+from asyncrl.rollout.eventloop import freeze_gc, loop_kind, run  # noqa: E402
 
 
 class TimedLoop(asyncio.SelectorEventLoop):
@@ -107,8 +108,7 @@ def make_script(tok, turns: int, median_tokens: int):
     return script
 
 
-async def bench(args: argparse.Namespace) -> dict:
-    tok = bench_tokenizer()
+async def bench(args: argparse.Namespace, tok) -> dict:
     script = make_script(tok, args.turns, args.turn_tokens)
     engines = [SimEngine(f"sim-{i}", script, step_s=args.step_s, tokens_per_step=1,
                          stream_interval=args.stream_interval, kv_capacity=4_000_000)
@@ -134,6 +134,7 @@ async def bench(args: argparse.Namespace) -> dict:
             await stack.enter_async_context(e)
         lag = await stack.enter_async_context(LagMonitor(0.01))
         runner = RolloutRunner(engines, tok, [PythonTool(client)], exact_match_reward)
+        freeze_gc()  # setup done: long-lived objects out of the collector's way
         t_start = time.perf_counter()
         lag.recording = True
         groups = runner.run(problems, samples, settings, 0)
@@ -212,6 +213,14 @@ async def _drain(groups) -> None:
         pass
 
 
+def _loadavg() -> float | None:
+    """The machine's 1-minute load average (a contended machine inflates every latency)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -231,15 +240,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rollouts, args.duration = min(args.rollouts, 2000), min(args.duration, 8.0)
+    tok = bench_tokenizer()  # setup (loads transformers) before the loop, then frozen
+    load_before = _loadavg()
     if args.stock_loop:
-        import gc
-
-        gc.collect()
-        gc.freeze()  # as `run` does for uvloop
+        freeze_gc()  # as `run` does for uvloop
         with asyncio.Runner(loop_factory=TimedLoop) as runner:
-            res = runner.run(bench(args))
+            res = runner.run(bench(args, tok))
     else:
-        res = run(bench(args))
+        res = run(bench(args, tok))
+    res["loadavg_1m"] = {"before": load_before, "after": _loadavg(), "cpus": os.cpu_count()}
     print(f"event-loop capacity ({res['loop']}): {res['rollouts']} concurrent rollouts on "
           f"{res['engines']} simulated engines, tools: {res['tool']}")
     print(f"  ramp to all admitted: {res['ramp_s']} s (lag p99 {res['ramp_lag_ms']['p99']} ms, "
@@ -256,6 +265,8 @@ def main() -> None:
               f"{it['p99_time_weighted']} ms, max {it['max']} ms ({it['iterations']} iterations)")
     print(f"  loop CPU per delta: {res['cpu_us_per_delta']} us")
     print(f"  cancelling all in-flight rollouts took {res['cancel_all_s']} s")
+    print(f"  machine load average (1 min) before/after: {res['loadavg_1m']['before']} / "
+          f"{res['loadavg_1m']['after']} on {res['loadavg_1m']['cpus']} CPUs")
     print(f"bar lag p99 <= 10 ms: {'PASS' if res['bar']['pass'] else 'FAIL'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import sys
@@ -42,7 +43,7 @@ from asyncrl import formats  # noqa: E402
 from asyncrl.api import exact_match_reward  # noqa: E402
 from asyncrl.records import Problem  # noqa: E402
 from asyncrl.rollout import PythonTool, RolloutRunner, RolloutSettings  # noqa: E402
-from asyncrl.rollout.eventloop import loop_kind, run  # noqa: E402
+from asyncrl.rollout.eventloop import freeze_gc, loop_kind, run  # noqa: E402
 
 FILLER = ("We need to compute the value carefully, so let me write a short program that checks "
           "every case and prints the result. ")
@@ -75,8 +76,7 @@ def make_script(tok, seed: int, mean_turn_tokens: int):
     return script
 
 
-async def bench(args: argparse.Namespace) -> dict:
-    tok = bench_tokenizer()
+async def bench(args: argparse.Namespace, tok) -> dict:
     fires: dict[str, list[float]] = {k: [] for k in ("put_wall", "recv_wall", "put_cpu", "recv_cpu")}
     pending: dict[asyncio.Task, tuple[Stamp, Stamp]] = {}
 
@@ -109,13 +109,15 @@ async def bench(args: argparse.Namespace) -> dict:
                 for i in range(args.rollouts // samples)]
     for e in engines:
         await e.__aenter__()
+    tool = PythonTool(sandbox)
+    freeze_gc()  # setup done: long-lived objects out of the collector's way (as a run would)
     t0 = time.perf_counter()
     c0 = time.process_time()
     n_rollouts = 0
     try:
         async with LagMonitor() as lag:
             lag.recording = True
-            runner = RolloutRunner(engines, tok, [PythonTool(sandbox)], exact_match_reward)
+            runner = RolloutRunner(engines, tok, [tool], exact_match_reward)
             async for g in runner.run(problems, samples, settings, 0):
                 n_rollouts += len(g.rollouts)
             lag.recording = False
@@ -157,6 +159,14 @@ async def bench(args: argparse.Namespace) -> dict:
     }
 
 
+def _loadavg() -> float | None:
+    """The machine's 1-minute load average (a contended machine inflates every latency)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 rollouts instead of 1,000")
@@ -171,7 +181,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rollouts = min(args.rollouts, 200)
-    res = run(bench(args))
+    tok = bench_tokenizer()  # setup (loads transformers) before the loop, then frozen by run()
+    load_before = _loadavg()
+    res = run(bench(args, tok))
+    res["loadavg_1m"] = {"before": load_before, "after": _loadavg(), "cpus": os.cpu_count()}
     print(f"tool fire latency ({res['loop']}, {res['rollouts']} concurrent rollouts on "
           f"{res['engines']} simulated engines, {res['tool_calls']} tool calls, "
           f"{res['wall_s']} s wall, {res['cpu_s']} s CPU)")
@@ -184,6 +197,8 @@ def main() -> None:
         print(f"{name:<24}{r['p50']:>10.3f}{r['p90']:>10.3f}{r['p99']:>10.3f}{r['max']:>10.3f}")
     lag = res["loop_lag_ms"]
     print(f"loop lag during the run: p50 {lag['p50']} ms, p99 {lag['p99']} ms, max {lag['max']} ms")
+    print(f"machine load average (1 min) before/after: {res['loadavg_1m']['before']} / "
+          f"{res['loadavg_1m']['after']} on {res['loadavg_1m']['cpus']} CPUs")
     print(f"bar p99 <= 1 ms (put -> sent, CPU clock): {'PASS' if res['bar']['pass'] else 'FAIL'}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

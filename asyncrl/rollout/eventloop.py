@@ -28,18 +28,30 @@ def loop_kind() -> str:
     return "uvloop" if _uvloop() is not None else "asyncio"
 
 
-def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None,
-        freeze_gc: bool = True) -> T:
+def freeze_gc() -> int:
+    """Collect, then move every object alive now to the garbage collector's permanent
+    generation; returns how many were frozen.
+
+    In a process that has loaded torch and transformers, a full (gen-2) collection scans
+    millions of objects and stalls the event loop for tens of milliseconds. Frozen objects are
+    never scanned again (they are still freed by reference counting; only cycles among them
+    would be kept). Call it once setup is done (models, tokenizers, engines loaded); `run`
+    calls it before starting the loop.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None, freeze: bool = True) -> T:
     """Run `main` to completion on a fresh event loop (uvloop when installed).
 
-    `freeze_gc`: move every object alive now (imported modules: torch, transformers, ...) to
-    the garbage collector's permanent generation first, so a full collection during the run
-    scans only what the run allocated (in a process with torch loaded, an unfrozen gen-2
-    collection stalls the loop for tens of milliseconds).
+    `freeze`: `freeze_gc()` first, so full collections during the run scan only what the run
+    allocates (objects created later, e.g. a model loaded inside `main`, can be frozen by
+    calling `freeze_gc()` again once they are loaded).
     """
-    if freeze_gc:
-        gc.collect()
-        gc.freeze()
+    if freeze:
+        freeze_gc()
     uv = _uvloop()
     if uv is not None:
         return uv.run(main, debug=debug)
