@@ -71,8 +71,8 @@ _BUILTINS: dict[str, Any] = {f.__name__: f for f in (range, sum, len, pow, int, 
 def run_trusted(code: str) -> tuple[str, str, str]:
     """Run generated, trusted code in-process: (status, stdout, stderr).
 
-    Only a few builtins are visible. A failure gives status `error` and, as stderr, the last
-    line of the traceback Python would print (`NameError: name 'prnt' is not defined`).
+    Only a few builtins are visible. A failure gives status `error` and, as stderr, the
+    traceback Python would print for `python -c` (the program's frames only).
     Never use this for model-written code: that goes to the sandbox.
     """
     out = io.StringIO()
@@ -80,7 +80,9 @@ def run_trusted(code: str) -> tuple[str, str, str]:
     try:
         exec(compile(code, "<string>", "exec"), env)
     except Exception as e:  # the failure is the transcript's content, whatever it is
-        return "error", out.getvalue(), traceback.format_exception_only(type(e), e)[-1].strip()
+        # Rendered as the sandbox renders it (as `python -c` would): the program's frames only.
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+        return "error", out.getvalue(), "".join(traceback.format_exception(type(e), e, tb))
     return "ok", out.getvalue(), ""
 
 
