@@ -118,7 +118,7 @@ def test_transcripts_fit_the_tiny_response_budgets(problems, task_tokenizer) -> 
             for k in sft.KINDS}
     assert max(resp["direct"]) <= 32
     assert max(resp["tool"]) <= 96
-    assert max(resp["fail_fix"]) <= 160
+    assert max(resp["fail_fix"]) <= 200
     every = [n for v in resp.values() for n in v]
     assert sum(every) / len(every) <= 60
     assert max(e.loss_mask.index(1) for e in ex) <= 256
@@ -131,7 +131,7 @@ def test_broken_code_really_fails() -> None:
         for _ in range(20):
             status, _, stderr = sft.run_trusted(sft.break_code(code, rng))
             assert status == "error"
-            assert stderr.startswith(("NameError: name", "SyntaxError: "))
+            assert "NameError: name" in stderr or "SyntaxError: " in stderr
 
 
 def test_bad_arguments_are_rejected(problems, task_tokenizer) -> None:
