@@ -128,7 +128,7 @@ class SandboxPool:
             "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
             "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files,
             "function_max_result_bytes": cfg.function_max_result_bytes,
-            "huge_pages": cfg.huge_pages,
+            "huge_pages": cfg.huge_pages, "jailed": self.plan.jail is not None,
         }
         return Worker(index, argv, env, wcfg, self._on_reply, self._on_worker_exit,
                       cwd=self._workroot)

@@ -77,6 +77,7 @@ def setup(fds: tuple[int, int, int, int], *, limits: Limits, time_limit_s: float
         if fd != target:
             os.dup2(fd, target)
     os.setsid()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the zygote's clean-up handler is not ours
     # Below the zygote and the pool: a call burning CPU in many threads must not delay the
     # deadline that kills it, nor the bookkeeping of other calls.
     os.nice(CHILD_NICE)

@@ -537,6 +537,10 @@ class Zygote:
                 pass
             if ch.workdir:
                 _remove_tree(ch.workdir)
+        try:  # the pool's temporary root: the last of its workers to go removes it
+            os.rmdir(self.workroot)
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -575,12 +579,25 @@ def main() -> None:
         inbuf += chunk
         frames = protocol.split_frames(inbuf)
     cfg = _decoder.decode(frames[0])
+    if not cfg.get("jailed"):
+        # On the host, the pool dying (even SIGKILLed) should not leave working directories
+        # behind: ask for SIGTERM instead, and clean up on it. (In a jail, SIGKILL: the jail's
+        # tmpfs disappears with it, and SIGKILL also ends a zygote that is stopped or stuck.)
+        _libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+        signal.signal(signal.SIGTERM, _exit_on_signal)
     z = Zygote(cfg)
     # requests sent before we were ready are served after start-up, in order
     z.inbuf = bytearray(b"".join(protocol.HEADER.pack(len(f)) + f for f in frames[1:])) + inbuf
-    z.prepare()
-    z.send([0, "ready", z.info])
-    z.serve()
+    try:
+        z.prepare()
+        z.send([0, "ready", z.info])
+        z.serve()
+    except SystemExit:
+        z._shutdown()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
