@@ -33,9 +33,16 @@ lint:
     {{python}} -m ruff check asyncrl sandbox tests bench tools
     {{python}} -m mypy
 
-# Benchmarks: print tables, write JSON under bench/results/.
+# Benchmarks: each prints a table and writes JSON under bench/results/ (CPU, minutes).
 bench:
     {{python}} bench/tool_latency.py
+    {{python}} bench/tool_fire.py
+    {{python}} bench/loop_capacity.py
+    {{python}} bench/scheduler_sim.py
+
+# GRPO-RoC vs plain GRPO on the tiny curriculum (two full tiny runs per seed).
+bench-ablation *ARGS:
+    {{python}} bench/roc_ablation.py {{ARGS}}
 
 # The embedded default: SFT cold start + GRPO-RoC stages on a CPU in minutes.
 train-tiny *ARGS:
