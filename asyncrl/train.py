@@ -12,8 +12,10 @@ Owns: the order of things and the run state. Does not own: any component's inter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,15 @@ from asyncrl.stages import (PlateauState, hard_problem_ids, plateau_update, stag
                             stage_done, stage_lr)
 
 log = logmod.get_logger(__name__)
+
+
+@dataclass
+class Prefetch:
+    """Rollouts of a step already under way (started before the previous update)."""
+
+    problems: list[Problem]
+    task: asyncio.Task[list[Group]]
+    started: float
 
 
 class TrainState(msgspec.Struct, kw_only=True):
@@ -142,8 +153,17 @@ class Trainer:
         else:
             if stage.data_filter == "hard" and self.state.stage_problem_ids is None:
                 await self._filter_hard(stage)
-            while not stage_done(stage, self.state.stage_step, self._plateaued):
-                await self.rl_step(stage)
+            # With max_staleness = 1 each step starts the next step's rollouts before its
+            # update; this scope owns that task and cancels it when the stage ends.
+            ahead: Prefetch | None = None
+            try:
+                while not stage_done(stage, self.state.stage_step, self._plateaued):
+                    ahead = await self.rl_step(stage, ahead)
+            finally:
+                if ahead is not None:
+                    ahead.task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ahead.task
         self._checkpoint(force=True)
 
     _plateaued = False
@@ -193,7 +213,16 @@ class Trainer:
                            seconds=round(time.monotonic() - t0, 2))
         log.info("hard_filter", problems=len(probs), hard=len(hard))
 
-    async def rl_step(self, stage: StageSection) -> None:
+    def _prefetch(self, stage: StageSection) -> Prefetch:
+        problems = self.stream.next_batch(self.cfg.rollout.prompts_per_step)
+        task = asyncio.create_task(self._rollouts(problems, self.cfg.rollout.samples_per_prompt,
+                                                  self._settings(stage)))
+        return Prefetch(problems=problems, task=task, started=time.monotonic())
+
+    async def rl_step(self, stage: StageSection, ahead: Prefetch | None = None
+                      ) -> Prefetch | None:
+        """One RL step. `ahead` holds this step's rollouts if the previous step started them
+        (max_staleness = 1); returns the next step's, started before this update, or None."""
         from asyncrl.algo.roc import apply_roc
 
         cfg = self.cfg
@@ -201,12 +230,23 @@ class Trainer:
         self.state.global_step += 1
         step = self.state.global_step
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
-            problems = self.stream.next_batch(cfg.rollout.prompts_per_step)
-            t0 = time.monotonic()
-            groups = await self._rollouts(problems, cfg.rollout.samples_per_prompt,
-                                          self._settings(stage))
-            rollout_s = time.monotonic() - t0
+            cur = ahead or self._prefetch(stage)
+            problems = cur.problems
+            groups = await cur.task
+            rollout_s = time.monotonic() - cur.started
+            nxt = None
+            if cfg.rollout.max_staleness > 0 and self.state.stage_step + 1 < stage.steps:
+                nxt = self._prefetch(stage)  # overlaps this step's update and sync
+            stale = 0
+            behind = max((self.state.policy_version - g.min_policy_version for g in groups),
+                         default=0)
+            for g in groups:
+                if self.state.policy_version - g.min_policy_version > cfg.rollout.max_staleness:
+                    g.dropped_reason = "stale"
+                    stale += 1
             kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng)
+            roc_m["roc/groups_stale"] = float(stale)
+            roc_m["roc/versions_behind_max"] = float(behind)
             batch = Batch(step=step, policy_version=self.state.policy_version, groups=kept)
             t0 = time.monotonic()
             train_m: dict[str, float] = {}
@@ -239,6 +279,7 @@ class Trainer:
                     self.state.plateau, self._plateaued = plateau_update(
                         stage.plateau, self.state.plateau, m)
             self._checkpoint()
+            return nxt
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
         from asyncrl.evaluation import summarize

@@ -165,3 +165,18 @@ def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None
     text = "\n".join(plan)
     assert "stage1-8k" in text and "budget 8192" in text and "budget 12288" in text
     assert "filter=hard" in text and "engine: sglang; trainer: megatron" in text
+
+
+@pytest.mark.timeout(600)
+def test_staleness_one_overlaps_rollouts_with_the_update(tmp_path: Path) -> None:
+    cfg = _write_config(tmp_path)
+    run = tmp_path / "stale1"
+    _train(cfg, run, "--set", "rollout.max_staleness=1")
+    steps = _rows(run, "rl_step")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    # rollouts of steps 2-4 were started under the previous version: one version stale at
+    # most, so none is dropped; with staleness 0 every step samples the current version
+    assert all(r["roc/groups_stale"] == 0 for r in steps)
+    assert all(r["roc/versions_behind_max"] <= 1 for r in steps)
+    versions = [r["policy_version"] for r in steps]
+    assert versions == sorted(versions)
