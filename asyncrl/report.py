@@ -123,7 +123,8 @@ def series(rows: Sequence[Row], kind: str, key: str) -> tuple[list[float], list[
             continue
         n += 1
         y = _number(r.get(key))
-        x = float(n) if kind == "sft_step" else _number(r.get("step"))
+        x = (_number(r.get("sft_step")) or float(n)) if kind == "sft_step" else _number(
+            r.get("step"))
         if y is not None and x is not None:
             xs.append(x)
             ys.append(y)
@@ -181,7 +182,10 @@ def summarize(rows: Sequence[Row]) -> Summary:
             st.end_s = t if st.end_s is None else max(st.end_s, t)
         if r["kind"] in ("rl_step", "sft_step"):
             st.kind = "rl" if r["kind"] == "rl_step" else "sft"
-            st.steps += 1
+            # SFT rows are logged every few optimizer steps and carry their own count
+            sft_n = r.get("sft_step")
+            st.steps = (max(st.steps, int(sft_n)) if isinstance(sft_n, int | float)
+                        and r["kind"] == "sft_step" else st.steps + 1)
             step = r.get("step")
             if isinstance(step, int) and not isinstance(step, bool):
                 st.first_step = step if st.first_step is None else st.first_step
