@@ -170,7 +170,8 @@ class AgentLoop:
                                  error="engine aborted the request")
             if ids and ids[-1] in self._eos:
                 return self.finish(ro, RolloutStatus.COMPLETED, StopReason.EOS)
-            if len(ro.response_ids) >= st.max_response_tokens:
+            if finish == "length" or len(ro.response_ids) >= st.max_response_tokens:
+                # the budget, or an engine-side length limit (context window) that hit first
                 return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
             if not self.tools or finish != "stop":
                 return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)

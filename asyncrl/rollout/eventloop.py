@@ -1,15 +1,22 @@
-"""The one event loop: uvloop when installed, asyncio's otherwise.
+"""The one event loop: uvloop when installed, asyncio's otherwise, and what keeps it responsive.
 
-Owns: how a top-level coroutine is run (`run`) and which loop implementation that is
-(`loop_kind`). Everything async in asyncrl runs on the loop this starts; nothing hosts a loop
-in a thread.
+Owns: how a top-level coroutine is run (`run`), which loop implementation that is
+(`loop_kind`), and the garbage-collector settings that keep the loop from stalling
+(`freeze_gc`, `deferred_full_gc`). Everything async in asyncrl runs on the loop this starts;
+nothing hosts a loop in a thread.
+
+Why the collector matters: a rollout holds its tokens, mask and logprobs as Python lists, and a
+full (gen-2) collection visits every element of every live list. With 10,000 rollouts in flight
+that is ~10^8 visits: a full collection stalls the loop for a second. Young collections stay
+cheap (recent objects only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,6 +48,25 @@ def freeze_gc() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@contextlib.contextmanager
+def deferred_full_gc() -> Iterator[None]:
+    """No automatic full collections inside; on the way out the thresholds are restored and
+    one full collection runs (cycles made meanwhile are freed then, not lost).
+
+    Young-generation collections still run. The collector is process-wide: nested uses are
+    fine (each restores what it found); overlapping non-nested uses may end the deferral early
+    (slower, never incorrect).
+    """
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        if before[2] < (1 << 30):
+            gc.collect()
 
 
 def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None, freeze: bool = True) -> T:

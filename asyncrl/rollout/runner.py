@@ -14,9 +14,10 @@ from its last completed turn (at most `max_requeues` times per rollout).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncrl import formats
@@ -26,6 +27,7 @@ from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
 from asyncrl.rollout.agent import AgentLoop, RolloutSettings
+from asyncrl.rollout.eventloop import deferred_full_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
 from asyncrl.rollout.tools import Tool
 
@@ -65,13 +67,17 @@ class RolloutRunner:
       `reward_error`, the deadline `reward_timeout_s` gives `reward_timeout`.
     - `policy`: admission policy name (`"kv"`, `"least_requests"`, `"static"`) or instance;
       `policy_options` go to its constructor.
+    - `defer_full_gc`: no automatic full garbage collections while `run` is in flight (see
+      `eventloop.deferred_full_gc`: with thousands of rollouts, one would stall the loop for
+      up to a second); one full collection when it ends.
     """
 
     def __init__(self, engines: Sequence[Engine], tokenizer: Any, tools: Sequence[Tool],
                  reward_fn: RewardFn, *, policy: str | AdmissionPolicy = "kv",
                  max_requeues: int = 3, reward_timeout_s: float = 60.0,
                  load_timeout_s: float = 10.0, system_prompt: str = "",
-                 policy_options: dict[str, Any] | None = None) -> None:
+                 policy_options: dict[str, Any] | None = None,
+                 defer_full_gc: bool = True) -> None:
         if not engines:
             raise ValueError("RolloutRunner needs at least one engine")
         self.engines = list(engines)
@@ -84,6 +90,7 @@ class RolloutRunner:
         self.reward_timeout_s = reward_timeout_s
         self.load_timeout_s = load_timeout_s
         self.system_prompt = system_prompt
+        self.defer_full_gc = defer_full_gc
         self._groups = itertools.count()
         self._carry: dict[str, Any] = {}
         self.last_scheduler: Scheduler | None = None
@@ -108,6 +115,19 @@ class RolloutRunner:
             raise ValueError("samples_per_prompt must be >= 1")
         if not problems:
             return
+        # What the admission policy learned last step (the kv reservation ratio) seeds this
+        # step's; options given by the caller win.
+        options = {**self._carry, **self.policy_options} if isinstance(self.policy, str) else {}
+        gc_quiet = deferred_full_gc() if self.defer_full_gc else contextlib.nullcontext()
+        with gc_quiet:
+            async with contextlib.aclosing(self._run(problems, samples_per_prompt, settings,
+                                                     policy_version, options)) as groups:
+                async for group in groups:
+                    yield group
+
+    async def _run(self, problems: Sequence[Problem], samples_per_prompt: int,
+                   settings: RolloutSettings, policy_version: int,
+                   options: dict[str, Any]) -> AsyncGenerator[Group, None]:
         agent = AgentLoop(self.tokenizer, self.tools, settings)
         # Bounded by construction: at most one item per problem (or one crash) is ever put.
         done: asyncio.Queue[Group | BaseException] = asyncio.Queue()
@@ -121,9 +141,6 @@ class RolloutRunner:
             if exc is not None:
                 done.put_nowait(exc)  # a bug in the runner itself: surface it
 
-        # What the admission policy learned last step (the kv reservation ratio) seeds this
-        # step's; options given by the caller win.
-        options = {**self._carry, **self.policy_options} if isinstance(self.policy, str) else {}
         async with Scheduler(self.engines, self.policy, load_timeout_s=self.load_timeout_s,
                              **options) as sched:
             self.last_scheduler = sched

@@ -212,3 +212,25 @@ async def test_runner_on_the_local_engine(tiny_model_factory, tiny_tokenizer) ->
         assert r.engine == "local-0" and r.status in (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED)
         assert 0 < len(r.response_ids) <= 24 and all(lp <= 0 for lp in r.logprobs)
         assert r.reward_status in ("ok", "no_answer")
+
+
+async def test_full_collections_are_deferred_while_a_run_is_in_flight(tiny_tokenizer) -> None:
+    import gc
+
+    tok = tiny_tokenizer
+    before = gc.get_threshold()
+    seen = []
+
+    async def reward(problem, rollout):
+        seen.append(gc.get_threshold())
+        return RewardResult(reward=0.0, status="ok")
+
+    runner = RolloutRunner([ScriptedEngine(_script(tok), tok)], tok, [SixSevenTool()], reward)
+    await _collect(runner, _problems(1), 2, _settings(tok))
+    assert seen and all(t[2] >= 1 << 30 for t in seen)
+    assert gc.get_threshold() == before
+    off = RolloutRunner([ScriptedEngine(_script(tok), tok)], tok, [SixSevenTool()], reward,
+                        defer_full_gc=False)
+    seen.clear()
+    await _collect(off, _problems(1), 1, _settings(tok))
+    assert seen == [before]
