@@ -227,7 +227,7 @@ async def test_full_collections_are_deferred_while_a_run_is_in_flight(tiny_token
 
     runner = RolloutRunner([ScriptedEngine(_script(tok), tok)], tok, [SixSevenTool()], reward)
     await _collect(runner, _problems(1), 2, _settings(tok))
-    assert seen and all(t[2] >= 1 << 30 for t in seen)
+    assert seen and all(t[2] >= 1 << 30 and t[1] == 2 for t in seen)
     assert gc.get_threshold() == before
     off = RolloutRunner([ScriptedEngine(_script(tok), tok)], tok, [SixSevenTool()], reward,
                         defer_full_gc=False)
