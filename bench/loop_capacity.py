@@ -99,11 +99,11 @@ def make_script(tok, turns: int, median_tokens: int):
             for _ in range(turns):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * median_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                plan.append(filler[start:start + n] + call)
-            plan.append(final)
+                plan.append(tuple(filler[start:start + n] + call))
+            plan.append(tuple(final))
             plans[rid] = plan
         n = int(turn[1:])
-        return list(plan[n]) if n < len(plan) else list(final)
+        return plan[n] if n < len(plan) else final
 
     return script
 

@@ -38,7 +38,7 @@ class _Req:
     __slots__ = ("ctx", "finish", "handle", "items", "rate", "rid", "sent", "t0", "tokens",
                  "waiter")
 
-    def __init__(self, rid: str, tokens: list[int], finish: str, ctx: int, t0: float,
+    def __init__(self, rid: str, tokens: tuple[int, ...], finish: str, ctx: int, t0: float,
                  rate: float) -> None:
         self.rid = rid
         self.tokens = tokens
@@ -100,7 +100,9 @@ class SimEngine:
         if not self._running:
             raise EngineUnavailable(f"{self.name} is not running")
         sp = request.sampling
-        turn = self.script(request)
+        # a tuple: untracked by the garbage collector after its first pass (a list would be
+        # traversed by every young collection while the turn streams)
+        turn = tuple(self.script(request))
         finish = "stop"
         if len(turn) > sp.max_new_tokens:
             turn, finish = turn[: sp.max_new_tokens], "length"
@@ -108,6 +110,7 @@ class SimEngine:
         rate = self.tokens_per_step / (self.step_s * self._rng.uniform(0.9, 1.1))
         r = _Req(request.request_id, turn, finish, len(request.input_ids),
                  loop.time() + self.step_s, rate)
+        del request  # only its length was needed
         self._active[r.rid] = r
         self._kv_used += r.ctx
         self._schedule(r, loop)
@@ -120,9 +123,11 @@ class SimEngine:
                 delta, t_put = r.items.popleft()
                 if delta.finish_reason is not None and self.on_final is not None:
                     self.on_final(r.rid, t_put, stamp())
-                yield delta
                 if delta.finish_reason is not None:
+                    yield delta
                     return
+                yield delta
+                delta = None  # type: ignore[assignment]  # not kept alive while waiting
         finally:
             if r.handle is not None:
                 r.handle.cancel()
@@ -137,7 +142,7 @@ class SimEngine:
         r.handle = None
         due = int((loop.time() - r.t0) * r.rate)
         pos = min(len(r.tokens), max(due, r.sent + self.stream_interval))
-        ids = r.tokens[r.sent:pos]
+        ids = list(r.tokens[r.sent:pos])
         r.sent = pos
         self._kv_used += len(ids)
         done = pos >= len(r.tokens)

@@ -62,8 +62,8 @@ def make_script(tok, seed: int, mean_turn_tokens: int):
             for _ in range(rng.randint(2, 4)):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * mean_turn_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                turns.append(filler[start:start + n] + call)
-            turns.append(filler[:50] + final)
+                turns.append(tuple(filler[start:start + n] + call))
+            turns.append(tuple(filler[:50] + final))
             plans[rid] = turns
         return plans[rid]
 
@@ -71,7 +71,7 @@ def make_script(tok, seed: int, mean_turn_tokens: int):
         rid, turn, _ = request.request_id.rsplit("/", 2)
         t = plan(rid)
         n = int(turn[1:])
-        return list(t[n]) if n < len(t) else list(final)
+        return t[n] if n < len(t) else final
 
     return script
 

@@ -204,6 +204,7 @@ class LocalEngine:
         Leaving the iteration early (break, cancellation) aborts the request.
         """
         seq = self._submit(request)
+        del request  # `seq` has its own copy of the ids
         if seq is None:  # max_new_tokens == 0
             yield TokenDelta(token_ids=[], logprobs=[], finish_reason="length",
                              policy_version=self.policy_version)
@@ -213,9 +214,11 @@ class LocalEngine:
                 item = await seq.queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                yield item
                 if item.finish_reason is not None:
+                    yield item
                     return
+                yield item
+                item = None  # not kept alive while waiting (young GC would traverse it)
         finally:
             if seq.state != _DONE:
                 self._abort_seq(seq)

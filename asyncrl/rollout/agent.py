@@ -242,6 +242,7 @@ class AgentLoop:
         stall = st.stall_timeout_s
         t0 = time.perf_counter()
         agen = engine.stream(req)
+        del req  # the engine holds what it needs; a context list kept here costs GC time
         try:
             async with asyncio.timeout(stall) as deadline:
                 armed = loop.time()
@@ -252,6 +253,9 @@ class AgentLoop:
                     if d.finish_reason is not None:
                         finish = d.finish_reason
                         break
+                    # Drop the delta before waiting for the next: with thousands of rollouts, a
+                    # delta kept alive per waiting rollout is what young collections traverse.
+                    d = None  # type: ignore[assignment]
                     now = loop.time()
                     if now - armed > stall / 4:  # re-arm lazily: one timer update per stall/4
                         deadline.reschedule(now + stall)
