@@ -8,7 +8,11 @@ sandbox pool. After every rollout is admitted, loop lag (how late a 10 ms timer 
 recorded for `--duration` seconds; then the run is cancelled (which also exercises tearing down
 10,000 rollouts).
 
-    python bench/loop_capacity.py [--quick] [--rollouts N] [--duration S] [--real-pool]
+    python bench/loop_capacity.py [--quick] [--rollouts N] [--duration S] [--stream-interval K]
+                                  [--real-pool] [--stock-loop]
+
+`--stock-loop` runs on asyncio's own loop and times every loop iteration on the thread's CPU
+clock: the loop's own contribution to lag, free of other processes' load.
 
 Prints a table, writes bench/results/loop_capacity.json. Bar: steady-state lag p99 <= 10 ms.
 Loop lag is wall-clock: on a shared machine it includes time the OS gave to other processes;

@@ -2,15 +2,18 @@
 
 1,000 concurrent multi-turn rollouts run through the real `RolloutRunner` (scheduler, agent
 loop, tokenizer decode, Hermes parsing, `PythonTool`) on simulated engines that stream token
-deltas at GPU-like rates; the sandbox is a latency model. Two clocks per call:
+deltas at GPU-like rates; the sandbox is a latency model. Two starting points per call:
 - from *put*: the engine side hands over the delta holding `</tool_call>` (includes the wait
-  for the event loop to run the rollout's task: the honest, loaded number);
-- from *receipt*: the rollout's task holds that delta (the agent loop's own path).
-"Sent" is the instant `execute()` is entered on the sandbox client.
+  for the event loop to get to the rollout's task behind other rollouts' work: the loaded
+  number, and the one the bar applies to);
+- from *receipt*: the rollout's task holds that delta (the agent loop's own fire path).
+"Sent" is the instant `execute()` is entered on the sandbox client. Each is measured on the
+wall clock and on the loop thread's CPU clock (which leaves out time the OS gave to other
+processes on a shared machine); the 1-minute load average is recorded.
 
     python bench/tool_fire.py [--quick] [--rollouts N] [--engines E]
 
-Prints a table, writes bench/results/tool_fire.json. Bar: p99 (from put) <= 1 ms.
+Prints a table, writes bench/results/tool_fire.json. Bar: p99 from put (CPU clock) <= 1 ms.
 """
 
 from __future__ import annotations
