@@ -78,10 +78,9 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
     directory on its path) and math-verify preloaded, which the pool running model-written code
     must not have.
     """
+    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
     from sandbox import HttpSandboxClient, LocalSandboxClient, PoolConfig, SandboxPool
     from sandbox.config import DEFAULT_PRELOAD
-
-    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
 
     reward_cfg = PoolConfig(workers=1, isolation="auto", preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
                             python_paths=host_python_paths())

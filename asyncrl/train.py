@@ -27,8 +27,14 @@ from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
 from asyncrl.records import Batch, Group, Problem, write_jsonl
-from asyncrl.stages import (PlateauState, hard_problem_ids, plateau_update, stage_budget,
-                            stage_done, stage_lr)
+from asyncrl.stages import (
+    PlateauState,
+    hard_problem_ids,
+    plateau_update,
+    stage_budget,
+    stage_done,
+    stage_lr,
+)
 
 log = logmod.get_logger(__name__)
 
@@ -61,8 +67,8 @@ def run_dir_for(cfg: RunConfig) -> Path:
     return Path(cfg.run.output_dir) / cfg.run.name
 
 
-class Trainer:
-    """Drives the stages over a live `Runtime`."""
+class StageRunner:
+    """Drives the stages over a live `Runtime` (the model trainer is `rt.trainer`)."""
 
     def __init__(self, rt: Any, metrics: MetricsWriter, state: TrainState,
                  train_problems: list[Problem], eval_problems: list[Problem]) -> None:
@@ -126,8 +132,6 @@ class Trainer:
     # ---------------------------------------------------------------------------- the stages
     async def run(self) -> None:
         stages = self.cfg.stages
-        if self.state.stage_index == 0 and self.state.stage_step == 0 and stages[0].kind == "sft":
-            pass
         while self.state.stage_index < len(stages):
             stage = stages[self.state.stage_index]
             with logmod.bound_contextvars(stage=stage.name):
@@ -135,6 +139,7 @@ class Trainer:
             self.state.stage_index += 1
             self.state.stage_step = 0
             self.state.plateau = PlateauState()
+            self._plateaued = False
             self.state.data_cursor = {}
             self.state.stage_problem_ids = None
             if self.state.stage_index < len(stages):
@@ -293,9 +298,7 @@ class Trainer:
         groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(stage, eval_=True))
         summary = summarize(groups, self.cfg.eval.k)
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
-        out.parent.mkdir(exist_ok=True)
-        with out.open("wb") as fp:  # every eval rollout, for inspection
-            write_jsonl(fp, groups)
+        await asyncio.to_thread(_save_groups, out, groups)  # every eval rollout, for inspection
         m = {f"eval/{k}": v for k, v in summary.items()}
         m.setdefault("eval/accuracy", summary.get("accuracy", 0.0))
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
@@ -318,6 +321,12 @@ class Trainer:
         self.state.rng_state = self.rng.getstate()
         save_checkpoint(self.rt.run_dir, self.state.global_step, self.rt.trainer,
                         msgspec.to_builtins(self.state), keep_last=self.cfg.checkpoint.keep_last)
+
+
+def _save_groups(path: Path, groups: list[Group]) -> None:
+    path.parent.mkdir(exist_ok=True)
+    with path.open("wb") as fp:
+        write_jsonl(fp, groups)
 
 
 def _floats(m: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -437,7 +446,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
         with MetricsWriter(rd, start_time=t_start) as metrics:
             metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
                           overlong_skipped=n_long)
-            loop = Trainer(rt, metrics, state, train_p, eval_p)
+            loop = StageRunner(rt, metrics, state, train_p, eval_p)
             await loop.run()
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))

@@ -180,3 +180,15 @@ def test_staleness_one_overlaps_rollouts_with_the_update(tmp_path: Path) -> None
     assert all(r["roc/versions_behind_max"] <= 1 for r in steps)
     versions = [r["policy_version"] for r in steps]
     assert versions == sorted(versions)
+
+
+@pytest.mark.timeout(600)
+def test_a_plateau_ends_only_its_own_stage(tmp_path: Path) -> None:
+    cfg = _write_config(tmp_path)
+    run = tmp_path / "plateau"
+    # eval accuracy stays flat on the micro model: the rl stage plateaus at its 2nd eval; the
+    # hard stage, which has its own rule, must still run its step
+    _train(cfg, run, "--set", "stages.1.plateau.patience=1", "--set",
+           "stages.2.plateau.patience=1")
+    steps = _rows(run, "rl_step")
+    assert [r["stage"] for r in steps][-1] == "hard"
