@@ -20,7 +20,6 @@ from typing import IO, TypeVar
 
 import msgspec
 
-
 T = TypeVar("T")
 
 

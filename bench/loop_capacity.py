@@ -41,6 +41,7 @@ from sim_engine import (  # noqa: E402
     bench_tokenizer,
     lognormal,
     percentile,
+    turn_array,
 )
 
 from asyncrl import formats  # noqa: E402
@@ -103,8 +104,8 @@ def make_script(tok, turns: int, median_tokens: int):
             for _ in range(turns):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * median_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                plan.append(tuple(filler[start:start + n] + call))
-            plan.append(tuple(final))
+                plan.append(turn_array(filler[start:start + n] + call))
+            plan.append(turn_array(final))
             plans[rid] = plan
         n = int(turn[1:])
         return plan[n] if n < len(plan) else final

@@ -11,6 +11,7 @@ Used by `bench/tool_fire.py` and `bench/loop_capacity.py`; never imported by tes
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import random
@@ -38,7 +39,7 @@ class _Req:
     __slots__ = ("ctx", "finish", "handle", "items", "rate", "rid", "sent", "t0", "tokens",
                  "waiter")
 
-    def __init__(self, rid: str, tokens: tuple[int, ...], finish: str, ctx: int, t0: float,
+    def __init__(self, rid: str, tokens: array.array, finish: str, ctx: int, t0: float,
                  rate: float) -> None:
         self.rid = rid
         self.tokens = tokens
@@ -54,7 +55,8 @@ class _Req:
 
 class SimEngine:
     """`SimEngine(name, script, *, step_s=0.03, tokens_per_step=1, stream_interval=8,
-    kv_capacity=10**9, on_final=None)`; `script(request) -> list[int]` is the turn to replay.
+    kv_capacity=10**9, on_final=None)`; `script(request)` returns the turn to replay (a sequence
+    of ints; scripts keep their plans as `array`s, see `turn_array`).
 
     Each request decodes `tokens_per_step` tokens per `step_s` (x a per-request +-10% rate
     jitter) from one step after it arrives; a delta is delivered by a timer when
@@ -100,9 +102,10 @@ class SimEngine:
         if not self._running:
             raise EngineUnavailable(f"{self.name} is not running")
         sp = request.sampling
-        # a tuple: untracked by the garbage collector after its first pass (a list would be
-        # traversed by every young collection while the turn streams)
-        turn = tuple(self.script(request))
+        # In a real run the turn's tokens exist only on the GPU server; an `array` keeps them out
+        # of the orchestrator's garbage collector (a list or tuple of 10,000 rollouts' turns
+        # is millions of references that the collector would visit and the product would not).
+        turn = turn_array(self.script(request))
         finish = "stop"
         if len(turn) > sp.max_new_tokens:
             turn, finish = turn[: sp.max_new_tokens], "length"
@@ -142,7 +145,7 @@ class SimEngine:
         r.handle = None
         due = int((loop.time() - r.t0) * r.rate)
         pos = min(len(r.tokens), max(due, r.sent + self.stream_interval))
-        ids = list(r.tokens[r.sent:pos])
+        ids = r.tokens[r.sent:pos].tolist()
         r.sent = pos
         self._kv_used += len(ids)
         done = pos >= len(r.tokens)
@@ -214,6 +217,12 @@ class SimSandbox:
 
     async def aclose(self) -> None:
         return None
+
+
+def turn_array(tokens) -> array.array:
+    """A scripted turn as an `array` of token ids: not a container the garbage collector
+    tracks (the simulation's own bookkeeping must not weigh on the loop it measures)."""
+    return tokens if isinstance(tokens, array.array) else array.array("i", tokens)
 
 
 def lognormal(median_s: float, sigma: float, rng: random.Random) -> Callable[[], float]:

@@ -40,6 +40,7 @@ from sim_engine import (  # noqa: E402
     lognormal,
     percentile,
     stamp,
+    turn_array,
 )
 
 from asyncrl import formats  # noqa: E402
@@ -65,8 +66,8 @@ def make_script(tok, seed: int, mean_turn_tokens: int):
             for _ in range(rng.randint(2, 4)):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * mean_turn_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                turns.append(tuple(filler[start:start + n] + call))
-            turns.append(tuple(filler[:50] + final))
+                turns.append(turn_array(filler[start:start + n] + call))
+            turns.append(turn_array(filler[:50] + final))
             plans[rid] = turns
         return plans[rid]
 

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from asyncrl.config import PlateauRule, RolloutSection, StageSection
-from asyncrl.stages import (PlateauState, hard_problem_ids, plateau_update, stage_budget,
-                            stage_done, stage_lr)
+from asyncrl.stages import (
+    PlateauState,
+    hard_problem_ids,
+    plateau_update,
+    stage_budget,
+    stage_done,
+    stage_lr,
+)
 
 
 def test_plateau_needs_patience_evals_without_improvement() -> None:

@@ -27,7 +27,7 @@ from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
 from asyncrl.rollout.agent import AgentLoop, RolloutSettings
-from asyncrl.rollout.eventloop import deferred_full_gc
+from asyncrl.rollout.eventloop import quiet_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
 from asyncrl.rollout.tools import Tool
 
@@ -67,9 +67,10 @@ class RolloutRunner:
       `reward_error`, the deadline `reward_timeout_s` gives `reward_timeout`.
     - `policy`: admission policy name (`"kv"`, `"least_requests"`, `"static"`) or instance;
       `policy_options` go to its constructor.
-    - `defer_full_gc`: no automatic full garbage collections while `run` is in flight (see
-      `eventloop.deferred_full_gc`: with thousands of rollouts, one would stall the loop for
-      up to a second); one full collection when it ends.
+    - `quiet_gc`: no routine automatic garbage collections while `run` is in flight, only a
+      memory backstop (see `eventloop.quiet_gc`: with thousands of rollouts, a full
+      collection stalls the loop for up to a second and young ones for tens of ms); one full
+      collection when it ends.
     """
 
     def __init__(self, engines: Sequence[Engine], tokenizer: Any, tools: Sequence[Tool],
@@ -77,7 +78,7 @@ class RolloutRunner:
                  max_requeues: int = 3, reward_timeout_s: float = 60.0,
                  load_timeout_s: float = 10.0, system_prompt: str = "",
                  policy_options: dict[str, Any] | None = None,
-                 defer_full_gc: bool = True) -> None:
+                 quiet_gc: bool = True) -> None:
         if not engines:
             raise ValueError("RolloutRunner needs at least one engine")
         self.engines = list(engines)
@@ -90,7 +91,7 @@ class RolloutRunner:
         self.reward_timeout_s = reward_timeout_s
         self.load_timeout_s = load_timeout_s
         self.system_prompt = system_prompt
-        self.defer_full_gc = defer_full_gc
+        self.quiet_gc = quiet_gc
         self._groups = itertools.count()
         self._carry: dict[str, Any] = {}
         self.last_scheduler: Scheduler | None = None
@@ -118,7 +119,7 @@ class RolloutRunner:
         # What the admission policy learned last step (the kv reservation ratio) seeds this
         # step's; options given by the caller win.
         options = {**self._carry, **self.policy_options} if isinstance(self.policy, str) else {}
-        gc_quiet = deferred_full_gc() if self.defer_full_gc else contextlib.nullcontext()
+        gc_quiet = quiet_gc() if self.quiet_gc else contextlib.nullcontext()
         with gc_quiet:
             async with contextlib.aclosing(self._run(problems, samples_per_prompt, settings,
                                                      policy_version, options)) as groups:

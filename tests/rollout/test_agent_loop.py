@@ -279,3 +279,39 @@ def test_fast_codec_is_exactly_the_tokenizer(tiny_tokenizer) -> None:
     for text in (formats.HERMES.tool_response("Execution succeeded.\n42 é 😀\nTime: 0.01s"),
                  formats.MARKDOWN.tool_response("x\n\n  y")):
         assert encode(text) == tiny_tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_table_decoder_is_the_backend_decode(tiny_tokenizer) -> None:
+    import random
+
+    from asyncrl.rollout.agent import _byte_table_decoder
+
+    backend = tiny_tokenizer.backend_tokenizer
+    decode = _byte_table_decoder(backend)
+    assert decode is not None
+    size = backend.get_vocab_size(with_added_tokens=True)
+    rng = random.Random(0)
+    cases = [tiny_tokenizer.encode(CALL.replace("6*7", "'é中 😀 ✓'"))]
+    cases += [[rng.randrange(size) for _ in range(rng.randrange(60))] for _ in range(500)]
+    for ids in cases:  # includes ids that split multi-byte characters (replacement chars)
+        assert decode(ids) == backend.decode(ids, skip_special_tokens=False)
+
+
+def test_table_decoder_declines_other_decoders() -> None:
+    from tokenizers import Tokenizer, decoders, models
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    tok.decoder = decoders.WordPiece()
+    from asyncrl.rollout.agent import _byte_table_decoder
+
+    assert _byte_table_decoder(tok) is None
+
+
+def test_table_decoder_skips_ids_past_the_vocabulary_like_the_backend(tiny_tokenizer) -> None:
+    from asyncrl.rollout.agent import _byte_table_decoder
+
+    backend = tiny_tokenizer.backend_tokenizer
+    decode = _byte_table_decoder(backend)
+    size = backend.get_vocab_size(with_added_tokens=True)
+    ids = [5, size + 3, 6, size]  # a model's embedding rows can outnumber the tokenizer's
+    assert decode(ids) == backend.decode(ids, skip_special_tokens=False) == decode([5, 6])
