@@ -8,6 +8,7 @@ length, tool calls and tool-error ratio as a table and JSON (`asyncrl.evaluation
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         summary["seconds"] = round(time.monotonic() - t0, 2)
         summary["skipped_rows"] = float(loaded.num_skipped)
         summary.update(metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     with (out_dir / "eval_groups.jsonl").open("wb") as fp:
         write_jsonl(fp, groups)
     write_summary(summary, out_dir / "eval.json")

@@ -83,6 +83,7 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
     from sandbox.config import DEFAULT_PRELOAD
 
     reward_cfg = PoolConfig(workers=1, isolation="auto", preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
+                            light_preload=(),
                             python_paths=host_python_paths())
     sb = cfg.sandbox
     async with contextlib.AsyncExitStack() as stack:

@@ -36,8 +36,8 @@ def run_arm(arm: str, seed: int, extra: list[str], reuse: bool) -> Path:
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", "curricula/tiny.toml",
            "--run-dir", str(run_dir), "--set", f"roc.kind={ARMS[arm]}",
-           "--set", f"run.seed={seed}", "--set", "logging.console=none", *sum(
-               (["--set", s] for s in extra), [])]
+           "--set", f"run.seed={seed}", "--set", "logging.console=none",
+           *(arg for s in extra for arg in ("--set", s))]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -21,6 +21,9 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 )
 
 
+LIGHT_PRELOAD: tuple[str, ...] = tuple(m for m in DEFAULT_PRELOAD if m not in ("numpy", "sympy"))
+
+
 class IsolationLevel(enum.StrEnum):
     """How strongly a call is contained; see ``sandbox.isolation`` for the threat model.
 
@@ -79,6 +82,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Children one zygote runs at once; calls beyond workers * this wait in the queue."""
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     """Modules every zygote imports at start (missing ones are reported, not fatal)."""
+    light_preload: tuple[str, ...] = LIGHT_PRELOAD
+    """Modules of a second, light template (spawner ``template`` only): a program that imports
+    nothing else (as its text shows) forks from it, which is cheaper than forking from one
+    that holds numpy and sympy. Empty: one template for every call."""
     python_paths: tuple[str, ...] = ()
     """Extra directories put on sys.path of the zygotes (bound read-only into the jail);
     needed for ``call_function`` targets outside site-packages."""
@@ -88,6 +95,11 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Time allowed for a zygote to import its preloads and report ready."""
     wedge_grace_s: float = 3.0
     """Beyond a call's limit, how long the pool waits before declaring its worker wedged."""
+    spawner: str = "auto"
+    """Who forks the children: ``template`` (a process that imports the preloads and then only
+    forks, from a loop in C: no copy-on-write faults from bookkeeping, containment applied in
+    C), ``python`` (the zygote forks from Python), or ``auto`` (template when its C module is
+    built, else python)."""
     huge_pages: bool = True
     """Back the zygote heap with transparent huge pages: makes fork and exit ~2x cheaper."""
 
@@ -114,5 +126,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
                                    f"got {self.isolation!r}") from None
         if self.jail not in ("auto", "nsjail", "bwrap"):
             raise bad("jail", f"must be 'auto', 'nsjail' or 'bwrap', got {self.jail!r}")
+        if self.spawner not in ("auto", "template", "python"):
+            raise bad("spawner", f"must be 'auto', 'template' or 'python', got {self.spawner!r}")
         if self.max_open_files < 8:
             raise bad("max_open_files", "must be >= 8 (stdio and Python need a few)")

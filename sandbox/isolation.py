@@ -76,10 +76,28 @@ _LIB_DIRS = ("/lib", "/lib64", "/lib32", "/libx32", "/usr/lib", "/usr/lib64", "/
 _ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 
 
+def site_dirs() -> list[str]:
+    """The site-packages directories of this interpreter (or virtualenv)."""
+    out: list[str] = []
+    for p in sys.path:
+        if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p):
+            rp = os.path.realpath(p)
+            if rp not in out:
+                out.append(rp)
+    return out
+
+
 def bootstrap_code(runtime_dir: str, entry: str) -> str:
-    """``python -c`` source that loads the runtime directory as ``_sandbox_runtime``."""
+    """``python -S -c`` source that puts the site-packages directories on ``sys.path`` and
+    loads the runtime directory as ``_sandbox_runtime``.
+
+    Workers run with ``-S``: no ``site`` module and no ``.pth`` files, whose imports (an
+    editable install's finder, a distribution's hooks) would map more shared libraries into
+    the processes that children are forked from -- every mapping costs each fork and exit."""
     return (
-        "import importlib.util as u, sys\n"
+        "import sys\n"
+        f"sys.path.extend({site_dirs()!r})\n"
+        "import importlib.util as u\n"
         f"s = u.spec_from_file_location({RUNTIME_PACKAGE!r}, {runtime_dir + '/__init__.py'!r},"
         f" submodule_search_locations=[{runtime_dir!r}])\n"
         "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m)\n"
@@ -215,11 +233,11 @@ class Plan:
     def worker_argv(self, cfg: PoolConfig, workroot: str | None) -> tuple[list[str], dict]:
         """(argv, env) for one zygote worker."""
         if self.jail is None:
-            inner = [sys.executable, "-I", "-B", "-c",
+            inner = [sys.executable, "-I", "-S", "-B", "-c",
                      bootstrap_code(str(RUNTIME_DIR), "zygote")]
             return inner, worker_env(cfg, workroot or "/tmp")
         env = worker_env(cfg, "/tmp")
-        inner = [sys.executable, "-I", "-B", "-c",
+        inner = [sys.executable, "-I", "-S", "-B", "-c",
                  bootstrap_code(f"{JAIL_RUNTIME_PARENT}/{RUNTIME_PACKAGE}", "zygote")]
         cmd = jail_command(self.jail, self.jail_binary or self.jail, jail_spec(cfg), env, inner)
         return cmd, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

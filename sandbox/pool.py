@@ -129,6 +129,7 @@ class SandboxPool:
             "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files,
             "function_max_result_bytes": cfg.function_max_result_bytes,
             "huge_pages": cfg.huge_pages, "jailed": self.plan.jail is not None,
+            "spawner": cfg.spawner, "light_preload": list(cfg.light_preload),
         }
         return Worker(index, argv, env, wcfg, self._on_reply, self._on_worker_exit,
                       cwd=self._workroot)
@@ -195,6 +196,8 @@ class SandboxPool:
             "requested": IsolationLevel(self.config.isolation).value,
             "jail": self.plan.jail,
             "landlock": bool(info0.get("landlock")),
+            "spawner": info0.get("spawner", ""),
+            "light_template": bool(info0.get("light")),
             "notes": list(self.plan.notes),
             "broken": self._broken,
             "workers": [{"index": w.index, "pid": w.pid, "ready": w.ready,

@@ -126,7 +126,7 @@ def test_overrides_apply_and_typecheck() -> None:
     assert cfg.rollout.tool_format == "markdown"
     assert stage_budget(cfg.rollout, cfg.stages[0]) == 64
     assert cfg.engine.kind == "sglang" and cfg.run.name == "x y"
-    with pytest.raises(ConfigError, match="stages.5"):
+    with pytest.raises(ConfigError, match=r"stages\.5"):
         config.apply_overrides(minimal(), ["stages.5.steps=1"])
     with pytest.raises(ConfigError):
         config.apply_overrides(minimal(), ["rollout.group_size"])

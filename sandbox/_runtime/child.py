@@ -18,7 +18,10 @@ import ast
 import atexit
 import builtins
 import ctypes
+import gc
 import importlib
+import itertools
+import opcode
 import os
 import pickle
 import resource
@@ -152,6 +155,88 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
+_prepared_main: types.ModuleType | None = None
+_gc_was_on = False  # the template turns automatic GC off while a child sets up, if it was on
+
+
+def pause_gc() -> None:
+    """Turn automatic garbage collection off until the program starts (``_start_gc``): the
+    child's own parsing and compiling would otherwise trigger collections (every object they
+    visit is a copy-on-write fault). The program runs with the collector as it was."""
+    global _gc_was_on
+    _gc_was_on = gc.isenabled()
+    gc.disable()
+
+
+def _start_gc() -> None:
+    if _gc_was_on:
+        gc.enable()
+
+
+def prepare_main() -> None:
+    """Set up what a program sees as its interpreter (``sys.argv``, ``sys.path[0]``, a fresh
+    ``__main__``) ahead of the fork, in the process children are forked from."""
+    global _prepared_main
+    sys.argv = ["-c"]
+    if sys.path and sys.path[0] != "":
+        sys.path.insert(0, "")
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    sys.displayhook = _display
+    _prepared_main = main
+
+
+_POP_TOP = opcode.opmap["POP_TOP"]
+_LOAD_CONST = opcode.opmap["LOAD_CONST"]
+_RETURN_VALUE = opcode.opmap["RETURN_VALUE"]
+_PRINT_EXPR = opcode.opmap.get("PRINT_EXPR")  # 3.11; later versions take the AST path
+
+
+def _display(value: object) -> None:
+    if value is not None:
+        print(repr(value))
+
+
+def split_trailing_expression(code: str) -> tuple[types.CodeType, types.CodeType | None]:
+    """(module code, code of its trailing expression or None): the program's last top-level
+    statement, if it is an expression, has its value's repr printed (``None`` excepted).
+
+    Fast path, no AST objects (building them is most of a small call's parse cost): compile
+    the program, and if it ends with an expression statement's result being dropped
+    (``POP_TOP``) at a top-level position whose source is an expression, make that instruction
+    ``PRINT_EXPR`` (it calls ``sys.displayhook``, which the template set to print the repr).
+    Anything else -- a statement that is not an expression, an expression that does not
+    start a line, a layout this check does not know -- takes the AST path.
+    """
+    body = compile(code, "<string>", "exec", dont_inherit=True)
+    b = body.co_code
+    n = len(b)
+    if (_PRINT_EXPR is not None and n >= 6 and b[n - 6] == _POP_TOP
+            and b[n - 4] == _LOAD_CONST and b[n - 2] == _RETURN_VALUE
+            and body.co_consts[b[n - 3]] is None and "\r" not in code
+            and sys.displayhook is _display):
+        l0, l1, c0, c1 = next(itertools.islice(body.co_positions(), n // 2 - 3, None))
+        lines = code.split("\n")
+        if (c0 == 0 and l0 is not None and l1 is not None and c1 is not None
+                and not (l0 >= 2 and lines[l0 - 2].endswith("\\"))):
+            seg = [line.encode() for line in lines[l0 - 1:l1]]
+            seg[-1] = seg[-1][:c1]
+            try:
+                compile(b"\n".join(seg), "<string>", "eval", dont_inherit=True)
+            except SyntaxError:
+                pass  # e.g. a `with` statement's exit: the AST path decides
+            else:
+                patched = b[:n - 6] + bytes((_PRINT_EXPR, 0)) + b[n - 4:]
+                return body.replace(co_code=patched), None
+    tree = ast.parse(code, "<string>", "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
+    body = compile(tree, "<string>", "exec")
+    return body, (compile(last, "<string>", "eval") if last is not None else None)
+
+
 def run_program(code: str) -> None:
     """Run ``code`` as ``__main__`` (fresh globals); print the repr of a trailing expression.
 
@@ -159,19 +244,12 @@ def run_program(code: str) -> None:
     """
     # sys.stdin/stdout/stderr are the zygote's own objects, now on the call's fds 0/1/2 (the
     # zygote never reads or buffers through them); reusing them spares ~100 page faults
-    sys.argv = ["-c"]
-    if sys.path and sys.path[0] != "":
-        sys.path.insert(0, "")
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = builtins
-    sys.modules["__main__"] = main
+    if _prepared_main is None:
+        prepare_main()
+    main = _prepared_main
+    assert main is not None
     try:
-        tree = ast.parse(code, "<string>", "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-        body = compile(tree, "<string>", "exec")
-        tail = compile(last, "<string>", "eval") if last is not None else None
+        body, tail = split_trailing_expression(code)
     except MemoryError as exc:
         _print_exception(exc, None)
         _finish(EXIT_MEMORY)
@@ -180,6 +258,7 @@ def run_program(code: str) -> None:
         # (the parser's own frames are the sandbox's, not the program's).
         _print_exception(exc, None)
         _finish(1)
+    _start_gc()
     try:
         exec(body, main.__dict__)
         if tail is not None:
@@ -209,6 +288,7 @@ def _resolve(target: str):
 
 def run_function(target: str, payload: bytes, max_result_bytes: int) -> None:
     """Call ``target(*args, **kwargs)`` and write ``pickle((ok, value_or_traceback))`` to fd 3."""
+    _start_gc()
     try:
         args, kwargs = pickle.loads(payload)
         value = _resolve(target)(*args, **(kwargs or {}))

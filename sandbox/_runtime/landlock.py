@@ -88,6 +88,10 @@ class Ruleset:
             self._rules.append(self._pack(rights, fd))
         self._all_dir = self.handled
         self._workdir_rule = ctypes.create_string_buffer(12)
+        # the same ruleset as plain data, for the template's C fork loop
+        self.attr = bytes(attr)
+        self.rules = [struct.unpack("<Qi", bytes(r))[:2] for r in self._rules]
+        self.workdir_access = self.handled
 
     @staticmethod
     def _pack(rights: int, fd: int) -> ctypes.Array:

@@ -1,6 +1,7 @@
 """Making the zygote cheap to fork from: warm-up code and huge pages.
 
-Warm-up runs representative numpy/sympy work once in the zygote, so lazily imported modules
+Warm-up runs representative numpy/sympy work (``LIGHT_WARMUP``: only the standard library, for
+the light template) once in the zygote, so lazily imported modules
 and first-use initialisation are done before any child exists (each child would otherwise
 redo them). The heap is then moved onto transparent huge pages, so that fork copies 2 MiB
 page-table entries instead of 4 KiB ones for as long as the zygote leaves those pages alone.
@@ -29,6 +30,14 @@ a = np.arange(12, dtype=float).reshape(3, 4)
 print(a, a.T @ a, np.linalg.det(np.eye(4) * 3), np.linalg.solve(np.eye(2), [1, 2]),
       np.linalg.eig(np.eye(2)), np.random.default_rng(1).random(2), np.mean(a), np.sort(a[0]),
       np.linalg.inv(np.eye(2) * 2), np.polyfit([0, 1, 2], [1, 3, 5], 1), np.cumsum([1, 2]))
+print(fractions.Fraction(3, 8), decimal.Decimal(2).sqrt(), math.comb(9, 4),
+      statistics.median([1, 5, 2]), list(itertools.permutations(range(3)))[:2],
+      re.findall(r"\d+", "a1b22"), json.dumps({"k": [1]}), f"{math.pi:.5f}", 10**30 // 7)
+"""
+
+LIGHT_WARMUP = r"""
+import fractions, decimal, itertools, math, statistics, re, json, ast
+ast.parse("x = [i ** 2 for i in range(3)]\nx[-1]")  # children parse to AST: init its state here
 print(fractions.Fraction(3, 8), decimal.Decimal(2).sqrt(), math.comb(9, 4),
       statistics.median([1, 5, 2]), list(itertools.permutations(range(3)))[:2],
       re.findall(r"\d+", "a1b22"), json.dumps({"k": [1]}), f"{math.pi:.5f}", 10**30 // 7)

@@ -21,10 +21,12 @@ import importlib
 import io
 import os
 import random
+import re
 import resource
 import select
-import shutil
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -35,11 +37,26 @@ from . import child as childmod
 from . import landlock, outcome, protocol, seccomp, warm
 from .outcome import Stream
 
+try:  # the template's fork loop in C; without it the zygote forks from Python (slower)
+    from . import _forkserver
+    _FORKSERVER_ERROR = ""
+except ImportError as _exc:
+    _forkserver = None
+    _FORKSERVER_ERROR = repr(_exc)[:300]
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 _libc = ctypes.CDLL(None, use_errno=True)
 _READ = 65536
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
+# the C side's structs (see _forkserver.c): request and reply
+_REQUEST = struct.Struct("=IIQdII")
+_REPLY = struct.Struct("=IiQqqq")
+_OP_SPAWN, _OP_KILL = 1, 2
+_OP_SPAWNED, _OP_EXITED = 1, 2
+_FLAG_SECCOMP, _FLAG_LANDLOCK = 1, 2
+_ST = []
 
 class _Child:
     __slots__ = (
@@ -53,6 +70,7 @@ class _Child:
         "pidfd",
         "start",
         "streams",
+        "template",
         "timed_out",
         "workdir",
     )
@@ -70,6 +88,41 @@ class _Child:
         self.start = 0.0
         self.deadline = 0.0
         self.streams: list[Stream] = []
+        self.template: _Template | None = None
+
+
+class _Template:
+    """A process that imported its preloads and then only forks, from the C loop."""
+
+    __slots__ = ("name", "pid", "sends", "sock")
+
+    def __init__(self, name: str, sock: socket.socket, pid: int) -> None:
+        self.name = name
+        self.sock = sock
+        self.pid = pid
+        self.sends: list[tuple[bytes, list[int], list[int]]] = []
+
+
+_IMPORT_RE = re.compile(r"\bimport\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)"
+                        r"|\bfrom\s+([\w.]+)\s+import\b")
+_DYNAMIC_IMPORT = ("__import__", "importlib", "exec(", "eval(")
+
+
+def light_enough(code: str, light: frozenset[str]) -> bool:
+    """Whether a program may run in the light template: every module it imports (as far as
+    the text shows) is one the light template has loaded, and it imports nothing dynamically.
+    Only a speed matter: a program routed wrongly still runs, importing what it lacks."""
+    if any(d in code for d in _DYNAMIC_IMPORT):
+        return False
+    for m in _IMPORT_RE.finditer(code):
+        if m.group(2) is not None:
+            names = [m.group(2)]
+        else:
+            names = [part.split()[0] for part in m.group(1).split(",")]
+        for name in names:
+            if name.split(".")[0] not in light:
+                return False
+    return True
 
 
 class Zygote:
@@ -91,22 +144,168 @@ class Zygote:
         self.inbuf = bytearray()
         self.out = sys.stdout.buffer
         self.info: dict = {}
+        self.templates: list[_Template] = []  # [main, light]: the C fork loops, if used
+        self.template_by_fd: dict[int, _Template] = {}
+        self.light_modules: frozenset[str] = frozenset()
+        self.routed = {"main": 0, "light": 0}
+        self._rbuf = bytearray(_REPLY.size * 256)
+        self._reseed_in_python = True
 
     # ---------------------------------------------------------------- start-up
     def prepare(self) -> None:
+        """Get ready to fork children: in a template process when the C fork loop is there
+        (the default), else in this process."""
+        want = self.cfg.get("spawner", "auto")
+        if want != "python" and _forkserver is not None:
+            self.info = self._start_template("main", list(self.cfg.get("preload", [])))
+            light = list(self.cfg.get("light_preload") or [])
+            if light:
+                info = self._start_template("light", light)
+                self.light_modules = frozenset(info["modules"])
+                self.info["light"] = {k: info[k] for k in ("pid", "vm_bytes", "startup_s",
+                                                             "thp_kb", "missing_preload")}
+            self.info.update(spawner="template", controller_pid=os.getpid())
+            _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            return
+        if want == "template":
+            raise RuntimeError(f"spawner 'template' asked for, but the C fork loop is not "
+                               f"available: {_FORKSERVER_ERROR}")
+        self._prepare_runtime(list(self.cfg.get("preload", [])))
+        self.info["spawner"] = "python"
+        self.info["spawner_note"] = _FORKSERVER_ERROR or "asked for"
+        _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+    def _start_template(self, name: str, preload: list[str]) -> dict:
+        """Fork a template: it imports ``preload`` and then only forks, in C; this process
+        (the controller) keeps every piece of per-call bookkeeping, so nothing it does writes
+        to pages that the children share with the process they are forked from."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                self.ep.close()
+                for t in self.templates:
+                    t.sock.close()
+                self._template_main(theirs, preload)
+            except BaseException as exc:  # broad: report, then die; the controller sees EOF
+                try:
+                    os.write(2, f"sandbox template failed: {exc!r}\n".encode())
+                except OSError:
+                    pass
+            os._exit(childmod.EXIT_SETUP_FAILED)
+        theirs.close()
+        data = ours.recv(1 << 20)
+        if not data:
+            _, status = os.waitpid(pid, 0)
+            raise RuntimeError(f"the {name} template exited during start-up (status {status})")
+        ours.setblocking(False)
+        t = _Template(name, ours, pid)
+        self.templates.append(t)
+        self.template_by_fd[ours.fileno()] = t
+        self.ep.register(ours.fileno(), select.EPOLLIN)
+        return _decoder.decode(data)
+
+    def _template_main(self, sock: socket.socket, preload: list[str]) -> None:
+        """In the template: prepare, report, then fork on request (returns only in children)."""
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)  # the pool's pipes belong to the controller alone
+        os.dup2(devnull, 1)
+        os.close(devnull)
+        self._prepare_runtime(preload)
+        self.info["fork"] = "template"
+        rules, prog = self.landlock_rules, self.seccomp_filter
+        cfg = {
+            "landlock_attr": rules.attr if rules is not None else None,
+            "landlock_rules": rules.rules if rules is not None else [],
+            "landlock_workdir_access": rules.workdir_access if rules is not None else 0,
+            "seccomp_prog": bytes(prog.prog) if prog is not None else None,
+            "seccomp_slots": list(prog.slots) if prog is not None else [],
+            "as_bytes": self.limits.as_bytes, "nofile": self.limits.nofile,
+            "drop_caps": self.drop_caps, "nice": childmod.CHILD_NICE,
+        }
+        cfg["reseed"], self._reseed_in_python = self._mt_states()
+        self.info["reseed"] = "c" if not self._reseed_in_python else "python"
+        # What every call's run_program would otherwise set up itself, done once here: each
+        # child starts from a pristine copy of it (fork), without writing a page for it.
+        childmod.prepare_main()
+        gc.collect()
+        gc.freeze()
+        childmod.pause_gc()
+        sock.sendall(_encoder.encode(self.info))
+        call_id, kind, payload_len, _ = _forkserver.serve(sock.fileno(), cfg)
+        # ---- a child, contained; fds 0-2 stdio, 3 status (hosted functions), 4 the payload
+        self._child_entry(call_id, kind, payload_len)
+
+    def _mt_states(self) -> tuple[list[tuple[int, int, int, int]], bool]:
+        """Where the Mersenne-Twister states of ``random`` and numpy's global generator lie,
+        so the C side can refill them in each child: [(key address, words, pos address,
+        value)], and whether some generator must be reseeded from Python instead (its memory
+        layout is not the one checked for here)."""
+        out: list[tuple[int, int, int, int]] = []
+        fallback = False
+        random.seed()  # no cached gauss_next
+        inst = random._inst  # type: ignore[attr-defined]
+        base = id(inst)
+        state = inst.getstate()[1]
+        if (ctypes.c_int.from_address(base + 16).value == state[-1]
+                and list((ctypes.c_uint32 * 624).from_address(base + 20)) == list(state[:-1])):
+            out.append((base + 20, 624, base + 16, 624))
+        else:
+            fallback = True
+        if self._np_rand is not None:
+            try:
+                self._np_rand.seed(0)  # no cached gauss
+                bitgen = self._np_rand._bit_generator
+                addr = bitgen.ctypes.state_address
+                st = bitgen.state["state"]
+                ok = (list((ctypes.c_uint32 * 624).from_address(addr)) == list(st["key"])
+                      and ctypes.c_int.from_address(addr + 2496).value == st["pos"])
+            except Exception:  # broad: another numpy; reseed from Python
+                ok = False
+            if ok:
+                out.append((addr, 624, addr + 2496, 624))
+            else:
+                fallback = True
+        return out, fallback
+
+    def _child_entry(self, call_id: int, kind: int, payload_len: int) -> None:
+        if self._reseed_in_python:
+            seed = os.urandom(12)  # a fresh program gets fresh randomness
+            random.seed(int.from_bytes(seed[:8], "little"))
+            if self._np_rand is not None:
+                self._np_rand.seed(int.from_bytes(seed[8:], "little"))
+        raw = b""
+        while len(raw) < payload_len:
+            chunk = os.pread(4, payload_len - len(raw), len(raw))
+            if not chunk:
+                break
+            raw += chunk
+        os.close(4)
+        n = int.from_bytes(raw[:8], "little")
+        text = raw[8:8 + n].decode("utf-8", "surrogatepass")
+        if kind == protocol.KIND_EXEC:
+            childmod.run_program(text)
+        else:
+            childmod.run_function(text, raw[8 + n:], self.max_result)
+
+    def _prepare_runtime(self, preload: list[str]) -> None:
         t0 = time.monotonic()
         for path in reversed(self.cfg.get("python_paths", [])):
             sys.path.insert(0, path)
         missing = []
-        for name in self.cfg.get("preload", []):
+        for name in preload:
             try:
                 importlib.import_module(name)
             except Exception as exc:  # broad: a missing optional preload is reported
                 missing.append(f"{name}: {exc!r}"[:200])
-        if not missing or all(not m.startswith(("numpy", "sympy")) for m in missing):
-            self._warm_up()
+        heavy = {"numpy", "sympy"} <= set(preload)
+        if not heavy or all(not m.startswith(("numpy", "sympy")) for m in missing):
+            self._warm_up(warm.WARMUP if heavy else warm.LIGHT_WARMUP)
         info = self.info
         info["missing_preload"] = missing
+        info["modules"] = sorted({name.split(".")[0] for name in sys.modules})
         # Keep fds 3..9 occupied so every per-call fd is >= 10 and dup2 to 0..3 never collides.
         while True:
             fd = os.open(os.devnull, os.O_RDONLY)
@@ -156,6 +355,7 @@ class Zygote:
         self._np_rand = getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
         self._fork = self._pick_fork()
         # Non-dumpable: other same-uid processes (the children) cannot open /proc/<us>/mem.
+        # (The controller, which forks nothing after start-up, sets it for itself too.)
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         import atexit
         atexit._clear()  # children run only the exit handlers their program registers
@@ -185,11 +385,11 @@ class Zygote:
             return os.fork
         return libc_fork
 
-    def _warm_up(self) -> None:
+    def _warm_up(self, code: str) -> None:
         saved = sys.stdout
         sys.stdout = io.StringIO()
         try:
-            exec(compile(warm.WARMUP, "<warmup>", "exec"), {"__name__": "__warmup__"})
+            exec(compile(code, "<warmup>", "exec"), {"__name__": "__warmup__"})
         except Exception as exc:  # broad: warm-up only speeds children up; report it
             self.info["warmup_error"] = repr(exc)[:300]
         finally:
@@ -272,6 +472,12 @@ class Zygote:
             # exited" would finalize -- kill -- a child that is still starting).
             owned = [(fd, self.by_fd.get(fd)) for fd, _ in events]
             for fd, entry in owned:
+                t = self.template_by_fd.get(fd)
+                if t is not None:
+                    if t.sends:
+                        self._flush_sends(t)
+                    self._read_replies(t)
+                    continue
                 if fd == 0:
                     if not self._read_requests():
                         self._shutdown()
@@ -321,6 +527,13 @@ class Zygote:
         registering afterwards pays the bookkeeping's faults once per burst, not per call.
         """
         prepared = [p for p in map(self._prepare, msgs) if p is not None]
+        if self.templates:
+            for p in prepared:
+                self._send_spawn(p)
+            for t in self.templates:
+                if t.sends:
+                    self._flush_sends(t)
+            return
         started = []
         for p in prepared:
             started.append((p, *self._fork_child(p)))
@@ -359,13 +572,112 @@ class Zygote:
             ch.workdir = os.path.join(self.workroot, f"w{self.index}-{req_id}")
             os.mkdir(ch.workdir, 0o700)
             workdir_fd = -1
-            if self.landlock_rules is not None:
+            if self.landlock_rules is not None or self.templates:
                 workdir_fd = os.open(ch.workdir, os.O_PATH)
                 fds_to_close.append(workdir_fd)
+            if self.templates:
+                payload_fd = os.memfd_create("payload", 0)
+                fds_to_close.append(payload_fd)
+                raw = text.encode("utf-8", "surrogatepass")
+                _write_all(payload_fd, len(raw).to_bytes(8, "little") + raw
+                           + (data if kind != protocol.KIND_EXEC else b""))
+                extra = (payload_fd, workdir_fd)
         except OSError as exc:
             self._abandon(ch, fds_to_close, streams, f"could not prepare the call: {exc}")
             return None
-        return ch, (*child_fds, st_w), fds_to_close, streams, workdir_fd, text, data
+        fds = (*child_fds, st_w, *extra) if self.templates else (*child_fds, st_w)
+        return ch, fds, fds_to_close, streams, workdir_fd, text, data
+
+    # ---------------------------------------------------------------- template mode
+    def _send_spawn(self, p) -> None:
+        ch, fds, fds_to_close, streams, _, text, _ = p
+        flags = 0
+        t = self.templates[0]
+        if ch.kind == protocol.KIND_EXEC:
+            if self.info.get("seccomp"):
+                flags |= _FLAG_SECCOMP
+            if len(self.templates) > 1 and light_enough(text, self.light_modules):
+                t = self.templates[1]
+        if self.info.get("landlock"):
+            flags |= _FLAG_LANDLOCK
+        self.routed[t.name] += 1
+        ch.template = t
+        payload_len = os.fstat(fds[4]).st_size
+        msg = _REQUEST.pack(_OP_SPAWN, ch.kind, ch.id, ch.limit, flags, payload_len)
+        t.sends.append((msg, list(fds), fds_to_close))
+        now = time.monotonic()
+        ch.start = now
+        ch.deadline = now + ch.limit
+        self.children[ch.id] = ch
+        ep = self.ep
+        for s in streams:
+            os.set_blocking(s.fd, False)
+            ch.streams.append(s)
+            self.by_fd[s.fd] = (ch, s)
+            ep.register(s.fd, select.EPOLLIN)
+        heapq.heappush(self.deadlines, (ch.deadline, ch.id))
+
+    def _flush_sends(self, t: _Template) -> None:
+        sent = 0
+        try:
+            for msg, fds, to_close in t.sends:
+                t.sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                        struct.pack(f"{len(fds)}i", *fds))] if fds else [])
+                sent += 1
+                for fd in to_close:
+                    os.close(fd)
+        except BlockingIOError:
+            pass
+        except OSError as exc:  # the template is gone: the controller cannot go on
+            self._template_lost(f"send to the {t.name} template failed: {exc!r}")
+        del t.sends[:sent]
+        self.ep.modify(t.sock.fileno(), select.EPOLLIN | (select.EPOLLOUT if t.sends else 0))
+
+    def _send_kill(self, ch: _Child) -> None:
+        t = ch.template
+        t.sends.append((_REQUEST.pack(_OP_KILL, 0, ch.id, 0.0, 0, 0), [], []))
+        self._flush_sends(t)
+
+    def _read_replies(self, t: _Template) -> None:
+        buf = self._rbuf
+        while True:
+            try:
+                n = t.sock.recv_into(buf, _REPLY.size)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._template_lost(f"reading from the {t.name} template failed: {exc!r}")
+            if n == 0:
+                self._template_lost(f"the {t.name} template exited")
+            if n != _REPLY.size:
+                self._template_lost(f"malformed reply of {n} bytes from the {t.name} template")
+            op, value, call_id, _utime, _stime, _minflt = _REPLY.unpack_from(buf)
+            ch = self.children.get(call_id)
+            if ch is None:
+                continue
+            if op == _OP_SPAWNED:
+                if value < 0:
+                    del self.children[call_id]
+                    for st in ch.streams:
+                        self._close_stream(ch, st)
+                    _remove_tree(ch.workdir)
+                    self._answer_failure(ch, f"fork failed: {os.strerror(-value)}")
+                else:
+                    ch.pid = value
+            elif op == _OP_EXITED:
+                self._finalize(ch, value)
+
+    def _template_lost(self, why: str) -> None:
+        """Without its template the worker cannot run calls: exit; the pool fails the calls
+        in flight with sandbox_failure and starts a new worker."""
+        os.write(2, f"sandbox zygote: {why}\n".encode())
+        for t in self.templates:
+            try:
+                os.kill(t.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self._shutdown(remove_root=False)  # the pool goes on: its replacement worker uses it
+        os._exit(3)
 
     def _fork_child(self, p) -> tuple[int, float]:
         ch, fds, _, _, workdir_fd, text, data = p
@@ -456,6 +768,9 @@ class Zygote:
             os.close(s.fd)
 
     def _kill(self, ch: _Child) -> None:
+        if self.templates:
+            self._send_kill(ch)
+            return
         try:
             os.killpg(ch.pid, signal.SIGKILL)  # the child is its own group leader (setsid)
         except OSError:
@@ -473,9 +788,11 @@ class Zygote:
                 ch.timed_out = True
                 self._kill(ch)
 
-    def _finalize(self, ch: _Child) -> None:
-        """The child's thread group is gone (pidfd readable): drain, reap, answer."""
-        self._kill(ch)  # anything left in its group (a hosted function may fork) dies with it
+    def _finalize(self, ch: _Child, status: int | None = None) -> None:
+        """The child's thread group is gone (pidfd readable, or the template reaped it and
+        sent its wait ``status``): drain, reap, answer."""
+        if status is None:
+            self._kill(ch)  # what is left of its group (a hosted function may fork) dies too
         for s in ch.streams:
             if not s.open:
                 continue
@@ -490,11 +807,12 @@ class Zygote:
                     break
                 s.feed(chunk)
             self._close_stream(ch, s)
-        _, status = os.waitpid(ch.pid, 0)
+        if status is None:
+            _, status = os.waitpid(ch.pid, 0)
+            self.ep.unregister(ch.pidfd)
+            del self.by_fd[ch.pidfd]
+            os.close(ch.pidfd)
         duration = time.monotonic() - ch.start
-        self.ep.unregister(ch.pidfd)
-        del self.by_fd[ch.pidfd]
-        os.close(ch.pidfd)
         del self.children[ch.id]
         _remove_tree(ch.workdir)
         streams = ch.streams
@@ -527,7 +845,27 @@ class Zygote:
         else:
             self.send([ch.id, "sandbox_failure", None, detail, 0.0])
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, remove_root: bool = True) -> None:
+        if self.templates:
+            # EOF: a template kills and reaps every child of its own, then exits
+            for t in self.templates:
+                t.sock.close()
+            for t in self.templates:
+                try:
+                    os.waitpid(t.pid, 0)
+                except ChildProcessError:
+                    pass
+            self.templates = []
+            for ch in list(self.children.values()):
+                if ch.workdir:
+                    _remove_tree(ch.workdir)
+            self.children.clear()
+            if remove_root:
+                try:
+                    os.rmdir(self.workroot)
+                except OSError:
+                    pass
+            return
         for ch in list(self.children.values()):
             self._kill(ch)
         for ch in list(self.children.values()):
@@ -550,21 +888,35 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _remove_tree(path: str) -> None:
+    """Remove a call's working directory and whatever the call left in it (os only: shutil
+    would map compression libraries into every process the children are forked from)."""
     try:
         os.rmdir(path)
         return
+    except FileNotFoundError:
+        return
     except OSError:
         pass
-
-    def fix(func, p, _exc):  # make unreadable/unwritable leftovers removable, then retry
+    try:
+        os.chmod(path, 0o700)  # a call may have made its directories unreadable or read-only
+    except OSError:
+        pass
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        entries = []
+    for entry in entries:
         try:
-            os.chmod(os.path.dirname(p), 0o700)
-            os.chmod(p, 0o700)
-            func(p)
+            if entry.is_dir(follow_symlinks=False):
+                _remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
         except OSError:
             pass
-
-    shutil.rmtree(path, onerror=fix)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def main() -> None:

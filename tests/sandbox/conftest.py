@@ -56,7 +56,18 @@ async def seccomp_pool():
         yield pool
 
 
-@pytest.fixture(params=["jail", "seccomp"])
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def python_spawner_pool():
+    """The fallback spawner (the zygote forks from Python: no C fork loop, no templates)."""
+    if SECCOMP_MISSING:
+        pytest.skip(f"seccomp unavailable: {SECCOMP_MISSING}")
+    async with SandboxPool(PoolConfig(isolation=IsolationLevel.AUTO, spawner="python",
+                                      **FAST)) as pool:
+        yield pool
+
+
+@pytest.fixture(params=["jail", "seccomp", "python_spawner"])
 def any_pool(request):
-    """Each seccomp-based level in turn (attacks that must fail with or without the jail)."""
+    """Each seccomp-based level in turn (attacks that must fail with or without the jail),
+    and the fallback spawner."""
     return request.getfixturevalue(f"{request.param}_pool")

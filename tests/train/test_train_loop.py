@@ -151,13 +151,13 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
 
 def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None:
     base = ROOT / "curricula" / "rstar2.toml"
-    with pytest.raises(ConfigError, match="model.path"):
+    with pytest.raises(ConfigError, match=r"model\.path"):
         dry_run(config.load(base))
     model = tmp_path / "model"
     model.mkdir()
     train = tmp_path / "train.jsonl"
     train.write_text('{"id": "a", "question": "1+1?", "answer": "2"}\n')
-    with pytest.raises(ConfigError, match="data.eval"):
+    with pytest.raises(ConfigError, match=r"data\.eval"):
         dry_run(config.load(base, [f'model.path="{model}"', f'data.train="{train}"']))
     cfg = config.load(base, [f'model.path="{model}"', f'data.train="{train}"',
                              f'data.eval="{train}"'])

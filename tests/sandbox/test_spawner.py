@@ -1,0 +1,137 @@
+"""The template spawner: C fork loop, light/main routing, trailing-expression fast path.
+
+The adversarial and semantic tests run on the default spawner (templates) and, through
+``any_pool``, on the Python fallback; these cover what is particular to the templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+
+import pytest
+from conftest import FAST, SECCOMP_MISSING
+from sbx_helpers import assert_serves, run
+
+from sandbox import PoolConfig, SandboxPool
+from sandbox._runtime import child
+from sandbox._runtime.zygote import light_enough
+from sandbox.errors import SandboxConfigError
+
+LIGHT = frozenset({"math", "sys", "fractions", "collections", "itertools", "random"})
+
+
+@pytest.mark.parametrize("code, light", [
+    ("print(1+1)", True),
+    ("import math, sys\nprint(math.pi)", True),
+    ("from fractions import Fraction as F", True),
+    ("from collections.abc import Mapping", True),
+    ("def f():\n    import itertools\n    return 1", True),
+    ("# uses numpy later, maybe\nprint('numpy')", True),  # text, not an import
+    ("important = 1\nfromage = 2", True),
+    ("import numpy as np; print(np.pi)", False),
+    ("x = 1\nfrom sympy import *", False),
+    ("import math as m, numpy", False),
+    ("import os", False),  # not in this light set
+    ("__import__('math')", False),  # dynamic imports are not followed
+    ("import importlib", False),
+    ("exec('import numpy')", False),
+])
+def test_routing_follows_the_imports_the_text_shows(code, light):
+    assert light_enough(code, LIGHT) is light
+
+
+def _reference(code: str) -> str:
+    """What the program prints under the AST rule (the last statement, if an expression,
+    has its non-None repr printed)."""
+    import ast
+    tree = ast.parse(code)
+    last = tree.body.pop().value if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    out = io.StringIO()
+    g: dict = {"__name__": "__main__"}
+    with contextlib.redirect_stdout(out):
+        exec(compile(tree, "<string>", "exec"), g)
+        if last is not None:
+            v = eval(compile(ast.Expression(last), "<string>", "eval"), g)
+            if v is not None:
+                print(repr(v))
+    return out.getvalue()
+
+
+PROGRAMS = [
+    "print(1+1)", "x=5\nx*2", "x = 1\nx  # comment\n", "é = 3\né * 2", "x = 'é'; x + 'ü'",
+    "'''multi\nline''' + 'x'", "[i for i in\nrange(3)]", "def f():\n    return 3\nf()",
+    "import math\nmath.pi", "try:\n  x=1\nexcept Exception:\n  x=2\nx", "x=1; x+1",
+    "a = 1\n(a +\n 2)", "42", "x=1\n42", "None", "if True:\n    7", "for i in range(3): i",
+    "with open('/dev/null') as f:\n    f.read()", "class C:\n    def __exit__(s, *a): return False\n"
+    "    def __enter__(s): return s\nwith C():\n    pass", "x = [1]\nx.append(2)",
+    "import sys\nsys.stdout.write('a')", "x = 1 + \\\n  2\nx", "print(1)\n\n\n", "x = (1,\n2)\n",
+]
+
+
+@pytest.mark.parametrize("code", PROGRAMS)
+def test_the_trailing_expression_fast_path_prints_what_the_ast_rule_prints(code):
+    saved = (child._prepared_main, __import__("sys").displayhook)
+    try:
+        child.prepare_main()
+        body, tail = child.split_trailing_expression(code)
+        out = io.StringIO()
+        g: dict = {"__name__": "__main__"}
+        with contextlib.redirect_stdout(out):
+            exec(body, g)
+            if tail is not None:
+                v = eval(tail, g)
+                if v is not None:
+                    print(repr(v))
+        assert out.getvalue() == _reference(code)
+    finally:
+        import sys
+        child._prepared_main, sys.displayhook = saved
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_programs_fork_from_the_template_their_imports_need(jail_pool):
+    info = jail_pool.describe()
+    assert info["spawner"] == "template" and info["light_template"], info
+    r = await run(jail_pool, "import sys\nprint('numpy' in sys.modules, 'sympy' in sys.modules)")
+    assert r.stdout == "False False\n", r  # the light template
+    r = await run(jail_pool, "import numpy, sys\nprint('sympy' in sys.modules)")
+    assert r.stdout == "True\n", r  # the main one, with every preload
+    # a program routed to the light template still gets what it imports dynamically
+    r = await run(jail_pool, "m = 'num' + 'py'\nnp = __import__(m)\nprint(np.arange(3).sum())")
+    assert r.stdout == "3\n", r
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_light_template_reseeds_random_per_call(jail_pool):
+    outs = {(await run(jail_pool, "import random; print(random.random())")).stdout
+            for _ in range(4)}
+    assert len(outs) == 4
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.skipif(bool(SECCOMP_MISSING), reason="needs seccomp")
+async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
+    cfg = dict(FAST, workers=1, isolation="seccomp")  # no jail: template pids are host pids
+    async with SandboxPool(PoolConfig(**cfg)) as pool:
+        info = pool._workers[0].info
+        assert info["spawner"] == "template"
+        slow = asyncio.ensure_future(run(pool, "import time; time.sleep(1.5)"))
+        await asyncio.sleep(0.3)
+        os.kill(info["light"]["pid"], signal.SIGKILL)
+        r = await asyncio.wait_for(slow, 10)
+        assert r.status == "sandbox_failure", r
+        for _ in range(50):  # the replacement worker starts in the background
+            if pool.describe()["workers_ready"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        await assert_serves(pool)
+        assert pool.metrics.worker_restarts >= 1
+
+
+def test_spawner_is_validated():
+    with pytest.raises(SandboxConfigError, match="spawner"):
+        PoolConfig(spawner="fork")
