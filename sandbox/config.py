@@ -21,7 +21,13 @@ DEFAULT_PRELOAD: tuple[str, ...] = (
 )
 
 
-LIGHT_PRELOAD: tuple[str, ...] = tuple(m for m in DEFAULT_PRELOAD if m not in ("numpy", "sympy"))
+LIGHT_PRELOAD: tuple[str, ...] = (
+    # the light template's modules: the common pure-Python ones (and math). Every extension
+    # module maps ~5 more regions into it, and each costs every fork and exit; a program that
+    # imports anything else forks from the main template, which has it all.
+    "math", "fractions", "itertools", "functools", "collections", "re", "random", "heapq",
+    "bisect", "string", "operator", "copy", "numbers", "time", "typing",
+)
 
 
 class IsolationLevel(enum.StrEnum):

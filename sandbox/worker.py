@@ -9,6 +9,7 @@ burst of calls costs one ``write`` syscall.
 from __future__ import annotations
 
 import asyncio
+import marshal
 import os
 import signal
 import subprocess
@@ -106,7 +107,8 @@ class Worker:
         loop.add_reader(self._err_fd, self._on_stderr)
         self._pidfd = os.pidfd_open(self._proc.pid)
         loop.add_reader(self._pidfd, self._on_process_exit)
-        data = _encoder.encode(self.config)
+        data = marshal.dumps(self.config)  # marshal: the zygote decodes it before importing
+        # msgspec, so that the processes it forks children from do not map msgspec
         self._write(protocol.HEADER.pack(len(data)) + data)
         try:
             async with asyncio.timeout(timeout_s):

@@ -10,8 +10,8 @@
  *   controller, see ``forkserver``), forks, reaps children (signalfd), and reports SPAWNED /
  *   EXITED. In each child it applies the whole containment (stdio, session, nice, parent-death
  *   signal, working directory, Landlock, fd cleanup, capabilities, rlimits, seccomp) in C and
- *   only then *returns* into Python with (call id, kind, payload length), so the child's
- *   Python code starts already contained.
+ *   only then *returns* into Python with its call (id, kind, code or target, data), so the
+ *   child's Python code starts already contained.
  *
  * Wire format (native endianness, both ends on one host):
  *   request  {u32 op; u32 kind; u64 id; f64 time_limit_s; u32 flags; u32 payload_len}
@@ -280,6 +280,38 @@ static void contain(const struct config *c, const struct request *rq, const int 
         close(3);  /* a program cannot forge the status pipe; hosted functions answer on it */
 }
 
+/* The call's payload (fd 4: u64 text length, UTF-8 text, data) as (id, kind, text, data).
+ * Read here rather than in Python: every Python-level step of a fresh child costs faults. */
+static PyObject *child_payload(const struct request *rq)
+{
+    size_t total = rq->payload_len, got = 0;
+    char *buf = PyMem_RawMalloc(total ? total : 1);
+    if (!buf)
+        child_fail("payload buffer");
+    while (got < total) {
+        ssize_t n = pread(4, buf + got, total - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            child_fail("read(payload)");
+        got += (size_t)n;
+    }
+    close(4);
+    uint64_t tlen = 0;
+    if (total < 8 || (memcpy(&tlen, buf, 8), tlen > total - 8)) {
+        errno = EINVAL;
+        child_fail("payload header");
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(buf + 8, (Py_ssize_t)tlen, "surrogatepass");
+    PyObject *data = PyBytes_FromStringAndSize(buf + 8 + tlen, (Py_ssize_t)(total - 8 - tlen));
+    PyMem_RawFree(buf);
+    if (!text || !data) {
+        errno = EINVAL;
+        child_fail("payload decode");
+    }
+    return Py_BuildValue("KINN", (unsigned long long)rq->id, rq->kind, text, data);
+}
+
 /* ---------------------------------------------------------------- template side */
 
 static void shutdown_children(void)
@@ -506,6 +538,7 @@ static int single_threaded(void)
 
 static PyObject *serve(PyObject *self, PyObject *args)
 {
+    (void)self;
     int sock;
     PyObject *cfgdict;
     if (!PyArg_ParseTuple(args, "iO!", &sock, &PyDict_Type, &cfgdict))
@@ -546,8 +579,7 @@ static PyObject *serve(PyObject *self, PyObject *args)
                 int r = handle_request(sock, &cfg, me, &rq);
                 if (r == 1) {
                     close(sfd);
-                    return Py_BuildValue("KIIi", (unsigned long long)rq.id, rq.kind,
-                                         rq.payload_len, (int)rq.time_limit_s);
+                    return child_payload(&rq);
                 }
                 if (r < 0) {
                     shutdown_children();
@@ -563,16 +595,30 @@ static PyObject *serve(PyObject *self, PyObject *args)
     _exit(1);
 }
 
+static PyObject *seqpacket_pair(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return Py_BuildValue("ii", sv[0], sv[1]);
+}
+
 static PyMethodDef methods[] = {
+    {"seqpacket_pair", seqpacket_pair, METH_NOARGS,
+     "seqpacket_pair() -> (fd, fd): a connected AF_UNIX SOCK_SEQPACKET pair (close-on-exec), "
+     "without importing the socket module into the template."},
     {"serve", serve, METH_VARARGS,
-     "serve(sock, config) -> (id, kind, payload_len, limit): fork contained children on "
-     "request; returns only in a child."},
+     "serve(sock, config) -> (id, kind, text, data): fork contained children on request; "
+     "returns only in a child, with its call."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_forkserver",
     "The template's fork loop (see the C source's header comment).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__forkserver(void)

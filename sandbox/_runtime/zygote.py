@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import heapq
 import importlib
 import io
+import marshal
 import os
 import random
 import re
 import resource
-import select
 import signal
-import socket
 import struct
 import sys
 import threading
 import time
-
-import msgspec
+from typing import TYPE_CHECKING, Any
 
 from . import child as childmod
 from . import landlock, outcome, protocol, seccomp, warm
@@ -44,8 +41,29 @@ except ImportError as _exc:
     _forkserver = None
     _FORKSERVER_ERROR = repr(_exc)[:300]
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
+if TYPE_CHECKING:
+    import heapq
+    import select
+    import socket
+
+    import msgspec
+
+# Imported by `_controller_modules`, after the templates were forked: the process children
+# fork from must not map msgspec, sockets or epoll (each shared library is ~5 memory regions,
+# and every region costs every fork and every exit).
+_encoder: msgspec.msgpack.Encoder
+_decoder: msgspec.msgpack.Decoder
+
+
+def _controller_modules() -> None:
+    global heapq, msgspec, select, socket, _encoder, _decoder
+    import heapq
+    import select
+    import socket
+
+    import msgspec
+    _encoder = msgspec.msgpack.Encoder()
+    _decoder = msgspec.msgpack.Decoder()
 _libc = ctypes.CDLL(None, use_errno=True)
 _READ = 65536
 _PR_SET_DUMPABLE = 4
@@ -96,7 +114,7 @@ class _Template:
 
     __slots__ = ("name", "pid", "sends", "sock")
 
-    def __init__(self, name: str, sock: socket.socket, pid: int) -> None:
+    def __init__(self, name: str, sock: Any, pid: int) -> None:
         self.name = name
         self.sock = sock
         self.pid = pid
@@ -140,7 +158,7 @@ class Zygote:
         self.children: dict[int, _Child] = {}
         self.by_fd: dict[int, tuple[_Child, Stream | None]] = {}
         self.deadlines: list[tuple[float, int]] = []
-        self.ep = select.epoll()
+        self.ep: select.epoll  # by start_serving()
         self.inbuf = bytearray()
         self.out = sys.stdout.buffer
         self.info: dict = {}
@@ -153,8 +171,8 @@ class Zygote:
 
     # ---------------------------------------------------------------- start-up
     def prepare(self) -> None:
-        """Get ready to fork children: in a template process when the C fork loop is there
-        (the default), else in this process."""
+        """Get ready to fork children: in template processes when the C fork loop is there
+        (the default), else in this process. Then load what the controller needs to serve."""
         want = self.cfg.get("spawner", "auto")
         if want != "python" and _forkserver is not None:
             self.info = self._start_template("main", list(self.cfg.get("preload", [])))
@@ -165,28 +183,35 @@ class Zygote:
                 self.info["light"] = {k: info[k] for k in ("pid", "vm_bytes", "startup_s",
                                                              "thp_kb", "missing_preload")}
             self.info.update(spawner="template", controller_pid=os.getpid())
-            _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-            return
-        if want == "template":
+        elif want == "template":
             raise RuntimeError(f"spawner 'template' asked for, but the C fork loop is not "
                                f"available: {_FORKSERVER_ERROR}")
-        self._prepare_runtime(list(self.cfg.get("preload", [])))
-        self.info["spawner"] = "python"
-        self.info["spawner_note"] = _FORKSERVER_ERROR or "asked for"
+        else:
+            self._prepare_runtime(list(self.cfg.get("preload", [])))
+            self.info["spawner"] = "python"
+            self.info["spawner_note"] = _FORKSERVER_ERROR or "asked for"
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _controller_modules()
+        self.ep = select.epoll()
+        for t in self.templates:
+            fd = t.sock
+            t.sock = socket.socket(fileno=fd)
+            t.sock.setblocking(False)
+            self.template_by_fd[fd] = t
+            self.ep.register(fd, select.EPOLLIN)
 
     def _start_template(self, name: str, preload: list[str]) -> dict:
         """Fork a template: it imports ``preload`` and then only forks, in C; this process
         (the controller) keeps every piece of per-call bookkeeping, so nothing it does writes
         to pages that the children share with the process they are forked from."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        assert _forkserver is not None
+        ours, theirs = _forkserver.seqpacket_pair()
         pid = os.fork()
         if pid == 0:
             try:
-                ours.close()
-                self.ep.close()
+                os.close(ours)
                 for t in self.templates:
-                    t.sock.close()
+                    os.close(t.sock)
                 self._template_main(theirs, preload)
             except BaseException as exc:  # broad: report, then die; the controller sees EOF
                 try:
@@ -194,20 +219,17 @@ class Zygote:
                 except OSError:
                     pass
             os._exit(childmod.EXIT_SETUP_FAILED)
-        theirs.close()
-        data = ours.recv(1 << 20)
+        os.close(theirs)
+        data = os.read(ours, 1 << 20)
         if not data:
             _, status = os.waitpid(pid, 0)
             raise RuntimeError(f"the {name} template exited during start-up (status {status})")
-        ours.setblocking(False)
-        t = _Template(name, ours, pid)
-        self.templates.append(t)
-        self.template_by_fd[ours.fileno()] = t
-        self.ep.register(ours.fileno(), select.EPOLLIN)
-        return _decoder.decode(data)
+        self.templates.append(_Template(name, ours, pid))
+        return marshal.loads(data)
 
-    def _template_main(self, sock: socket.socket, preload: list[str]) -> None:
+    def _template_main(self, sock: int, preload: list[str]) -> None:
         """In the template: prepare, report, then fork on request (returns only in children)."""
+        assert _forkserver is not None
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)  # the pool's pipes belong to the controller alone
@@ -233,10 +255,18 @@ class Zygote:
         gc.collect()
         gc.freeze()
         childmod.pause_gc()
-        sock.sendall(_encoder.encode(self.info))
-        call_id, kind, payload_len, _ = _forkserver.serve(sock.fileno(), cfg)
-        # ---- a child, contained; fds 0-2 stdio, 3 status (hosted functions), 4 the payload
-        self._child_entry(call_id, kind, payload_len)
+        os.write(sock, marshal.dumps(self.info))
+        _, kind, text, data = _forkserver.serve(sock, cfg)
+        # ---- a child, contained; fds 0-2 stdio, 3 status (hosted functions)
+        if self._reseed_in_python:
+            seed = os.urandom(12)  # a fresh program gets fresh randomness
+            random.seed(int.from_bytes(seed[:8], "little"))
+            if self._np_rand is not None:
+                self._np_rand.seed(int.from_bytes(seed[8:], "little"))
+        if kind == protocol.KIND_EXEC:
+            childmod.run_program(text)
+        else:
+            childmod.run_function(text, data, self.max_result)
 
     def _mt_states(self) -> tuple[list[tuple[int, int, int, int]], bool]:
         """Where the Mersenne-Twister states of ``random`` and numpy's global generator lie,
@@ -269,26 +299,6 @@ class Zygote:
             else:
                 fallback = True
         return out, fallback
-
-    def _child_entry(self, call_id: int, kind: int, payload_len: int) -> None:
-        if self._reseed_in_python:
-            seed = os.urandom(12)  # a fresh program gets fresh randomness
-            random.seed(int.from_bytes(seed[:8], "little"))
-            if self._np_rand is not None:
-                self._np_rand.seed(int.from_bytes(seed[8:], "little"))
-        raw = b""
-        while len(raw) < payload_len:
-            chunk = os.pread(4, payload_len - len(raw), len(raw))
-            if not chunk:
-                break
-            raw += chunk
-        os.close(4)
-        n = int.from_bytes(raw[:8], "little")
-        text = raw[8:8 + n].decode("utf-8", "surrogatepass")
-        if kind == protocol.KIND_EXEC:
-            childmod.run_program(text)
-        else:
-            childmod.run_function(text, raw[8 + n:], self.max_result)
 
     def _prepare_runtime(self, preload: list[str]) -> None:
         t0 = time.monotonic()
@@ -421,8 +431,10 @@ class Zygote:
                     childmod.drop_capabilities()
                 if prog is not None:
                     prog.install()
-                    import socket
-                    for attempt in (lambda: socket.socket(), os.fork,
+                    def open_socket() -> None:  # the socket module is not loaded here
+                        if _libc.socket(1, 1, 0) < 0:  # AF_UNIX, SOCK_STREAM
+                            raise PermissionError(ctypes.get_errno(), "socket")
+                    for attempt in (open_socket, os.fork,
                                     lambda: os.kill(os.getppid(), 0)):
                         try:
                             attempt()
@@ -930,7 +942,7 @@ def main() -> None:
             return
         inbuf += chunk
         frames = protocol.split_frames(inbuf)
-    cfg = _decoder.decode(frames[0])
+    cfg = marshal.loads(frames[0])
     if not cfg.get("jailed"):
         # On the host, the pool dying (even SIGKILLed) should not leave working directories
         # behind: ask for SIGTERM instead, and clean up on it. (In a jail, SIGKILL: the jail's
