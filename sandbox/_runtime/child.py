@@ -21,9 +21,7 @@ import ctypes
 import gc
 import importlib
 import itertools
-import opcode
 import os
-import pickle
 import resource
 import signal
 import sys
@@ -187,10 +185,10 @@ def prepare_main() -> None:
     _prepared_main = main
 
 
-_POP_TOP = opcode.opmap["POP_TOP"]
-_LOAD_CONST = opcode.opmap["LOAD_CONST"]
-_RETURN_VALUE = opcode.opmap["RETURN_VALUE"]
-_PRINT_EXPR = opcode.opmap.get("PRINT_EXPR")  # 3.11; later versions take the AST path
+# opcode.opmap's values on 3.11 (the ``opcode`` module would map its C helper into the
+# templates); other versions take the AST path.
+_POP_TOP, _LOAD_CONST, _RETURN_VALUE = 1, 100, 83
+_PRINT_EXPR = 70 if sys.version_info[:2] == (3, 11) else None
 
 
 def _display(value: object) -> None:
@@ -276,6 +274,10 @@ def run_program(code: str) -> None:
     _finish(0)
 
 
+FUNCTION_MODULES = ("pickle",)
+"""What ``run_function`` needs loaded before the fork."""
+
+
 def _resolve(target: str):
     module, _, qual = target.partition(":")
     if not module or not qual:
@@ -287,7 +289,12 @@ def _resolve(target: str):
 
 
 def run_function(target: str, payload: bytes, max_result_bytes: int) -> None:
-    """Call ``target(*args, **kwargs)`` and write ``pickle((ok, value_or_traceback))`` to fd 3."""
+    """Call ``target(*args, **kwargs)`` and write ``pickle((ok, value_or_traceback))`` to fd 3.
+
+    ``pickle`` was imported by the process this child was forked from (``FUNCTION_MODULES``);
+    the light template, which runs no functions, does not map it."""
+    import pickle
+
     _start_gc()
     try:
         args, kwargs = pickle.loads(payload)

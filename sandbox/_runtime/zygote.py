@@ -168,6 +168,7 @@ class Zygote:
         self.routed = {"main": 0, "light": 0}
         self._rbuf = bytearray(_REPLY.size * 256)
         self._reseed_in_python = True
+        self._devnull = -1  # by prepare(): stdin of the calls that have none
 
     # ---------------------------------------------------------------- start-up
     def prepare(self) -> None:
@@ -175,7 +176,8 @@ class Zygote:
         (the default), else in this process. Then load what the controller needs to serve."""
         want = self.cfg.get("spawner", "auto")
         if want != "python" and _forkserver is not None:
-            self.info = self._start_template("main", list(self.cfg.get("preload", [])))
+            self.info = self._start_template(
+                "main", [*self.cfg.get("preload", []), *childmod.FUNCTION_MODULES])
             light = list(self.cfg.get("light_preload") or [])
             if light:
                 info = self._start_template("light", light)
@@ -187,10 +189,11 @@ class Zygote:
             raise RuntimeError(f"spawner 'template' asked for, but the C fork loop is not "
                                f"available: {_FORKSERVER_ERROR}")
         else:
-            self._prepare_runtime(list(self.cfg.get("preload", [])))
+            self._prepare_runtime([*self.cfg.get("preload", []), *childmod.FUNCTION_MODULES])
             self.info["spawner"] = "python"
             self.info["spawner_note"] = _FORKSERVER_ERROR or "asked for"
         _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        self._devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         _controller_modules()
         self.ep = select.epoll()
         for t in self.templates:
@@ -559,11 +562,13 @@ class Zygote:
         streams: list[Stream] = []
         try:
             if kind == protocol.KIND_EXEC:
-                stdin_fd = os.memfd_create("stdin", 0)
-                fds_to_close.append(stdin_fd)
                 if data:
+                    stdin_fd = os.memfd_create("stdin", 0)
+                    fds_to_close.append(stdin_fd)
                     _write_all(stdin_fd, data)
                     os.lseek(stdin_fd, 0, os.SEEK_SET)
+                else:  # no input: the shared /dev/null (a memfd per call costs two syscalls)
+                    stdin_fd = self._devnull
                 out_r, out_w = os.pipe()
                 streams.append(Stream(out_r, self.max_output))
                 fds_to_close.append(out_w)
@@ -572,8 +577,7 @@ class Zygote:
                 fds_to_close.append(err_w)
                 child_fds = (stdin_fd, out_w, err_w)
             else:
-                stdin_fd = os.open(os.devnull, os.O_RDONLY)
-                fds_to_close.append(stdin_fd)
+                stdin_fd = self._devnull
                 log_r, log_w = os.pipe()
                 streams.append(Stream(log_r, 8192))
                 fds_to_close.append(log_w)

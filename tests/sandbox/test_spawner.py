@@ -132,6 +132,17 @@ async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
         assert pool.metrics.worker_restarts >= 1
 
 
+def test_the_fast_path_opcodes_are_this_pythons():
+    import opcode
+    import sys
+    if sys.version_info[:2] != (3, 11):
+        assert child._PRINT_EXPR is None
+        return
+    assert (child._POP_TOP, child._LOAD_CONST, child._RETURN_VALUE, child._PRINT_EXPR) == (
+        opcode.opmap["POP_TOP"], opcode.opmap["LOAD_CONST"], opcode.opmap["RETURN_VALUE"],
+        opcode.opmap["PRINT_EXPR"])
+
+
 def test_spawner_is_validated():
     with pytest.raises(SandboxConfigError, match="spawner"):
         PoolConfig(spawner="fork")
