@@ -1,15 +1,38 @@
-"""The zygote: a warm Python process that forks one contained child per call.
+"""The zygote: one worker of the pool, which forks one contained child per call.
 
-Lifecycle: read the config frame on stdin, import the preloads, warm them up, freeze the heap
-(``gc.freeze`` so children's garbage collection never touches it, transparent huge pages so
-fork and exit copy and free 2 MiB page-table entries instead of 4 KiB ones), self-test the
-seccomp filter, report ready, then serve. The loop is a single-threaded epoll loop: requests
-from the pool on fd 0, answers on fd 1, and per child a pidfd plus its stdout/stderr/status
-pipes. Every child has a wall-clock deadline; past it the child is SIGKILLed (with its process
-group). The zygote itself never runs model code. How a finished child becomes an answer is in
-``outcome``, the warm-up and huge-page work in ``warm``, the child's own steps in ``child``.
+Two shapes, one protocol towards the pool (``protocol``):
 
-Exit: EOF on stdin (the pool went away or closed us) -> kill every child and exit.
+- **Templates** (``spawner = template``, the default when the C module ``_forkserver`` is
+  built). This process is the *controller*: it reads the config, forks a *main template*
+  (every preload) and a *light template* (``light_preload``: the standard library's common
+  pure-Python modules), and only then imports what serving needs (msgspec, epoll, sockets), so
+  the templates do not map them. A template imports its preloads, warms them up, freezes its
+  heap, prepares the Landlock ruleset and the seccomp program, self-tests them, and enters
+  ``_forkserver.serve``: a loop in C that forks on request, applies the containment in C and
+  returns into Python only in the child, with the call. The controller does all per-call
+  bookkeeping (working directories, pipes, deadlines, output capture, answers); the templates
+  write nothing between forks. Why: on this machine (nested virtualisation) a page fault costs
+  ~4 us, and a zygote that forks from its own Python loop re-faults ~190 pages per call, its
+  children ~200 more while containing themselves in Python; every memory region of the forked
+  process also costs ~1.8 us per fork and exit (the light template maps ~100, the main one
+  ~330). A program goes to the light template when the imports its text shows are all loaded
+  there (``light_enough``); anything else, and every hosted function, to the main one.
+- **Python** (``spawner = python``, or no C module): this process imports the preloads and
+  forks each child itself (glibc ``fork`` through ctypes); the child contains itself
+  (``child.setup``). Same containment, same answers, about half the throughput.
+
+Lifecycle: read the config frame (marshal) on stdin, prepare (above), report ready, serve. The
+loop is a single-threaded epoll loop: requests from the pool on fd 0, answers on fd 1, per
+child its stdout/stderr/status pipes, and per template its socket (or, in the Python shape,
+per child a pidfd). Every child has a wall-clock deadline; past it the child is SIGKILLed
+(with its process group; by its template, which alone reaps it, so a pid is never reused
+under a kill). Neither the controller nor a template runs model code. How a finished child
+becomes an answer is in ``outcome``, the warm-up and huge-page work in ``warm``, the child's
+own steps in ``child``.
+
+Exit: EOF on stdin (the pool went away or closed us) -> kill every child and exit. A template
+that dies takes its worker down (the pool fails that worker's calls in flight and starts a new
+one).
 """
 
 from __future__ import annotations
@@ -169,6 +192,7 @@ class Zygote:
         self._rbuf = bytearray(_REPLY.size * 256)
         self._reseed_in_python = True
         self._devnull = -1  # by prepare(): stdin of the calls that have none
+        self._unflushed = False
 
     # ---------------------------------------------------------------- start-up
     def prepare(self) -> None:
@@ -465,9 +489,16 @@ class Zygote:
 
     # ---------------------------------------------------------------- serving
     def send(self, obj) -> None:
+        """Queue a frame to the pool; `serve` flushes once per loop iteration (one write, and
+        one wake-up of the pool, for every answer that iteration produced)."""
         data = _encoder.encode(obj)
         self.out.write(protocol.HEADER.pack(len(data)) + data)
-        self.out.flush()
+        self._unflushed = True
+
+    def flush(self) -> None:
+        if self._unflushed:
+            self._unflushed = False
+            self.out.flush()
 
     def serve(self) -> None:
         os.set_blocking(0, False)
@@ -508,6 +539,7 @@ class Zygote:
                     self._read_stream(ch, stream)
             if self.deadlines:
                 self._expire(time.monotonic())
+            self.flush()
 
     def _read_requests(self) -> bool:
         while True:
@@ -687,6 +719,7 @@ class Zygote:
         """Without its template the worker cannot run calls: exit; the pool fails the calls
         in flight with sandbox_failure and starts a new worker."""
         os.write(2, f"sandbox zygote: {why}\n".encode())
+        self.flush()  # the answers already made still reach the pool
         for t in self.templates:
             try:
                 os.kill(t.pid, signal.SIGKILL)
@@ -959,6 +992,7 @@ def main() -> None:
     try:
         z.prepare()
         z.send([0, "ready", z.info])
+        z.flush()
         z.serve()
     except SystemExit:
         z._shutdown()
