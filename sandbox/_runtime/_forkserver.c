@@ -18,7 +18,7 @@
  *            SPAWN carries 6 fds (SCM_RIGHTS): stdin, stdout, stderr, status, payload, workdir
  *            (O_PATH). KILL carries none.
  *   reply    {u32 op; i32 value; u64 id; i64 utime_us; i64 stime_us; i64 minflt}
- *            SPAWNED: value = pid, or -errno when fork failed.  EXITED: value = wait status.
+ *            SPAWNED (only when fork failed): value = -errno.  EXITED: value = wait status.
  *
  * The template is single-threaded (checked) and forks with the GIL held, without CPython's
  * after-fork hooks: they exist for processes whose other threads held locks at fork time.
@@ -117,6 +117,7 @@ struct config {
 struct live {
     uint64_t id;
     pid_t pid;
+    int may_fork;  /* a hosted function (no seccomp): it may have left a process group */
 };
 
 static struct live *g_live;
@@ -140,7 +141,7 @@ static int send_reply(int sock, uint32_t op, int32_t value, uint64_t id, const s
     }
 }
 
-static int live_add(uint64_t id, pid_t pid)
+static int live_add(uint64_t id, pid_t pid, int may_fork)
 {
     if (g_nlive == g_cap) {
         size_t cap = g_cap ? g_cap * 2 : 64;
@@ -152,6 +153,7 @@ static int live_add(uint64_t id, pid_t pid)
     }
     g_live[g_nlive].id = id;
     g_live[g_nlive].pid = pid;
+    g_live[g_nlive].may_fork = may_fork;
     g_nlive++;
     return 0;
 }
@@ -340,8 +342,11 @@ static void reap(int sock)
         if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
             return;
         /* Until it is reaped the zombie holds its pid (and so its group id): whatever is left
-         * of its group (a hosted function may fork) dies now, and never a reused pid. */
-        kill(-si.si_pid, SIGKILL);
+         * of its group (a hosted function may fork) dies now, and never a reused pid. A
+         * program under seccomp cannot have made processes. */
+        for (size_t i = 0; i < g_nlive; i++)
+            if (g_live[i].pid == si.si_pid && g_live[i].may_fork)
+                kill(-si.si_pid, SIGKILL);
         pid_t pid = wait4(si.si_pid, &status, 0, &ru);
         if (pid <= 0)
             return;
@@ -413,7 +418,7 @@ static int handle_request(int sock, const struct config *c, pid_t template_pid,
         close_fds(fds, nfds);
         return -1;
     }
-    if (live_add(rq.id, 0) != 0) {
+    if (live_add(rq.id, 0, !(rq.flags & FLAG_SECCOMP)) != 0) {
         close_fds(fds, nfds);
         send_reply(sock, OP_SPAWNED, -ENOMEM, rq.id, NULL);
         return 0;
@@ -431,8 +436,7 @@ static int handle_request(int sock, const struct config *c, pid_t template_pid,
         send_reply(sock, OP_SPAWNED, -e, rq.id, NULL);
         return 0;
     }
-    g_live[g_nlive - 1].pid = pid;
-    send_reply(sock, OP_SPAWNED, pid, rq.id, NULL);
+    g_live[g_nlive - 1].pid = pid;  /* no SPAWNED reply: the controller needs only EXITED */
     return 0;
 }
 

@@ -710,8 +710,6 @@ class Zygote:
                         self._close_stream(ch, st)
                     _remove_tree(ch.workdir)
                     self._answer_failure(ch, f"fork failed: {os.strerror(-value)}")
-                else:
-                    ch.pid = value
             elif op == _OP_EXITED:
                 self._finalize(ch, value)
 
