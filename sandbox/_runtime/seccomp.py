@@ -151,15 +151,38 @@ def _emit_tree(p: _Prog, nrs: list[int], actions: dict[int, str], counter: list[
     _emit_tree(p, nrs[mid:], actions, counter)
 
 
-def build_template() -> tuple[bytearray, list[tuple[int, int]]]:
+PROCESS_SYSCALLS = frozenset({
+    "clone", "clone3", "fork", "vfork", "kill", "tgkill", "tkill", "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo", "setsid", "setpgid", "capset",
+})
+"""What a process that forks children and contains them (a template) still needs, and its
+children must not have: ``Part.TEMPLATE`` leaves these out, ``Part.CHILD`` has only these."""
+
+
+def build_template(part: str = "all") -> tuple[bytearray, list[tuple[int, int]]]:
     """Build the filter once (in the zygote); returns the program and the slots that hold the
-    child's own pid (``(instruction index, sign)``), patched by ``install`` after fork."""
+    child's own pid (``(instruction index, sign)``), patched by ``install`` after fork.
+
+    ``part``: ``all`` (the whole filter, installed in each child), or the two halves of a
+    split filter: ``template`` (everything but ``PROCESS_SYSCALLS``: installed once, in the
+    process that forks the children, and inherited by them) and ``child`` (only
+    ``PROCESS_SYSCALLS``: installed in each child on top). Stacked, the two halves give every
+    syscall the action the whole filter gives it (the kernel applies the strictest), and a
+    child installs a program a fifth the size (its compile and cache set-up are per child)."""
+    if part not in ("all", "template", "child"):
+        raise ValueError(f"part must be 'all', 'template' or 'child', got {part!r}")
     actions = {_NR[name]: "eperm" for name in _DENY_EPERM}
     actions[_NR["clone3"]] = "enosys"
     actions[_NR["clone"]] = "clone"
     actions[_NR["kill"]] = "kill_sys"
     for name in _SELF_ONLY_ARG0:
         actions[_NR[name]] = "self_only"
+    process = {_NR[name] for name in PROCESS_SYSCALLS}
+    if part == "template":
+        actions = {nr: a for nr, a in actions.items() if nr not in process}
+    elif part == "child":
+        actions = {nr: a for nr, a in actions.items() if nr in process}
+    used = set(actions.values())
     p = _Prog()
     slots: list[tuple[int, int]] = []
     p.emit(_LD_W_ABS, _OFF_ARCH)
@@ -169,24 +192,27 @@ def build_template() -> tuple[bytearray, list[tuple[int, int]]]:
     p.emit(_JGE_K, _X32_SYSCALL_BIT, jt=0, jf=1)
     p.emit(_RET_K, _RET_KILL_PROCESS)
     _emit_tree(p, sorted(actions), actions, [0])
-    # clone: a thread (CLONE_THREAD set) with no namespace flags is fine, anything else is not
-    p.label("clone")
-    p.emit(_LD_W_ABS, _OFF_ARG0_LO)
-    p.emit(_JSET_K, _CLONE_THREAD, jt=0, jf="eperm")
-    p.emit(_JSET_K, _CLONE_NS_FLAGS, jt="eperm", jf="allow")
-    # kill(pid, sig): pid 0 (own group), own pid, or -own pid (own group) only
-    p.label("kill_sys")
-    p.emit(_LD_W_ABS, _OFF_ARG0_LO)
-    p.emit(_JEQ_K, 0, jt="allow", jf=0)
-    slots.append((len(p.ins), 1))
-    p.emit(_JEQ_K, 0, jt="allow", jf=0)
-    slots.append((len(p.ins), -1))
-    p.emit(_JEQ_K, 0, jt="allow", jf="eperm")
-    # tgkill / rt_sigqueueinfo / rt_tgsigqueueinfo: first argument must be our own tgid
-    p.label("self_only")
-    p.emit(_LD_W_ABS, _OFF_ARG0_LO)
-    slots.append((len(p.ins), 1))
-    p.emit(_JEQ_K, 0, jt="allow", jf="eperm")
+    if "clone" in used:
+        # clone: a thread (CLONE_THREAD set) with no namespace flags is fine, nothing else
+        p.label("clone")
+        p.emit(_LD_W_ABS, _OFF_ARG0_LO)
+        p.emit(_JSET_K, _CLONE_THREAD, jt=0, jf="eperm")
+        p.emit(_JSET_K, _CLONE_NS_FLAGS, jt="eperm", jf="allow")
+    if "kill_sys" in used:
+        # kill(pid, sig): pid 0 (own group), own pid, or -own pid (own group) only
+        p.label("kill_sys")
+        p.emit(_LD_W_ABS, _OFF_ARG0_LO)
+        p.emit(_JEQ_K, 0, jt="allow", jf=0)
+        slots.append((len(p.ins), 1))
+        p.emit(_JEQ_K, 0, jt="allow", jf=0)
+        slots.append((len(p.ins), -1))
+        p.emit(_JEQ_K, 0, jt="allow", jf="eperm")
+    if "self_only" in used:
+        # tgkill / rt_sigqueueinfo / rt_tgsigqueueinfo: first argument must be our own tgid
+        p.label("self_only")
+        p.emit(_LD_W_ABS, _OFF_ARG0_LO)
+        slots.append((len(p.ins), 1))
+        p.emit(_JEQ_K, 0, jt="allow", jf="eperm")
     p.label("allow")
     p.emit(_RET_K, _RET_ALLOW)
     p.label("eperm")
@@ -205,8 +231,9 @@ class Filter:
     """The filter, assembled once in the zygote; ``install`` patches in the child's pid and
     loads it. Preallocated so a child does no allocation here (fewer copy-on-write faults)."""
 
-    def __init__(self) -> None:
-        prog, self.slots = build_template()
+    def __init__(self, part: str = "all") -> None:
+        prog, self.slots = build_template(part)
+        self.part = part
         self.prog = prog
         self._buf = (ctypes.c_char * len(prog)).from_buffer(prog)
         self._fprog = _SockFprog(len(prog) // 8, ctypes.addressof(self._buf))

@@ -135,13 +135,15 @@ class _Child:
 class _Template:
     """A process that imported its preloads and then only forks, from the C loop."""
 
-    __slots__ = ("name", "pid", "sends", "sock")
+    __slots__ = ("landlock", "name", "pid", "seccomp", "sends", "sock")
 
-    def __init__(self, name: str, sock: Any, pid: int) -> None:
+    def __init__(self, name: str, sock: Any, pid: int, info: dict) -> None:
         self.name = name
         self.sock = sock
         self.pid = pid
         self.sends: list[tuple[bytes, list[int], list[int]]] = []
+        self.seccomp = bool(info.get("seccomp"))  # what its self-tests showed working
+        self.landlock = bool(info.get("landlock"))
 
 
 _IMPORT_RE = re.compile(r"\bimport\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*)"
@@ -176,7 +178,8 @@ class Zygote:
         self.landlock_rules: landlock.Ruleset | None = None
         self._np_rand = None
         self.drop_caps = False
-        self.seccomp_filter: seccomp.Filter | None = None
+        self.seccomp_filter: seccomp.Filter | None = None  # what each exec child installs
+        self.template_filter: seccomp.Filter | None = None  # split filter: the template's half
         self.limits = childmod.Limits(0, 0)  # set by prepare()
         self.children: dict[int, _Child] = {}
         self.by_fd: dict[int, tuple[_Child, Stream | None]] = {}
@@ -206,8 +209,13 @@ class Zygote:
             if light:
                 info = self._start_template("light", light)
                 self.light_modules = frozenset(info["modules"])
-                self.info["light"] = {k: info[k] for k in ("pid", "vm_bytes", "startup_s",
-                                                             "thp_kb", "missing_preload")}
+                self.info["light"] = {k: info.get(k) for k in (
+                    "pid", "vm_bytes", "startup_s", "thp_kb", "missing_preload", "seccomp",
+                    "seccomp_split", "landlock")}
+                if bool(info.get("seccomp")) != bool(self.info.get("seccomp")) or bool(
+                        info.get("landlock")) != bool(self.info.get("landlock")):
+                    raise RuntimeError(f"the templates' containment differs: main {self.info}, "
+                                       f"light {info}")
             self.info.update(spawner="template", controller_pid=os.getpid())
         elif want == "template":
             raise RuntimeError(f"spawner 'template' asked for, but the C fork loop is not "
@@ -239,7 +247,7 @@ class Zygote:
                 os.close(ours)
                 for t in self.templates:
                     os.close(t.sock)
-                self._template_main(theirs, preload)
+                self._template_main(theirs, preload, light=name == "light")
             except BaseException as exc:  # broad: report, then die; the controller sees EOF
                 try:
                     os.write(2, f"sandbox template failed: {exc!r}\n".encode())
@@ -251,10 +259,11 @@ class Zygote:
         if not data:
             _, status = os.waitpid(pid, 0)
             raise RuntimeError(f"the {name} template exited during start-up (status {status})")
-        self.templates.append(_Template(name, ours, pid))
-        return marshal.loads(data)
+        info = marshal.loads(data)
+        self.templates.append(_Template(name, ours, pid, info))
+        return info
 
-    def _template_main(self, sock: int, preload: list[str]) -> None:
+    def _template_main(self, sock: int, preload: list[str], light: bool) -> None:
         """In the template: prepare, report, then fork on request (returns only in children)."""
         assert _forkserver is not None
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -262,7 +271,10 @@ class Zygote:
         os.dup2(devnull, 0)  # the pool's pipes belong to the controller alone
         os.dup2(devnull, 1)
         os.close(devnull)
-        self._prepare_runtime(preload)
+        # The light template runs only model-written programs, so it can live under the
+        # template half of the filter itself; the main one also hosts functions, which run
+        # without seccomp.
+        self._prepare_runtime(preload, split_seccomp=light)
         self.info["fork"] = "template"
         rules, prog = self.landlock_rules, self.seccomp_filter
         cfg = {
@@ -282,6 +294,8 @@ class Zygote:
         gc.collect()
         gc.freeze()
         childmod.pause_gc()
+        if self.template_filter is not None:
+            self.template_filter.install()
         os.write(sock, marshal.dumps(self.info))
         _, kind, text, data = _forkserver.serve(sock, cfg)
         # ---- a child, contained; fds 0-2 stdio, 3 status (hosted functions)
@@ -327,7 +341,10 @@ class Zygote:
                 fallback = True
         return out, fallback
 
-    def _prepare_runtime(self, preload: list[str]) -> None:
+    def _prepare_runtime(self, preload: list[str], split_seccomp: bool = False) -> None:
+        """Import ``preload``, warm up, set the limits, prepare and self-test Landlock and the
+        seccomp filter (``split_seccomp``: the template half for this process, the child half
+        for each child), freeze the heap."""
         t0 = time.monotonic()
         for path in reversed(self.cfg.get("python_paths", [])):
             sys.path.insert(0, path)
@@ -352,7 +369,12 @@ class Zygote:
         caps = int(open("/proc/self/status").read().split("CapEff:")[1].split()[0], 16)
         self.drop_caps = caps != 0
         want_seccomp = bool(self.cfg["seccomp"])
-        prog = seccomp.Filter() if want_seccomp else None
+        prog = None
+        if want_seccomp and split_seccomp:
+            prog = seccomp.Filter("child")
+            self.template_filter = seccomp.Filter("template")
+        elif want_seccomp:
+            prog = seccomp.Filter()
         limits_as = warm.vm_size() + int(self.cfg["memory_mb"]) * (1 << 20)
         self.limits = childmod.Limits(limits_as, int(self.cfg["max_open_files"]))
         # Limits that hold for the zygote as well are set once here and inherited.
@@ -386,6 +408,9 @@ class Zygote:
             info["seccomp"] = ok
             info["seccomp_error"] = err
             self.seccomp_filter = prog if ok else None
+            if not ok:
+                self.template_filter = None
+            info["seccomp_split"] = self.template_filter is not None
         else:
             info["seccomp"] = False
             info["seccomp_error"] = ""
@@ -457,6 +482,8 @@ class Zygote:
                 if self.drop_caps:
                     childmod.drop_capabilities()
                 if prog is not None:
+                    if self.template_filter is not None:  # split: the template's half first
+                        self.template_filter.install()
                     prog.install()
                     def open_socket() -> None:  # the socket module is not loaded here
                         if _libc.socket(1, 1, 0) < 0:  # AF_UNIX, SOCK_STREAM
@@ -642,11 +669,11 @@ class Zygote:
         flags = 0
         t = self.templates[0]
         if ch.kind == protocol.KIND_EXEC:
-            if self.info.get("seccomp"):
-                flags |= _FLAG_SECCOMP
             if len(self.templates) > 1 and light_enough(text, self.light_modules):
                 t = self.templates[1]
-        if self.info.get("landlock"):
+            if t.seccomp:
+                flags |= _FLAG_SECCOMP
+        if t.landlock:
             flags |= _FLAG_LANDLOCK
         self.routed[t.name] += 1
         ch.template = t

@@ -115,6 +115,35 @@ def test_filter_denies(name, args, want):
     assert _run_bpf(_filter(4242), seccomp._NR[name], args) == want
 
 
+def _strictest(a: int, b: int) -> int:
+    """The action the kernel takes for two stacked filters' results (the ones used here)."""
+    rank = {0x80000000: 0, 0x00050000: 1, ALLOW: 2}  # kill process, errno, allow
+    ra, rb = rank[a & 0xFFFF0000], rank[b & 0xFFFF0000]
+    return a if ra < rb else b  # b when the class is the same: the later filter's data
+
+
+def _part(part: str, pid: int) -> bytes:
+    prog, slots = seccomp.build_template(part)
+    for index, sign in slots:
+        struct.pack_into("<I", prog, index * 8 + 4, (sign * pid) & 0xFFFFFFFF)
+    return bytes(prog)
+
+
+def test_the_split_filter_stacked_acts_like_the_whole_one():
+    pid = 4242
+    whole, template, child = _filter(pid), _part("template", pid), _part("child", pid)
+    assert len(child) * 4 < len(whole)  # what each child compiles is the small half
+    for nr in range(0, 460):
+        for args in ((0,), (pid, 9), (-pid, 9), (1, 9), (17,), (0x3D0F00,),
+                     (0x3D0F00 | 0x10000000,)):
+            want = _run_bpf(whole, nr, args)
+            got = _strictest(_run_bpf(template, nr, args), _run_bpf(child, nr, args))
+            assert got == want, (nr, args, hex(got), hex(want))
+    # and the template's half leaves what a forking, containing process needs
+    for name in ("clone", "kill", "setsid", "capset"):
+        assert _run_bpf(template, seccomp._NR[name], (17, 9)) == ALLOW, name
+
+
 def test_filter_allows_threads_but_not_processes():
     clone = seccomp._NR["clone"]
     thread_flags = 0x3D0F00  # glibc pthread_create: VM|FS|FILES|SIGHAND|THREAD|SYSVSEM|...
