@@ -21,6 +21,13 @@ from sandbox._runtime import child
 from sandbox._runtime.zygote import light_enough
 from sandbox.errors import SandboxConfigError
 
+try:
+    from sandbox._runtime import _forkserver  # noqa: F401
+    NO_C = ""
+except ImportError as exc:  # built by `pip install` (needs a C compiler)
+    NO_C = f"the C fork loop is not built: {exc}"
+needs_c = pytest.mark.skipif(bool(NO_C), reason=NO_C)
+
 LIGHT = frozenset({"math", "sys", "fractions", "collections", "itertools", "random"})
 
 
@@ -92,6 +99,7 @@ def test_the_trailing_expression_fast_path_prints_what_the_ast_rule_prints(code)
         child._prepared_main, sys.displayhook = saved
 
 
+@needs_c
 @pytest.mark.asyncio(loop_scope="session")
 async def test_programs_fork_from_the_template_their_imports_need(jail_pool):
     info = jail_pool.describe()
@@ -105,6 +113,7 @@ async def test_programs_fork_from_the_template_their_imports_need(jail_pool):
     assert r.stdout == "3\n", r
 
 
+@needs_c
 @pytest.mark.asyncio(loop_scope="session")
 async def test_the_light_template_reseeds_random_per_call(jail_pool):
     outs = {(await run(jail_pool, "import random; print(random.random())")).stdout
@@ -112,6 +121,7 @@ async def test_the_light_template_reseeds_random_per_call(jail_pool):
     assert len(outs) == 4
 
 
+@needs_c
 @pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.skipif(bool(SECCOMP_MISSING), reason="needs seccomp")
 async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
