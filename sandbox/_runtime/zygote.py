@@ -680,16 +680,18 @@ class Zygote:
         payload_len = os.fstat(fds[4]).st_size
         msg = _REQUEST.pack(_OP_SPAWN, ch.kind, ch.id, ch.limit, flags, payload_len)
         t.sends.append((msg, list(fds), fds_to_close))
-        now = time.monotonic()
-        ch.start = now
-        ch.deadline = now + ch.limit
+        self._track(ch, streams, time.monotonic())
+
+    def _track(self, ch: _Child, streams: list[Stream], start: float) -> None:
+        """From now on ``ch`` is running: its output is read, its deadline watched."""
+        ch.start = start
+        ch.deadline = start + ch.limit
         self.children[ch.id] = ch
-        ep = self.ep
         for s in streams:
             os.set_blocking(s.fd, False)
             ch.streams.append(s)
             self.by_fd[s.fd] = (ch, s)
-            ep.register(s.fd, select.EPOLLIN)
+            self.ep.register(s.fd, select.EPOLLIN)
         heapq.heappush(self.deadlines, (ch.deadline, ch.id))
 
     def _flush_sends(self, t: _Template) -> None:
@@ -796,19 +798,10 @@ class Zygote:
         for fd in fds_to_close:
             os.close(fd)
         ch.pid = pid
-        ch.start = t0
-        ch.deadline = t0 + ch.limit
         ch.pidfd = os.pidfd_open(pid)
-        self.children[ch.id] = ch
-        ep = self.ep
-        for s in streams:
-            os.set_blocking(s.fd, False)
-            ch.streams.append(s)
-            self.by_fd[s.fd] = (ch, s)
-            ep.register(s.fd, select.EPOLLIN)
         self.by_fd[ch.pidfd] = (ch, None)
-        ep.register(ch.pidfd, select.EPOLLIN)
-        heapq.heappush(self.deadlines, (ch.deadline, ch.id))
+        self.ep.register(ch.pidfd, select.EPOLLIN)
+        self._track(ch, streams, t0)
 
     def _abandon(self, ch: _Child, fds: list[int], streams, detail: str) -> None:
         for fd in [*fds, *(s.fd for s in streams)]:
