@@ -106,9 +106,6 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     forks, from a loop in C: no copy-on-write faults from bookkeeping, containment applied in
     C), ``python`` (the zygote forks from Python), or ``auto`` (template when its C module is
     built, else python)."""
-    demote_after_s: float = 0.1
-    """A call still running after this long drops from nice 10 to 19 (spawner ``template``),
-    so short calls keep their latency next to CPU-bound ones; 0 turns it off."""
     huge_pages: bool = True
     """Back the zygote heap with transparent huge pages: makes fork and exit ~2x cheaper."""
 
@@ -135,8 +132,6 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
                                    f"got {self.isolation!r}") from None
         if self.jail not in ("auto", "nsjail", "bwrap"):
             raise bad("jail", f"must be 'auto', 'nsjail' or 'bwrap', got {self.jail!r}")
-        if not (self.demote_after_s >= 0 and math.isfinite(self.demote_after_s)):
-            raise bad("demote_after_s", f"must be >= 0 seconds, got {self.demote_after_s}")
         if self.spawner not in ("auto", "template", "python"):
             raise bad("spawner", f"must be 'auto', 'template' or 'python', got {self.spawner!r}")
         if self.max_open_files < 8:

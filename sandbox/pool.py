@@ -130,7 +130,6 @@ class SandboxPool:
             "function_max_result_bytes": cfg.function_max_result_bytes,
             "huge_pages": cfg.huge_pages, "jailed": self.plan.jail is not None,
             "spawner": cfg.spawner, "light_preload": list(cfg.light_preload),
-            "demote_after_s": cfg.demote_after_s,
         }
         return Worker(index, argv, env, wcfg, self._on_reply, self._on_worker_exit,
                       cwd=self._workroot)

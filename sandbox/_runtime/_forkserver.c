@@ -26,17 +26,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <time.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
-#include <stdlib.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
@@ -113,7 +110,6 @@ struct config {
     rlim_t nofile;
     int drop_caps;
     int nice_inc;
-    int64_t demote_after_ns;  /* 0: never */
     struct reseed *reseed;  /* Mersenne-Twister states in the template's heap */
     size_t nreseed;
 };
@@ -122,57 +118,10 @@ struct live {
     uint64_t id;
     pid_t pid;
     int may_fork;  /* a hosted function (no seccomp): it may have left a process group */
-    int64_t demote_at_ns;  /* CLOCK_MONOTONIC; 0: demoted already, or never */
 };
 
 static struct live *g_live;
 static size_t g_nlive, g_cap;
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* A call that has run this long drops to nice 19 (every thread it has; threads it makes later
- * inherit it), so a burst of short calls keeps its latency next to a CPU-bound one. */
-static void demote(pid_t pid)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    if (!d) {
-        setpriority(PRIO_PROCESS, (id_t)pid, 19);
-        return;
-    }
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            setpriority(PRIO_PROCESS, (id_t)atoi(e->d_name), 19);
-    closedir(d);
-}
-
-/* Demote the children due; returns the poll timeout (ms) until the next one is due, or -1. */
-static int demote_due(void)
-{
-    int64_t now = now_ns(), next = -1;
-    for (size_t i = 0; i < g_nlive; i++) {
-        int64_t at = g_live[i].demote_at_ns;
-        if (at == 0 || g_live[i].pid <= 0)
-            continue;
-        if (at <= now) {
-            demote(g_live[i].pid);
-            g_live[i].demote_at_ns = 0;
-        } else if (next < 0 || at < next) {
-            next = at;
-        }
-    }
-    if (next < 0)
-        return -1;
-    return (int)((next - now) / 1000000) + 1;
-}
-
 
 static int send_reply(int sock, uint32_t op, int32_t value, uint64_t id, const struct rusage *ru)
 {
@@ -192,7 +141,7 @@ static int send_reply(int sock, uint32_t op, int32_t value, uint64_t id, const s
     }
 }
 
-static int live_add(uint64_t id, pid_t pid, int may_fork, int64_t demote_at_ns)
+static int live_add(uint64_t id, pid_t pid, int may_fork)
 {
     if (g_nlive == g_cap) {
         size_t cap = g_cap ? g_cap * 2 : 64;
@@ -205,7 +154,6 @@ static int live_add(uint64_t id, pid_t pid, int may_fork, int64_t demote_at_ns)
     g_live[g_nlive].id = id;
     g_live[g_nlive].pid = pid;
     g_live[g_nlive].may_fork = may_fork;
-    g_live[g_nlive].demote_at_ns = demote_at_ns;
     g_nlive++;
     return 0;
 }
@@ -470,8 +418,7 @@ static int handle_request(int sock, const struct config *c, pid_t template_pid,
         close_fds(fds, nfds);
         return -1;
     }
-    int64_t demote_at = c->demote_after_ns > 0 ? now_ns() + c->demote_after_ns : 0;
-    if (live_add(rq.id, 0, !(rq.flags & FLAG_SECCOMP), demote_at) != 0) {
+    if (live_add(rq.id, 0, !(rq.flags & FLAG_SECCOMP)) != 0) {
         close_fds(fds, nfds);
         send_reply(sock, OP_SPAWNED, -ENOMEM, rq.id, NULL);
         return 0;
@@ -575,7 +522,6 @@ static int parse_config(PyObject *d, struct config *c)
     }
     c->drop_caps = GET("drop_caps") ? PyObject_IsTrue(v) : 0;
     c->nice_inc = GET("nice") ? (int)PyLong_AsLong(v) : 10;
-    c->demote_after_ns = GET("demote_after_s") ? (int64_t)(PyFloat_AsDouble(v) * 1e9) : 0;
 #undef GET
     return PyErr_Occurred() ? -1 : 0;
 }
@@ -619,7 +565,7 @@ static PyObject *serve(PyObject *self, PyObject *args)
     pid_t me = getpid();
     struct pollfd pfd[2] = {{sock, POLLIN, 0}, {sfd, POLLIN, 0}};
     for (;;) {
-        if (poll(pfd, 2, demote_due()) < 0) {
+        if (poll(pfd, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
             break;

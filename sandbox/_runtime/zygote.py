@@ -285,7 +285,6 @@ class Zygote:
             "seccomp_slots": list(prog.slots) if prog is not None else [],
             "as_bytes": self.limits.as_bytes, "nofile": self.limits.nofile,
             "drop_caps": self.drop_caps, "nice": childmod.CHILD_NICE,
-            "demote_after_s": float(self.cfg.get("demote_after_s", 0.0)),
         }
         cfg["reseed"], self._reseed_in_python = self._mt_states()
         self.info["reseed"] = "c" if not self._reseed_in_python else "python"

@@ -142,35 +142,6 @@ async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
         assert pool.metrics.worker_restarts >= 1
 
 
-@needs_c
-@pytest.mark.asyncio(loop_scope="session")
-async def test_a_long_call_drops_to_the_lowest_priority_and_short_ones_do_not(jail_pool):
-    """Short calls run at nice 10 (below the worker, which runs at 0); a call still running
-    after ``demote_after_s`` drops to 19, with its threads, so a CPU-bound call does not slow
-    a burst of short ones."""
-    nice = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"
-    assert (await run(jail_pool, nice)).stdout == "10\n"
-    long_call = ("import os, threading, time\nt0 = time.time()\n"
-                 "while time.time() - t0 < 0.4: pass\nseen = []\n"
-                 "t = threading.Thread(target=lambda: seen.append(os.getpriority(0, 0)))\n"
-                 "t.start(); t.join()\nprint(os.getpriority(os.PRIO_PROCESS, 0), seen)")
-    r = await run(jail_pool, long_call)
-    assert r.stdout == "19 [19]\n", r
-    assert (await run(jail_pool, nice)).stdout == "10\n"
-
-
-def test_the_c_fork_loop_is_built_where_there_is_a_compiler():
-    """The extension is optional at install (no compiler: the Python spawner), so a C error
-    would otherwise pass silently as a slower sandbox."""
-    import shutil
-    import sysconfig
-    has_cc = shutil.which("cc") or shutil.which("gcc")
-    has_headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
-    if not (has_cc and has_headers):
-        pytest.skip("no C compiler or Python headers here")
-    assert not NO_C, NO_C
-
-
 def test_the_fast_path_opcodes_are_this_pythons():
     import opcode
     import sys
