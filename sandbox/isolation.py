@@ -194,7 +194,11 @@ def find_bwrap() -> str | None:
 def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
                  inner: list[str]) -> list[str]:
     if kind == "nsjail":
+        # --nice_level 0: nsjail's default (19) would put the worker at its children's
+        # level (they run at +10), and a CPU-bound call would then compete with the process
+        # that must kill it at its deadline
         cmd = [binary, "-Mo", "--quiet", "--hostname", "sandbox", "--cwd", "/tmp",
+               "--nice_level", "0",
                "--time_limit", "0", "--disable_rlimits", "-u", "0", "-g", "0",
                "-m", f"none:/tmp:tmpfs:size={spec.tmp_bytes}"]
         for src, dst in spec.ro_binds:

@@ -142,6 +142,26 @@ async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
         assert pool.metrics.worker_restarts >= 1
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_calls_run_below_the_worker(jail_pool):
+    """Children run at nice 10 and the worker at 0 (nsjail's default would be 19 for all),
+    so a CPU-bound call cannot hold back the process that must kill it."""
+    r = await run(jail_pool, "import os; print(os.getpriority(os.PRIO_PROCESS, 0))")
+    assert r.stdout == "10\n", r
+
+
+def test_the_c_fork_loop_is_built_where_there_is_a_compiler():
+    """The extension is optional at install (no compiler: the Python spawner), so a C error
+    would otherwise pass silently as a slower sandbox."""
+    import shutil
+    import sysconfig
+    has_cc = shutil.which("cc") or shutil.which("gcc")
+    has_headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if not (has_cc and has_headers):
+        pytest.skip("no C compiler or Python headers here")
+    assert not NO_C, NO_C
+
+
 def test_the_fast_path_opcodes_are_this_pythons():
     import opcode
     import sys
