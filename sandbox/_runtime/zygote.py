@@ -191,7 +191,6 @@ class Zygote:
         self.templates: list[_Template] = []  # [main, light]: the C fork loops, if used
         self.template_by_fd: dict[int, _Template] = {}
         self.light_modules: frozenset[str] = frozenset()
-        self.routed = {"main": 0, "light": 0}
         self._rbuf = bytearray(_REPLY.size * 256)
         self._reseed_in_python = True
         self._devnull = -1  # by prepare(): stdin of the calls that have none
@@ -675,7 +674,6 @@ class Zygote:
                 flags |= _FLAG_SECCOMP
         if t.landlock:
             flags |= _FLAG_LANDLOCK
-        self.routed[t.name] += 1
         ch.template = t
         payload_len = os.fstat(fds[4]).st_size
         msg = _REQUEST.pack(_OP_SPAWN, ch.kind, ch.id, ch.limit, flags, payload_len)
