@@ -276,10 +276,6 @@ static void contain(const struct config *c, const struct request *rq, const int 
         }
         *c->reseed[i].pos = c->reseed[i].pos_value;
     }
-    if (write(3, "R", 1) != 1)
-        child_fail("write(status)");
-    if (rq->kind == KIND_EXEC)
-        close(3);  /* a program cannot forge the status pipe; hosted functions answer on it */
 }
 
 /* The call's payload (fd 4: u64 text length, UTF-8 text, data) as (id, kind, text, data).
@@ -311,6 +307,11 @@ static PyObject *child_payload(const struct request *rq)
         errno = EINVAL;
         child_fail("payload decode");
     }
+    /* Set-up done: from here on, a failure is the call's own. */
+    if (write(3, "R", 1) != 1)
+        child_fail("write(status)");
+    if (rq->kind == KIND_EXEC)
+        close(3);  /* a program cannot forge the status pipe; hosted functions answer on it */
     return Py_BuildValue("KINN", (unsigned long long)rq->id, rq->kind, text, data);
 }
 
