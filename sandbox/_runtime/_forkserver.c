@@ -17,7 +17,7 @@
  *   request  {u32 op; u32 kind; u64 id; f64 time_limit_s; u32 flags; u32 payload_len}
  *            SPAWN carries 6 fds (SCM_RIGHTS): stdin, stdout, stderr, status, payload, workdir
  *            (O_PATH). KILL carries none.
- *   reply    {u32 op; i32 value; u64 id; i64 utime_us; i64 stime_us; i64 minflt}
+ *   reply    {u32 op; i32 value; u64 id}
  *            SPAWNED (only when fork failed): value = -errno.  EXITED: value = wait status.
  *
  * The template is single-threaded (checked) and forks with the GIL held, without CPython's
@@ -79,9 +79,6 @@ struct reply {
     uint32_t op;
     int32_t value;
     uint64_t id;
-    int64_t utime_us;
-    int64_t stime_us;
-    int64_t minflt;
 };
 
 struct rule {  /* struct landlock_path_beneath_attr, packed as the kernel wants it */
@@ -123,14 +120,9 @@ struct live {
 static struct live *g_live;
 static size_t g_nlive, g_cap;
 
-static int send_reply(int sock, uint32_t op, int32_t value, uint64_t id, const struct rusage *ru)
+static int send_reply(int sock, uint32_t op, int32_t value, uint64_t id)
 {
-    struct reply r = {op, value, id, 0, 0, 0};
-    if (ru) {
-        r.utime_us = (int64_t)ru->ru_utime.tv_sec * 1000000 + ru->ru_utime.tv_usec;
-        r.stime_us = (int64_t)ru->ru_stime.tv_sec * 1000000 + ru->ru_stime.tv_usec;
-        r.minflt = ru->ru_minflt;
-    }
+    struct reply r = {op, value, id};
     for (;;) {
         ssize_t n = send(sock, &r, sizeof r, MSG_NOSIGNAL);
         if (n == (ssize_t)sizeof r)
@@ -337,7 +329,6 @@ static void reap(int sock)
 {
     for (;;) {
         int status;
-        struct rusage ru;
         siginfo_t si;
         si.si_pid = 0;
         if (waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
@@ -348,14 +339,14 @@ static void reap(int sock)
         for (size_t i = 0; i < g_nlive; i++)
             if (g_live[i].pid == si.si_pid && g_live[i].may_fork)
                 kill(-si.si_pid, SIGKILL);
-        pid_t pid = wait4(si.si_pid, &status, 0, &ru);
+        pid_t pid = waitpid(si.si_pid, &status, 0);
         if (pid <= 0)
             return;
         for (size_t i = 0; i < g_nlive; i++)
             if (g_live[i].pid == pid) {
                 uint64_t id = g_live[i].id;
                 g_live[i] = g_live[--g_nlive];
-                send_reply(sock, OP_EXITED, status, id, &ru);
+                send_reply(sock, OP_EXITED, status, id);
                 break;
             }
     }
@@ -421,7 +412,7 @@ static int handle_request(int sock, const struct config *c, pid_t template_pid,
     }
     if (live_add(rq.id, 0, !(rq.flags & FLAG_SECCOMP)) != 0) {
         close_fds(fds, nfds);
-        send_reply(sock, OP_SPAWNED, -ENOMEM, rq.id, NULL);
+        send_reply(sock, OP_SPAWNED, -ENOMEM, rq.id);
         return 0;
     }
     pid_t pid = fork();
@@ -434,7 +425,7 @@ static int handle_request(int sock, const struct config *c, pid_t template_pid,
     if (pid < 0) {
         int e = errno;
         g_nlive--;
-        send_reply(sock, OP_SPAWNED, -e, rq.id, NULL);
+        send_reply(sock, OP_SPAWNED, -e, rq.id);
         return 0;
     }
     g_live[g_nlive - 1].pid = pid;  /* no SPAWNED reply: the controller needs only EXITED */

@@ -93,11 +93,11 @@ _PR_SET_DUMPABLE = 4
 _PR_SET_PDEATHSIG = 1
 # the C side's structs (see _forkserver.c): request and reply
 _REQUEST = struct.Struct("=IIQdII")
-_REPLY = struct.Struct("=IiQqqq")
+_REPLY = struct.Struct("=IiQ")
 _OP_SPAWN, _OP_KILL = 1, 2
 _OP_SPAWNED, _OP_EXITED = 1, 2
 _FLAG_SECCOMP, _FLAG_LANDLOCK = 1, 2
-_ST = []
+
 
 class _Child:
     __slots__ = (
@@ -107,6 +107,7 @@ class _Child:
         "kind",
         "limit",
         "note",
+        "payload_len",
         "pid",
         "pidfd",
         "start",
@@ -130,6 +131,7 @@ class _Child:
         self.deadline = 0.0
         self.streams: list[Stream] = []
         self.template: _Template | None = None
+        self.payload_len = 0
 
 
 class _Template:
@@ -184,14 +186,14 @@ class Zygote:
         self.children: dict[int, _Child] = {}
         self.by_fd: dict[int, tuple[_Child, Stream | None]] = {}
         self.deadlines: list[tuple[float, int]] = []
-        self.ep: select.epoll  # by start_serving()
+        self.ep: select.epoll  # by prepare()
         self.inbuf = bytearray()
         self.out = sys.stdout.buffer
         self.info: dict = {}
         self.templates: list[_Template] = []  # [main, light]: the C fork loops, if used
         self.template_by_fd: dict[int, _Template] = {}
         self.light_modules: frozenset[str] = frozenset()
-        self._rbuf = bytearray(_REPLY.size * 256)
+        self._rbuf = bytearray(_REPLY.size)
         self._reseed_in_python = True
         self._devnull = -1  # by prepare(): stdin of the calls that have none
         self._unflushed = False
@@ -653,8 +655,10 @@ class Zygote:
                 payload_fd = os.memfd_create("payload", 0)
                 fds_to_close.append(payload_fd)
                 raw = text.encode("utf-8", "surrogatepass")
-                _write_all(payload_fd, len(raw).to_bytes(8, "little") + raw
+                payload = (len(raw).to_bytes(8, "little") + raw
                            + (data if kind != protocol.KIND_EXEC else b""))
+                _write_all(payload_fd, payload)
+                ch.payload_len = len(payload)
                 extra = (payload_fd, workdir_fd)
         except OSError as exc:
             self._abandon(ch, fds_to_close, streams, f"could not prepare the call: {exc}")
@@ -675,8 +679,7 @@ class Zygote:
         if t.landlock:
             flags |= _FLAG_LANDLOCK
         ch.template = t
-        payload_len = os.fstat(fds[4]).st_size
-        msg = _REQUEST.pack(_OP_SPAWN, ch.kind, ch.id, ch.limit, flags, payload_len)
+        msg = _REQUEST.pack(_OP_SPAWN, ch.kind, ch.id, ch.limit, flags, ch.payload_len)
         t.sends.append((msg, list(fds), fds_to_close))
         self._track(ch, streams, time.monotonic())
 
@@ -726,7 +729,7 @@ class Zygote:
                 self._template_lost(f"the {t.name} template exited")
             if n != _REPLY.size:
                 self._template_lost(f"malformed reply of {n} bytes from the {t.name} template")
-            op, value, call_id, _utime, _stime, _minflt = _REPLY.unpack_from(buf)
+            op, value, call_id = _REPLY.unpack_from(buf)
             ch = self.children.get(call_id)
             if ch is None:
                 continue
