@@ -26,9 +26,9 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     from asyncrl import metrics as metrics_mod
     from asyncrl.data import load_split
     from asyncrl.evaluation import format_table, summarize, write_summary
-    from asyncrl.records import write_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
+    from asyncrl.train import _save_groups
 
     async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
         tools = [t.schema for t in rt.tools] or None
@@ -49,16 +49,14 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         summary["seconds"] = round(time.monotonic() - t0, 2)
         summary["skipped_rows"] = float(loaded.num_skipped)
         summary.update(metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout"))
-    await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
-    with (out_dir / "eval_groups.jsonl").open("wb") as fp:
-        write_jsonl(fp, groups)
+    await asyncio.to_thread(_save_groups, out_dir / "eval_groups.jsonl", groups)
     write_summary(summary, out_dir / "eval.json")
     print(format_table(summary, title=f"eval {data} (k={k})"))
     return summary
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from asyncrl.train import _run
+    from asyncrl.rollout.eventloop import run as run_loop
 
     overrides = list(args.set)
     if args.checkpoint:
@@ -72,8 +70,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, overrides)
     out = Path(args.out) if args.out else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval"
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=out)
-    summary = _run(evaluate(cfg, args.data or cfg.data.eval, args.k or cfg.eval.k, out,
-                            args.temperature, args.max_problems))
+    summary = run_loop(evaluate(cfg, args.data or cfg.data.eval, args.k or cfg.eval.k, out,
+                               args.temperature, args.max_problems))
     print(json.dumps({k: summary[k] for k in sorted(summary) if "@" in k or k == "accuracy"}))
     return 0
 

@@ -35,13 +35,15 @@ log = get_logger(__name__)
 
 Row = dict[str, Any]
 
+# the names the train loop writes (asyncrl.train, asyncrl.metrics, asyncrl.algo.roc, the
+# trainers); tests/train/test_train_loop.py checks every one appears in a real rl_step row
 FINAL_KEYS = (
     "reward/mean", "train/accuracy", "rollout/response_tokens_mean", "rollout/tool_calls_mean",
-    "rollout/tool_error_ratio", "rollout/tool_error_ratio_pos", "roc/kept", "roc/groups_dropped",
-    "loss/pg", "loss/clip_frac", "timing/step_s",
+    "rollout/tool_error_ratio", "rollout/tool_error_ratio_pos", "roc/rollouts_kept",
+    "roc/groups_trained", "train/pg_loss", "train/clip_frac", "timing/step_s",
 )
-STACKED_TIMES = (("timing/rollout_s", "rollout"), ("timing/reward_s", "reward"),
-                 ("timing/update_s", "update"), ("timing/sync_s", "weight sync"))
+STACKED_TIMES = (("timing/rollout_s", "rollout"), ("timing/update_s", "update"),
+                 ("timing/sync_s", "weight sync"))
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ LINE_PLOTS = (
               ("eval", "eval/response_tokens_mean", "eval"))),
     LinePlot("tool_calls.png", "Tool calls per rollout", "calls (mean)",
              (("rl_step", "rollout/tool_calls_mean", "training rollouts"),
-              ("eval", "eval/tool_calls_mean", "eval"))),
+              ("eval", "eval/tool_calls_per_problem", "eval"))),
 )
 
 

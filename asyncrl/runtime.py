@@ -135,7 +135,8 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
             tools = [PythonTool(client, time_limit_s=time_limit,
                                 max_output_chars=cfg.rollout.tool_output_max_chars)]
         reward = MathReward(reward_host)
-        runner = RolloutRunner(engines, tok, tools, reward)
+        runner = RolloutRunner(engines, tok, tools, reward,
+                               system_prompt=cfg.data.system_prompt)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

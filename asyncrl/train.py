@@ -27,6 +27,7 @@ from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
 from asyncrl.records import Batch, Group, Problem, write_jsonl
+from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.stages import (
     PlateauState,
     hard_problem_ids,
@@ -60,7 +61,6 @@ class TrainState(msgspec.Struct, kw_only=True):
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None
-    eval_history: list[dict[str, Any]] = []
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -120,9 +120,7 @@ class StageRunner:
         """Push the trainer's weights to every engine; bumps the policy version."""
         t0 = time.monotonic()
         self.state.policy_version += 1
-        sd = await asyncio.to_thread(self.rt.trainer.state_dict_for_sync)
-        update = WeightUpdate(version=self.state.policy_version, state_dict=sd)
-        await asyncio.gather(*(e.update_weights(update) for e in self.rt.engines))
+        await _push_weights(self.rt, self.state.policy_version)
         return time.monotonic() - t0
 
     async def _rollouts(self, problems: list[Problem], n: int, settings: Any) -> list[Group]:
@@ -169,7 +167,7 @@ class StageRunner:
                     ahead.task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await ahead.task
-        self._checkpoint(force=True)
+        await self._checkpoint(force=True)
 
     _plateaued = False
     _last_checkpoint: tuple[int, int] | None = None
@@ -283,7 +281,7 @@ class StageRunner:
                 if stage.plateau is not None:
                     self.state.plateau, self._plateaued = plateau_update(
                         stage.plateau, self.state.plateau, m)
-            self._checkpoint()
+            await self._checkpoint()
             return nxt
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
@@ -300,14 +298,15 @@ class StageRunner:
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
         await asyncio.to_thread(_save_groups, out, groups)  # every eval rollout, for inspection
         m = {f"eval/{k}": v for k, v in summary.items()}
-        m.setdefault("eval/accuracy", summary.get("accuracy", 0.0))
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
                            step=self.state.global_step, seconds=time.monotonic() - t0, **m)
-        self.state.eval_history.append({"label": label, "step": self.state.global_step, **m})
         log.info("eval", label=label, accuracy=round(m["eval/accuracy"], 4), problems=len(probs))
         return m
 
-    def _checkpoint(self, force: bool = False) -> None:
+    async def _checkpoint(self, force: bool = False) -> None:
+        """Write a checkpoint in a worker thread: rollouts of the next step may be in flight
+        (``max_staleness = 1``), and weights, optimizer state and fsyncs would stall them.
+        Nothing else touches the trainer until this returns (the step awaits it)."""
         from asyncrl.checkpoint import save_checkpoint
 
         every = self.cfg.checkpoint.every_steps
@@ -319,12 +318,13 @@ class StageRunner:
         self._last_checkpoint = key
         self.state.data_cursor = self.stream.state()
         self.state.rng_state = self.rng.getstate()
-        save_checkpoint(self.rt.run_dir, self.state.global_step, self.rt.trainer,
-                        msgspec.to_builtins(self.state), keep_last=self.cfg.checkpoint.keep_last)
+        await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
+                                self.rt.trainer, msgspec.to_builtins(self.state),
+                                keep_last=self.cfg.checkpoint.keep_last)
 
 
 def _save_groups(path: Path, groups: list[Group]) -> None:
-    path.parent.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fp:
         write_jsonl(fp, groups)
 
@@ -411,7 +411,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
                       ) -> Path:
     """Run the whole curriculum; returns the run directory."""
     from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
-    from asyncrl.data import filter_overlong, load_problems
+    from asyncrl.data import load_split
     from asyncrl.runtime import open_runtime
 
     rd = _pick_run_dir(cfg, run_dir, resume)
@@ -431,18 +431,15 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
                      stage=cfg.stages[min(state.stage_index, len(cfg.stages) - 1)].name)
         tools = [t.schema for t in rt.tools] or None
-        train = load_problems(cfg.data.train, cfg.data.generator_options, cfg.run.seed, "train")
-        evals = (load_problems(cfg.data.eval, cfg.data.generator_options, cfg.run.seed, "eval")
-                 if cfg.data.eval else None)
-        train_p, n_long = filter_overlong(train.problems, rt.tokenizer, rt.fmt, tools,
-                                          cfg.data.max_prompt_tokens)
-        eval_p = []
-        if evals is not None:
-            eval_p, n_long_eval = filter_overlong(evals.problems, rt.tokenizer, rt.fmt, tools,
-                                                  cfg.data.max_prompt_tokens)
-            n_long += n_long_eval
-        log.info("data_loaded", train=len(train_p), eval=len(eval_p), overlong_skipped=n_long,
-                 bad_rows=dict(train.skipped))
+        d = cfg.data
+        train = load_split(d.train, d.generator_options, cfg.run.seed, "train", rt.tokenizer,
+                           rt.fmt, tools, d.max_prompt_tokens, d.system_prompt)
+        evals = (load_split(d.eval, d.generator_options, cfg.run.seed, "eval", rt.tokenizer,
+                            rt.fmt, tools, d.max_prompt_tokens, d.system_prompt)
+                 if d.eval else None)
+        train_p, eval_p = train.problems, (evals.problems if evals is not None else [])
+        n_long = (train.skipped.get("overlong_prompt", 0)
+                  + (evals.skipped.get("overlong_prompt", 0) if evals is not None else 0))
         with MetricsWriter(rd, start_time=t_start) as metrics:
             metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
                           overlong_skipped=n_long)
@@ -466,14 +463,6 @@ async def _push_weights(rt: Any, version: int) -> None:
                            for e in rt.engines))
 
 
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:  # uvloop is optional (e.g. Windows)
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
 def cmd_train(args: Any) -> int:
     import os
 
@@ -494,7 +483,7 @@ def cmd_train(args: Any) -> int:
             print(line)
         print("dry run: ok")
         return 0
-    rd = _run(train_async(cfg, resume=args.resume, run_dir=args.run_dir))
+    rd = run_loop(train_async(cfg, resume=args.resume, run_dir=args.run_dir))
     print(f"run directory: {rd}")
     return 0
 

@@ -39,6 +39,7 @@ from sim_engine import (  # noqa: E402
     SimEngine,
     SimSandbox,
     bench_tokenizer,
+    loadavg,
     lognormal,
     percentile,
     turn_array,
@@ -130,7 +131,6 @@ async def bench(args: argparse.Namespace, tok) -> dict:
     problems = [Problem(id=f"p{i}", question=f"Sum 0..9, variant {i}", answer="45")
                 for i in range(args.rollouts // samples)]
     n = len(problems) * samples
-    out: dict = {}
     async with contextlib.AsyncExitStack() as stack:
         pool = await stack.enter_async_context(pool_cm)
         client = pool if pool is not None else SimSandbox(
@@ -159,11 +159,11 @@ async def bench(args: argparse.Namespace, tok) -> dict:
                 loop.record = True
             d0 = sum(e.deltas for e in engines)
             k0 = sum(e.tokens for e in engines)
-            c0, w0 = time.process_time(), time.perf_counter()
-            calls0 = getattr(client, "calls", 0)
+            c0, w0 = time.thread_time(), time.perf_counter()  # the loop's thread only
+            calls0 = _calls(client)
             await asyncio.sleep(args.duration)
             wall = time.perf_counter() - w0
-            cpu = time.process_time() - c0
+            cpu = time.thread_time() - c0
             iters = list(loop.iteration_cpu) if isinstance(loop, TimedLoop) else []
             if isinstance(loop, TimedLoop):
                 loop.record = False
@@ -171,7 +171,7 @@ async def bench(args: argparse.Namespace, tok) -> dict:
             active_end = sum(len(e._active) for e in engines)
             deltas = sum(e.deltas for e in engines) - d0
             tokens = sum(e.tokens for e in engines) - k0
-            calls = getattr(client, "calls", 0) - calls0
+            calls = _calls(client) - calls0
         finally:
             lag.recording = False
             t_cancel = time.perf_counter()
@@ -213,17 +213,17 @@ async def bench(args: argparse.Namespace, tok) -> dict:
     return out
 
 
+def _calls(client) -> int:
+    """Tool calls so far: the latency model counts them, the real pool in its metrics."""
+    metrics = getattr(client, "metrics", None)
+    if metrics is not None:
+        return int(sum(metrics.calls.values()))
+    return int(client.calls)
+
+
 async def _drain(groups) -> None:
     async for _ in groups:
         pass
-
-
-def _loadavg() -> float | None:
-    """The machine's 1-minute load average (a contended machine inflates every latency)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def main() -> None:
@@ -246,14 +246,14 @@ def main() -> None:
     if args.quick:
         args.rollouts, args.duration = min(args.rollouts, 2000), min(args.duration, 8.0)
     tok = bench_tokenizer()  # setup (loads transformers) before the loop, then frozen
-    load_before = _loadavg()
+    load_before = loadavg()
     if args.stock_loop:
         freeze_gc()  # as `run` does for uvloop
         with asyncio.Runner(loop_factory=TimedLoop) as runner:
             res = runner.run(bench(args, tok))
     else:
         res = run(bench(args, tok))
-    res["loadavg_1m"] = {"before": load_before, "after": _loadavg(), "cpus": os.cpu_count()}
+    res["loadavg_1m"] = {"before": load_before, "after": loadavg(), "cpus": os.cpu_count()}
     print(f"event-loop capacity ({res['loop']}): {res['rollouts']} concurrent rollouts on "
           f"{res['engines']} simulated engines, tools: {res['tool']}")
     print(f"  ramp to all admitted: {res['ramp_s']} s (lag p99 {res['ramp_lag_ms']['p99']} ms, "

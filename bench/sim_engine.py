@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import asyncio
 import collections
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -284,3 +285,11 @@ def bench_tokenizer() -> Any:
 
 def cpu_seconds() -> float:
     return time.process_time()
+
+
+def loadavg() -> float | None:
+    """The machine's 1-minute load average (a contended machine inflates every latency)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None

@@ -37,6 +37,7 @@ from sim_engine import (  # noqa: E402
     SimSandbox,
     Stamp,
     bench_tokenizer,
+    loadavg,
     lognormal,
     percentile,
     stamp,
@@ -163,14 +164,6 @@ async def bench(args: argparse.Namespace, tok) -> dict:
     }
 
 
-def _loadavg() -> float | None:
-    """The machine's 1-minute load average (a contended machine inflates every latency)."""
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 rollouts instead of 1,000")
@@ -186,9 +179,9 @@ def main() -> None:
     if args.quick:
         args.rollouts = min(args.rollouts, 200)
     tok = bench_tokenizer()  # setup (loads transformers) before the loop, then frozen by run()
-    load_before = _loadavg()
+    load_before = loadavg()
     res = run(bench(args, tok))
-    res["loadavg_1m"] = {"before": load_before, "after": _loadavg(), "cpus": os.cpu_count()}
+    res["loadavg_1m"] = {"before": load_before, "after": loadavg(), "cpus": os.cpu_count()}
     print(f"tool fire latency ({res['loop']}, {res['rollouts']} concurrent rollouts on "
           f"{res['engines']} simulated engines, {res['tool_calls']} tool calls, "
           f"{res['wall_s']} s wall, {res['cpu_s']} s CPU)")

@@ -27,8 +27,9 @@ def _rl_row(step: int, stage: str, reward: float) -> dict:
         "reward/mean": reward, "train/accuracy": reward,
         "rollout/response_tokens_mean": 80 - step, "rollout/tool_calls_mean": 0.5 + step / 10,
         "rollout/tool_error_ratio": 0.3, "rollout/tool_error_ratio_pos": 0.1,
-        "roc/kept": 64, "roc/groups_dropped": 2, "loss/pg": 0.01, "loss/clip_frac": 0.02,
-        "timing/rollout_s": 5.0, "timing/tool_wait_s": 1.0, "timing/reward_s": 0.2,
+        "roc/rollouts_kept": 64, "roc/groups_trained": 2, "train/pg_loss": 0.01,
+        "train/clip_frac": 0.02,
+        "timing/rollout_s": 5.0, "timing/tool_wait_s": 1.0,
         "timing/update_s": 3.0, "timing/sync_s": 0.1, "timing/step_s": 8.4,
     }
 
@@ -39,14 +40,14 @@ def _full_run() -> list[dict]:
              for i in range(3)]
     rows.append({"kind": "eval", "stage": "sft", "step": 0, "time_s": 20.0, "label": "after_sft",
                  "eval/accuracy": 0.25, "eval/response_tokens_mean": 30,
-                 "eval/tool_calls_mean": 0.4, "eval/tool_error_ratio": 0.2})
+                 "eval/tool_calls_per_problem": 0.4, "eval/tool_error_ratio": 0.2})
     rows += [_rl_row(s, "rl-short", 0.3 + 0.05 * s) for s in range(1, 4)]
     rows.append({"kind": "eval", "stage": "rl-short", "step": 3, "time_s": 65.0, "label": "step",
                  "eval/accuracy": 0.5})
     rows += [_rl_row(s, "rl-long", 0.3 + 0.05 * s) for s in range(4, 7)]
     rows.append({"kind": "eval", "stage": "rl-long", "step": 6, "time_s": 95.5, "label": "final",
                  "eval/accuracy": 0.75, "eval/response_tokens_mean": 50,
-                 "eval/tool_calls_mean": 1.0, "eval/tool_error_ratio": 0.05})
+                 "eval/tool_calls_per_problem": 1.0, "eval/tool_error_ratio": 0.05})
     return rows
 
 

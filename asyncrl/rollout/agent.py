@@ -98,12 +98,14 @@ def _codec(tokenizer: Any) -> tuple[Callable[[list[int]], str], Callable[[str], 
     when the backend's decoder is plain byte-level (`_byte_table_decoder`)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        try:  # built once per tokenizer (a 150k vocabulary takes ~0.3 s), not once per step
+        # built once per tokenizer (a 150k vocabulary takes ~0.3 s): `RolloutRunner` builds
+        # it at construction, before its runs, so a run's event loop never waits for it
+        try:
             table = _TABLES[tokenizer]
         except KeyError:
             table = _TABLES[tokenizer] = _byte_table_decoder(backend)
-        except TypeError:  # not weak-referenceable: build it each time
-            table = _byte_table_decoder(backend)
+        except TypeError:  # not weak-referenceable: not cached, so use the backend as is
+            table = None
         decode = table or (lambda ids: backend.decode(ids, skip_special_tokens=False))
         return decode, lambda text: backend.encode(text, add_special_tokens=False).ids
     return (tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))

@@ -75,23 +75,31 @@ def quiet_gc(backstop: int = RUN_GC_BACKSTOP) -> Iterator[None]:
     microsecond per live young object each time it fires (tens of ms at the default; a few
     times while 10,000 rollouts start, every several seconds after). What survives it is the
     run's live state (rollouts, records, waits in flight) and is not traced again until the
-    run ends: no middle or full collections inside. The collector is process-wide: nested
-    uses are fine (each restores what it found); overlapping non-nested uses may end the
-    quiet early (slower, never incorrect).
+    run ends: no middle or full collections inside. The collector is process-wide, so uses
+    are counted: the first to enter sets the quiet thresholds, the last to leave (in any
+    order: a training run's prefetched rollouts and an evaluation overlap) restores what the
+    first found and collects.
     """
     if backstop < 1:
         raise ValueError("backstop must be >= 1")
-    before = gc.get_threshold()
-    if before[0] == 0:  # automatic collection is off already: leave it so
-        yield
-        return
-    gc.set_threshold(max(before[0], backstop), 1 << 30, 1 << 30)
+    global _quiet_depth, _quiet_saved
+    if _quiet_depth == 0:
+        _quiet_saved = gc.get_threshold()
+        if _quiet_saved[0] != 0:  # automatic collection off already: leave it so
+            gc.set_threshold(max(_quiet_saved[0], backstop), 1 << 30, 1 << 30)
+    _quiet_depth += 1
     try:
         yield
     finally:
-        gc.set_threshold(*before)
-        if before[2] < (1 << 30):
-            gc.collect()
+        _quiet_depth -= 1
+        if _quiet_depth == 0:
+            gc.set_threshold(*_quiet_saved)
+            if _quiet_saved[0] != 0:
+                gc.collect()
+
+
+_quiet_depth = 0
+_quiet_saved: tuple[int, ...] = (700, 10, 10)
 
 
 def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None, freeze: bool = True) -> T:

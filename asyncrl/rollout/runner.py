@@ -26,7 +26,7 @@ from asyncrl.errors import EngineUnavailable
 from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
-from asyncrl.rollout.agent import AgentLoop, RolloutSettings
+from asyncrl.rollout.agent import AgentLoop, RolloutSettings, _codec
 from asyncrl.rollout.eventloop import quiet_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
 from asyncrl.rollout.tools import Tool
@@ -83,6 +83,7 @@ class RolloutRunner:
             raise ValueError("RolloutRunner needs at least one engine")
         self.engines = list(engines)
         self.tokenizer = tokenizer
+        _codec(tokenizer)  # the decode table, built here (sync set-up), not on a run's loop
         self.tools = list(tools)
         self.reward_fn = reward_fn
         self.policy = policy

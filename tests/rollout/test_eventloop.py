@@ -77,13 +77,25 @@ def test_cycles_made_inside_are_freed_on_the_way_out() -> None:
     assert ref() is None
 
 
-def test_nested_use_restores_the_outer_policy() -> None:
+def test_nested_use_keeps_the_outer_policy() -> None:
     before = gc.get_threshold()
     with quiet_gc(backstop=50_000):
         outer = gc.get_threshold()
         with quiet_gc(backstop=80_000):
-            assert gc.get_threshold()[0] == 80_000
+            assert gc.get_threshold() == outer
         assert gc.get_threshold() == outer
+    assert gc.get_threshold() == before
+
+
+def test_overlapping_uses_that_end_out_of_order_restore_the_thresholds() -> None:
+    """A training run's prefetched rollouts and an evaluation overlap, in either order."""
+    before = gc.get_threshold()
+    a, b = quiet_gc(), quiet_gc()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)  # the first one in leaves first
+    assert gc.get_threshold()[2] >= 1 << 30  # still quiet: b is running
+    b.__exit__(None, None, None)
     assert gc.get_threshold() == before
 
 

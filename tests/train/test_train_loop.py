@@ -121,6 +121,14 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert labels[0] == "after_sft" and labels[-1] == "final"
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
     assert (full / "report" / "summary.md").exists()
+    # the report reads the names the loop really writes
+    from asyncrl.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES
+    written = {"rl_step": set().union(*steps), "eval": set().union(*_rows(full, "eval"))}
+    # (this micro run makes no policy update, so the trainer's own train/* losses are absent)
+    missing = [k for k in (*FINAL_KEYS, *(k for k, _ in STACKED_TIMES))
+               if k not in written["rl_step"] and k not in ("train/pg_loss", "train/clip_frac")]
+    missing += [key for p in LINE_PLOTS for kind, key, _ in p.series if key not in written[kind]]
+    assert not missing, missing
     ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if not p.name.startswith("."))
     assert len(ckpts) == 2  # keep_last
 
