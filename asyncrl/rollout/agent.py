@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import weakref
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +41,7 @@ from asyncrl.engine.base import Engine, GenerateRequest, SamplingParams
 from asyncrl.errors import EngineError, EngineUnavailable, ToolCallError
 from asyncrl.log import get_logger
 from asyncrl.records import Rollout, RolloutStatus, StopReason, ToolCall, ToolStatus, Turn
+from asyncrl.rollout.codec import Codec
 from asyncrl.rollout.tools import Tool, ToolOutcome
 
 log = get_logger(__name__)
@@ -92,75 +92,17 @@ _OPENERS = {"hermes": "<tool_call>", "markdown": "```python\n"}
 first occurrence on: the same text as the turn's suffix, at a fraction of the decode cost."""
 
 
-def _codec(tokenizer: Any) -> tuple[Callable[[list[int]], str], Callable[[str], list[int]]]:
-    """decode/encode through the `tokenizers` backend when that is exactly what the tokenizer
-    does (no Python-side clean-up): 3x less overhead on the tool-fire path; decoding by table
-    when the backend's decoder is plain byte-level (`_byte_table_decoder`)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
-        # built once per tokenizer (a 150k vocabulary takes ~0.3 s): `RolloutRunner` builds
-        # it at construction, before its runs, so a run's event loop never waits for it
-        try:
-            table = _TABLES[tokenizer]
-        except KeyError:
-            table = _TABLES[tokenizer] = _byte_table_decoder(backend)
-        except TypeError:  # not weak-referenceable: not cached, so use the backend as is
-            table = None
-        decode = table or (lambda ids: backend.decode(ids, skip_special_tokens=False))
-        return decode, lambda text: backend.encode(text, add_special_tokens=False).ids
-    return (tokenizer.decode, lambda text: tokenizer.encode(text, add_special_tokens=False))
-
-
-_TABLES: weakref.WeakKeyDictionary[Any, Callable[[list[int]], str] | None] = (
-    weakref.WeakKeyDictionary())
-
-
-def _byte_table_decoder(backend: Any) -> Callable[[list[int]], str] | None:
-    """For a byte-level BPE decoder (Qwen, GPT-2 style): `decode(ids)` as a join of each
-    token's bytes, UTF-8 decoded with replacement, which is what the backend computes (a token
-    whose characters are all in the byte alphabet maps through it, any other token, e.g. an
-    added one holding a newline, is its own UTF-8). In the loop's process the backend's decode
-    spends most of its time in the C allocator of a heap fragmented by thousands of growing
-    token lists (~65 us for a 100-token call, 4x its cost in a fresh process); the table is a
-    few microseconds. Checked against the backend on the whole vocabulary at construction:
-    None (use the backend) for any other decoder or any difference."""
-    if type(getattr(backend, "decoder", None)).__name__ != "ByteLevel":
-        return None
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-          *range(ord("®"), ord("ÿ") + 1)]
-    chars = bs + [256 + n for n in range(256 - len(bs))]
-    byte_of = dict(zip(map(chr, chars), [*bs, *(b for b in range(256) if b not in bs)],
-                       strict=True))
-    size = backend.get_vocab_size(with_added_tokens=True)
-    table: list[bytes] = []
-    for i in range(size):
-        tok = backend.id_to_token(i)
-        if tok is None:
-            return None
-        try:
-            table.append(bytes(byte_of[c] for c in tok))
-        except KeyError:
-            table.append(tok.encode())
-
-    def decode(ids: list[int]) -> str:
-        try:
-            if not ids or min(ids) >= 0:
-                return b"".join([table[i] for i in ids]).decode("utf-8", "replace")
-        except IndexError:  # an id past the tokenizer's vocabulary (a model's padded rows)
-            pass
-        # the backend skips ids it has no token for
-        return b"".join([table[i] for i in ids if 0 <= i < size]).decode("utf-8", "replace")
-
-    probe = list(range(size)) + list(range(size - 1, -1, -1))
-    if decode(probe) != backend.decode(probe, skip_special_tokens=False):
-        return None
-    return decode
-
-
 def _malformed(error: str, max_chars: int) -> ToolOutcome:
     status = ToolStatus.MALFORMED
     return ToolOutcome(status=status, error=error,
                        output=formats.render_tool_result(status.value, "", error, 0.0, max_chars))
+
+
+Text = list[bytes]
+"""A rollout's response as UTF-8 bytes pieces that join to exactly its `response_ids` (for
+byte-level tokenizers, `Codec.bytes_of`). Built a delta at a time, while the delta's ids are
+fresh in memory: decoding a finished rollout's whole response at once reads thousands of cold
+int objects (~275 us of loop time at the end of every rollout in the 1,000-rollout bench)."""
 
 
 class AgentLoop:
@@ -176,7 +118,9 @@ class AgentLoop:
         self.fmt = settings.tool_format
         self._eos = frozenset(settings.stop_token_ids)
         self._requests = itertools.count()  # request ids stay unique when a turn is retried
-        self._decode, self._encode = _codec(tokenizer)
+        self._codec = Codec.of(tokenizer)
+        self._decode = self._codec.decode
+        self._encode = self._codec.encode
         opener = _OPENERS.get(self.fmt.name)
         opener_ids = self._encode(opener) if opener else []
         self._opener_id = opener_ids[0] if len(opener_ids) == 1 else None
@@ -201,8 +145,11 @@ class AgentLoop:
         last completed turn) and `CancelledError`. `on_progress(ro)` runs after each completed
         turn (assistant + tool output)."""
         ro.engine = engine.name
+        bytes_of = self._codec.bytes_of
+        # resumed after a failed engine: its earlier turns at once
+        text = None if bytes_of is None else [bytes_of(ro.response_ids)]
         try:
-            await self._turns(ro, engine, on_progress)
+            await self._turns(ro, engine, text, on_progress)
         except (EngineUnavailable, asyncio.CancelledError):
             raise
         except EngineError as e:
@@ -211,41 +158,42 @@ class AgentLoop:
             log.exception("rollout_crashed", rollout_id=ro.rollout_id)
             self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"internal: {e!r}")
 
-    async def _turns(self, ro: Rollout, engine: Engine, on_progress: ProgressHook | None) -> None:
+    async def _turns(self, ro: Rollout, engine: Engine, text: Text | None,
+                     on_progress: ProgressHook | None) -> None:
         # One turn per call: a turn's temporaries (its token list, the parsed call, the tool
         # outcome) die with `_turn`'s frame instead of staying alive through the next turn's
         # generation, where every young collection would visit them for every rollout.
-        while await self._turn(ro, engine):
+        while await self._turn(ro, engine, text):
             if on_progress is not None:
                 on_progress(ro)
 
-    async def _turn(self, ro: Rollout, engine: Engine) -> bool:
+    async def _turn(self, ro: Rollout, engine: Engine, text: Text | None) -> bool:
         """One assistant turn and, when it ends in a call, the tool's answer. True when the
         rollout goes on; False when it ended (`finish` was called)."""
         st = self.settings
         remaining = st.max_response_tokens - len(ro.response_ids)
         if remaining <= 0:
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET, text=text)
         n_turn = sum(1 for t in ro.turns if t.role == "assistant")
         start = len(ro.response_ids)
-        finish = await self._generate(ro, engine, n_turn, remaining)
+        finish, opener_at = await self._generate(ro, engine, n_turn, remaining, text)
         end = len(ro.response_ids)
         ro.turns.append(Turn(role="assistant", start=start, end=end))
         if finish == "abort":
             return self.finish(ro, RolloutStatus.ABORTED, StopReason.ABORTED,
-                               error="engine aborted the request")
+                               error="engine aborted the request", text=text)
         if end > start and ro.response_ids[-1] in self._eos:
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.EOS)
+            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.EOS, text=text)
         if finish == "length" or end >= st.max_response_tokens:
             # the budget, or an engine-side length limit (context window) that hit first
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET)
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET, text=text)
         if not self.tools or finish != "stop":
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
-        call = self._parse(ro.response_ids[start:])
+            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL, text=text)
+        call = self._parse(ro.response_ids, start, opener_at)
         if call is None:
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL)
+            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL, text=text)
         if n_turn + 1 >= st.max_turns:
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS)
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS, text=text)
         closed_at = time.perf_counter()
         outcome = await self._call(call)
         wait = time.perf_counter() - closed_at
@@ -258,39 +206,43 @@ class AgentLoop:
             exit_code=outcome.exit_code, duration_s=outcome.duration_s, wait_s=wait,
             error=outcome.error))
         ro.turns[-1].tool_call = len(ro.tool_calls) - 1
-        tool_ids = self._encode(self.fmt.tool_response(outcome.output))
+        tool_ids = await self._codec.aencode(self.fmt.tool_response(outcome.output))
         if len(ro.response_ids) + len(tool_ids) >= st.max_response_tokens:
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW)
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW,
+                               text=text)
         start = len(ro.response_ids)
         ro.response_ids.extend(tool_ids)
         ro.loss_mask.extend([0] * len(tool_ids))
         ro.logprobs.extend([0.0] * len(tool_ids))
+        if text is not None:
+            text.append(self._codec.bytes_of(tool_ids))  # type: ignore[misc]
         ro.turns.append(Turn(role="tool", start=start, end=start + len(tool_ids),
                              tool_call=len(ro.tool_calls) - 1))
         return True
 
-    def _parse(self, ids: list[int]) -> formats.Call | formats.Malformed | None:
-        """The call closing this turn (decoding as little of the turn as possible)."""
-        if self._opener_id is not None:
-            try:
-                start = ids.index(self._opener_id)
-            except ValueError:
-                pass  # opener spelled out in other tokens: fall back to windows
-            else:
-                call = self.fmt.parse(self._decode(ids[start:]))
-                if call is not None:
-                    return call
+    def _parse(self, ids: list[int], start: int, opener_at: int
+               ) -> formats.Call | formats.Malformed | None:
+        """The call closing the turn `ids[start:]`, decoding as little of it as possible.
+        `opener_at`: where the turn's first single-token opener is (-1: none seen); found
+        while streaming, because scanning a long turn here for it reads a cold int object per
+        token, between the call's closing token and its firing."""
+        if opener_at >= 0:
+            call = self.fmt.parse(self._decode(ids[opener_at:]))
+            if call is not None:
+                return call
         for window in _PARSE_WINDOWS:
-            if len(ids) <= window:
+            if len(ids) - start <= window:
                 break
             call = self.fmt.parse(self._decode(ids[-window:]))
             if call is not None:
                 return call
-        return self.fmt.parse(self._decode(ids))
+        return self.fmt.parse(self._decode(ids[start:]))
 
-    async def _generate(self, ro: Rollout, engine: Engine, n_turn: int, remaining: int) -> str:
-        """Stream one assistant turn into `ro` (its ids, logprobs and loss mask); returns the
-        finish reason. On an unavailable engine, undo the turn and raise.
+    async def _generate(self, ro: Rollout, engine: Engine, n_turn: int, remaining: int,
+                        text: Text | None) -> tuple[str, int]:
+        """Stream one assistant turn into `ro` (its ids, logprobs and loss mask) and `text`;
+        returns the finish reason and the position of the turn's first opener token (-1: none
+        or no single-token opener). On an unavailable engine, undo the turn and raise.
 
         Tokens go straight into the rollout's lists (old objects) rather than a per-turn list
         that would live, and be traced by young collections, for the whole turn."""
@@ -305,6 +257,12 @@ class AgentLoop:
         mark = len(ro.response_ids)
         ids = ro.response_ids
         lps = ro.logprobs
+        mask = ro.loss_mask
+        parts = len(text) if text is not None else 0
+        bytes_of = self._codec.bytes_of
+        opener = self._opener_id
+        scan = opener is not None  # until the turn's first opener is seen
+        opener_at = -1
         finish: str | None = None
         version = -1
         versions: list[int] = []
@@ -317,8 +275,15 @@ class AgentLoop:
             async with asyncio.timeout(stall) as deadline:
                 armed = loop.time()
                 async for d in agen:
-                    ids.extend(d.token_ids)
+                    toks = d.token_ids
+                    if scan and opener in toks:
+                        opener_at = len(ids) + toks.index(opener)
+                        scan = False
+                    ids.extend(toks)
                     lps.extend(d.logprobs)
+                    mask.extend(itertools.repeat(1, len(toks)))
+                    if text is not None:
+                        text.append(bytes_of(toks))  # type: ignore[misc]
                     if d.policy_version != version:
                         version = d.policy_version
                         versions.append(version)
@@ -327,7 +292,7 @@ class AgentLoop:
                         break
                     # Drop the delta before waiting for the next: with thousands of rollouts, a
                     # delta kept alive per waiting rollout is what young collections traverse.
-                    d = None  # type: ignore[assignment]
+                    d = toks = None  # type: ignore[assignment]
                     now = loop.time()
                     if now - armed > stall / 4:  # re-arm lazily: one timer update per stall/4
                         deadline.reschedule(now + stall)
@@ -337,20 +302,26 @@ class AgentLoop:
             if len(ids) != len(lps):
                 raise EngineError(f"{engine.name}: token ids and logprobs differ in length")
         except TimeoutError:
-            del ids[mark:], lps[mark:]
+            self._undo(ro, mark, text, parts)
             raise EngineUnavailable(f"{engine.name}: no token for {stall:.0f}s") from None
         except BaseException:
-            del ids[mark:], lps[mark:]
+            self._undo(ro, mark, text, parts)
             raise
         finally:
             aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
             if aclose is not None:
                 await aclose()
             ro.timing.generation_s += time.perf_counter() - t0
-        ro.loss_mask.extend([1] * (len(ids) - mark))
         for v in sorted(set(versions) - set(ro.policy_versions)):
             ro.policy_versions.append(v)
-        return finish
+        return finish, opener_at
+
+    @staticmethod
+    def _undo(ro: Rollout, mark: int, text: Text | None, parts: int) -> None:
+        """Roll `ro` back to `mark` response tokens (and `text` to its first `parts`)."""
+        del ro.response_ids[mark:], ro.logprobs[mark:], ro.loss_mask[mark:]
+        if text is not None:
+            del text[parts:]
 
     async def _call(self, call: formats.Call | formats.Malformed) -> ToolOutcome:
         """Run one parsed call; every failure becomes an outcome, never an exception."""
@@ -376,16 +347,18 @@ class AgentLoop:
                                                              limit))
 
     def finish(self, ro: Rollout, status: RolloutStatus, reason: StopReason,
-               error: str = "") -> bool:
-        """End `ro`: set status, stop reason, error, its policy version, and response_text.
-        Returns False (the rollout does not go on), for `return self.finish(...)` in turns."""
+               error: str = "", *, text: Text | None = None) -> bool:
+        """End `ro`: set status, stop reason, error, its policy version, and response_text
+        (from `text`, its exact pieces, when given). Returns False (the rollout does not go on), for
+        `return self.finish(...)` in turns."""
         ro.status = status
         ro.stop_reason = reason
         if error:
             ro.error = error
         if ro.policy_versions:
             ro.policy_version = min(ro.policy_versions)
-        ro.response_text = self._decode(ro.response_ids)
+        ro.response_text = (self._decode(ro.response_ids) if text is None
+                            else b"".join(text).decode("utf-8", "replace"))
         return False
 
 

@@ -26,7 +26,8 @@ from asyncrl.errors import EngineUnavailable
 from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
-from asyncrl.rollout.agent import AgentLoop, RolloutSettings, _codec
+from asyncrl.rollout.agent import AgentLoop, RolloutSettings
+from asyncrl.rollout.codec import Codec
 from asyncrl.rollout.eventloop import quiet_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
 from asyncrl.rollout.tools import Tool
@@ -83,7 +84,7 @@ class RolloutRunner:
             raise ValueError("RolloutRunner needs at least one engine")
         self.engines = list(engines)
         self.tokenizer = tokenizer
-        _codec(tokenizer)  # the decode table, built here (sync set-up), not on a run's loop
+        self._codec = Codec.of(tokenizer)  # its decode table is built here, not on a run's loop
         self.tools = list(tools)
         self.reward_fn = reward_fn
         self.policy = policy
@@ -99,11 +100,13 @@ class RolloutRunner:
         """The scheduler of the latest `run` (its counters: admitted, requeues, failed_engines)."""
 
     def prompt_ids(self, problem: Problem, settings: RolloutSettings) -> list[int]:
-        """The problem's prompt as the model sees it, tokenized once."""
+        """The problem's prompt as the model sees it, tokenized."""
+        return self._codec.encode(self._prompt_text(problem, settings))
+
+    def _prompt_text(self, problem: Problem, settings: RolloutSettings) -> str:
         schemas = [t.schema for t in self.tools] or None
-        text = formats.render_prompt(problem.question, settings.tool_format, schemas,
+        return formats.render_prompt(problem.question, settings.tool_format, schemas,
                                      self.system_prompt)
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def run(self, problems: Sequence[Problem], samples_per_prompt: int,
                   settings: RolloutSettings, policy_version: int) -> AsyncIterator[Group]:
@@ -147,12 +150,13 @@ class RolloutRunner:
                              **options) as sched:
             self.last_scheduler = sched
             try:
-                for i, problem in enumerate(problems):
+                prompts = await self._codec.aencode_many(
+                    [self._prompt_text(problem, settings) for problem in problems])
+                for i, (problem, ids) in enumerate(zip(problems, prompts, strict=True)):
                     if i:
                         # Start groups one loop iteration apart: thousands of rollouts taking
                         # their first step in the same iteration would stall the loop.
                         await asyncio.sleep(0)
-                    ids = self.prompt_ids(problem, settings)
                     gid = f"{problem.id}:v{policy_version}:{next(self._groups)}"
                     state = _GroupState(gid, problem, samples_per_prompt)
                     for k in range(samples_per_prompt):
