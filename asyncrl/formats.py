@@ -108,15 +108,21 @@ _HERMES_SYSTEM = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>\s*$", re.S)
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
 def _hermes_parse(text: str) -> Call | Malformed | None:
-    m = _HERMES_CALL.search(text)
-    if m is None:
+    # The call runs from the first opener to a closer that only whitespace follows: what
+    # `re.search(r"<tool_call>(.*?)</tool_call>\s*$", text, re.S)` matches (the test checks
+    # the two agree), with string searches, for it runs on every call's fire path.
+    start = text.find(_HERMES_OPEN)
+    if start < 0:
         return None
-    raw = m.group(0)
-    body = m.group(1).strip()
+    end = len(text.rstrip()) - len(_HERMES_CLOSE)
+    if end < start + len(_HERMES_OPEN) or not text.startswith(_HERMES_CLOSE, end):
+        return None
+    raw = text[start:]
+    body = text[start + len(_HERMES_OPEN):end].strip()
     try:
         obj = json.loads(body)
     except json.JSONDecodeError as e:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncrl import formats as F
 
@@ -19,6 +23,26 @@ def test_hermes_parse_ok_and_malformed() -> None:
     # double-encoded arguments are accepted
     call = F.HERMES.parse('<tool_call>{"name": "t", "arguments": "{\\"a\\": 1}"}</tool_call>')
     assert isinstance(call, F.Call) and call.arguments == {"a": 1}
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<tool_call", "/tool_call>", "{}",
+                                 '{"name": "t", "arguments": {}}', "x", " ", "\n", "\t",
+                                 "\u2003", "\x1c", "\x85", "\u00a0", "\u200b", "\r\n"]),
+                max_size=9))
+def test_hermes_call_bounds_are_the_regex_reference(parts: list[str]) -> None:
+    text = "".join(parts)
+    m = re.search(r"<tool_call>(.*?)</tool_call>\s*$", text, re.S)
+    got = F.HERMES.parse(text)
+    if m is None:
+        assert got is None
+    else:
+        assert got is not None and got.raw == m.group(0)
+        body = m.group(1).strip()
+        if body == '{"name": "t", "arguments": {}}':
+            assert isinstance(got, F.Call) and got.name == "t"
+        else:
+            assert isinstance(got, F.Malformed)
 
 
 def test_hermes_render_round_trips() -> None:

@@ -281,7 +281,7 @@ class AgentLoop:
                         scan = False
                     ids.extend(toks)
                     lps.extend(d.logprobs)
-                    mask.extend(itertools.repeat(1, len(toks)))
+                    mask.extend([1] * len(toks))
                     if text is not None:
                         text.append(bytes_of(toks))  # type: ignore[misc]
                     if d.policy_version != version:
@@ -312,8 +312,9 @@ class AgentLoop:
             if aclose is not None:
                 await aclose()
             ro.timing.generation_s += time.perf_counter() - t0
-        for v in sorted(set(versions) - set(ro.policy_versions)):
-            ro.policy_versions.append(v)
+        for v in sorted(versions):  # usually one
+            if v not in ro.policy_versions:
+                ro.policy_versions.append(v)
         return finish, opener_at
 
     @staticmethod
