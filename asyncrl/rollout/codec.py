@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import threading
 import weakref
@@ -64,6 +65,7 @@ class Codec:
         self._jobs = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
+        _LIVE.add(self)
 
     @classmethod
     def of(cls, tokenizer: Any) -> Codec:
@@ -119,7 +121,18 @@ class Codec:
             self._worker = worker
 
 
+    def _forget_worker(self) -> None:
+        """In a forked child: the worker thread did not come along; the next call starts one."""
+        self._jobs = queue.SimpleQueue()
+        self._worker = None
+        self._lock = threading.Lock()
+
+
 _CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakSet[Codec] = weakref.WeakSet()
+"""Codecs that may have a worker: a child made by `fork` must not queue jobs to a thread that
+exists only in its parent (it would wait forever)."""
+os.register_at_fork(after_in_child=lambda: [c._forget_worker() for c in list(_LIVE)])
 
 
 def _serve(jobs: queue.SimpleQueue[Job | None], encode_many: Callable[[list[str]], list[list[int]]]

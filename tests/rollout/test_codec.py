@@ -132,3 +132,20 @@ async def test_a_python_tokenizer_encodes_on_the_loop() -> None:
     assert await codec.aencode("ab") == [97, 98]
     assert await codec.aencode_many(["a", "b"]) == [[97], [98]]
     assert codec.decode([104, 105]) == "hi"
+
+
+def test_a_forked_child_gets_its_own_worker(tiny_tokenizer) -> None:
+    import multiprocessing
+
+    codec = Codec.of(tiny_tokenizer)
+    assert asyncio.run(codec.aencode("before fork")) == codec.encode("before fork")
+    ctx = multiprocessing.get_context("fork")
+    got = ctx.SimpleQueue()
+    # the child inherits this codec, whose worker thread stayed in the parent
+    child = ctx.Process(target=lambda: got.put(asyncio.run(codec.aencode("in the child"))))
+    child.start()
+    child.join(30)
+    hung = child.is_alive()
+    child.kill()
+    assert not hung and child.exitcode == 0
+    assert got.get() == codec.encode("in the child")
