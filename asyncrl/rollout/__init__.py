@@ -4,7 +4,8 @@ One event loop owns every rollout (`eventloop.run` uses uvloop when installed). 
 task (`agent.AgentLoop`) that streams tokens from an engine and fires tool calls the moment
 they close; the scheduler (`admission` policy + `scheduler` shell) admits rollouts onto engines
 as KV headroom frees; the runner (`runner.RolloutRunner`) rewards them and yields each 2G group
-as soon as its last member ends.
+as soon as its last member ends. Prompts and tool outputs are tokenized off the loop where the
+tokenizer allows it (`codec.Codec`: one worker thread per `tokenizers`-backed tokenizer).
 """
 
 from asyncrl.rollout.admission import POLICIES, AdmissionPolicy, Ask, make_policy
