@@ -2,7 +2,9 @@
 
 A discrete-event model of one RL step (4,096 rollouts = 128 prompts x 32) on 64 inference
 engines, driven by the *real* admission policies (`asyncrl.rollout.admission`). No event loop,
-no GPU: time is simulated, so results do not depend on the machine running the bench.
+no GPU: time is simulated. The one input taken from the machine is the tool-latency sample
+(measured on the local pool, or `--latency-from` an earlier run's JSON, which records it);
+with the same sample and `--seed`, a run repeats exactly.
 
 Engine model (defaults: Qwen3-14B bf16 on one H100 80 GB):
 - KV capacity `--kv-capacity` tokens (250k: ~40 GB of KV at 160 KiB/token).
@@ -35,6 +37,7 @@ policy learns, like the kv reservation ratio, carries over between a runner's st
 step's throughput is in the JSON too).
 
     python bench/scheduler_sim.py [--quick] [--engines 64] [--rollouts 4096] [--seed 0]
+                                  [--latency-from bench/results/scheduler_sim.json]
 
 Prints a table, writes bench/results/scheduler_sim.json. Bar: kv >= 1.3x static throughput.
 """
@@ -448,8 +451,8 @@ def measured_latency(samples: int) -> tuple[list[float], str]:
             await asyncio.gather(*(one(work[i % len(work)]) for i in range(samples)))
         return lat
 
-    try:
-        return asyncio.run(go()), f"local pool, {samples} calls of W1-W6 at concurrency 2"
+    try:  # sorted: which sample a seeded draw picks must not depend on completion order
+        return sorted(asyncio.run(go())), f"local pool, {samples} calls of W1-W6 at concurrency 2"
     except Exception as e:  # the pool could not start here (no isolation, ...): use the model
         return [], f"pool failed ({e!r})"
 
@@ -463,13 +466,22 @@ def main() -> None:
     ap.add_argument("--kv-capacity", type=int, default=250_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latency-samples", type=int, default=240)
+    ap.add_argument("--latency-from", metavar="JSON",
+                    help="reuse the tool-latency sample recorded in an earlier run's JSON")
     ap.add_argument("--policies", default="static,static_unbounded,least_requests,kv")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "scheduler_sim.json"))
     args = ap.parse_args()
     if args.quick:
         args.engines, args.rollouts, args.latency_samples = 16, 1024, 60
     m = Model(kv_capacity=args.kv_capacity)
-    lats, source = measured_latency(args.latency_samples)
+    if args.latency_from:
+        prior = json.loads(Path(args.latency_from).read_text())["tool_latency"]
+        if "sample_s" not in prior:
+            raise SystemExit(f"{args.latency_from} records no tool-latency sample (written by an "
+                             "older version of this bench): run without --latency-from")
+        lats, source = sorted(prior["sample_s"]), f"{prior['source']} (from {args.latency_from})"
+    else:
+        lats, source = measured_latency(args.latency_samples)
     if lats:
         def latency(rng: random.Random) -> float:
             return rng.choice(lats)
@@ -502,7 +514,8 @@ def main() -> None:
         "model": m.__dict__,
         "tool_latency": {"source": source,
                          "p50_s": round(lat_sorted[len(lat_sorted) // 2], 4) if lats else None,
-                         "p99_s": round(lat_sorted[int(len(lat_sorted) * 0.99)], 4) if lats else None},
+                         "p99_s": round(lat_sorted[int(len(lat_sorted) * 0.99)], 4) if lats else None,
+                         "sample_s": lat_sorted},
         "results": results,
         "bar": {"kv_over_static_min": 1.3,
                 "kv_over_static": kv["speedup_vs_static"] if kv else None,

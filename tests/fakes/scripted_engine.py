@@ -29,13 +29,16 @@ class ScriptedEngine:
     `fail_after_tokens`: after that many tokens in total the engine dies (`EngineUnavailable`
     now and for every later request). `hang_after_tokens`: it stops answering instead.
     `error_after_tokens`: one request fails with a plain `EngineError`.
+    `context_window`: like a server's maximum model length, a turn stops with "length" when
+    prompt and output reach it, whatever `max_new_tokens` allows.
     """
 
     def __init__(self, script: Script | Callable[[str], Script], tokenizer: Any = None, *,
                  name: str = "scripted-0", chunk: int = 1, delay_s: float = 0.0,
                  capacity: int = 1_000_000, fail_after_tokens: int | None = None,
                  hang_after_tokens: int | None = None,
-                 error_after_tokens: int | None = None) -> None:
+                 error_after_tokens: int | None = None,
+                 context_window: int | None = None) -> None:
         self.name = name
         self.policy_version = 0
         self._script = script if callable(script) else (lambda _rid: script)
@@ -46,6 +49,7 @@ class ScriptedEngine:
         self.fail_after_tokens = fail_after_tokens
         self.hang_after_tokens = hang_after_tokens
         self.error_after_tokens = error_after_tokens
+        self.context_window = context_window
         self.dead = False
         self.closed = False
         self.requests: list[GenerateRequest] = []
@@ -80,8 +84,11 @@ class ScriptedEngine:
         turn = self._turn_for(request)
         out: list[int] = []
         finish = "stop"
+        limit = sp.max_new_tokens
+        if self.context_window is not None:
+            limit = min(limit, self.context_window - len(request.input_ids))
         for tok in turn:
-            if len(out) >= sp.max_new_tokens:
+            if len(out) >= limit:
                 finish = "length"
                 break
             out.append(tok)
@@ -92,7 +99,7 @@ class ScriptedEngine:
                 if any(text.endswith(s) for s in sp.stop_strings):
                     break
         else:
-            if len(out) >= sp.max_new_tokens:
+            if len(out) >= limit:
                 finish = "length"
         self._active[request.request_id] = len(request.input_ids)
         try:

@@ -160,6 +160,24 @@ async def test_budget_is_shared_by_tool_output_and_later_turns(tiny_tokenizer) -
     assert ro.stop_reason == StopReason.BUDGET and len(ro.response_ids) == 120
 
 
+async def test_an_engine_length_limit_short_of_the_budget_truncates(tiny_tokenizer) -> None:
+    # the server's context window, not the response budget, ends the second turn (and cuts
+    # off a call that never closes): truncated, nothing run, the budget left unspent
+    tok = tiny_tokenizer
+    prompt_len = len(tok.encode(PROMPT))
+    first = _ids(tok, CALL)[0]
+    eng = ScriptedEngine(_ids(tok, CALL, "more " * 40 + CALL), tok,
+                         context_window=prompt_len + len(first) + 80)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, max_response_tokens=1000), PROMPT)
+    assert ro.status == RolloutStatus.TRUNCATED and ro.stop_reason == StopReason.BUDGET
+    assert len(tool.calls) == 1 and len(ro.tool_calls) == 1
+    assert len(eng.requests) == 2 and eng.requests[1].sampling.max_new_tokens > 500
+    assert prompt_len + len(ro.response_ids) == prompt_len + len(first) + 80 < prompt_len + 1000
+    assert ro.response_text == tok.decode(ro.response_ids)
+    ro.check()
+
+
 async def test_tool_output_that_would_not_fit_stops_the_rollout(tiny_tokenizer) -> None:
     tok = tiny_tokenizer
     eng = ScriptedEngine(_ids(tok, CALL, ANSWER), tok)
