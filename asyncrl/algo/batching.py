@@ -9,11 +9,13 @@ Alignment: position t of a sequence holds token t, its loss mask (1 = train on p
 token t from tokens < t) and its sampling logprob. Prompt tokens and tool-output tokens have
 mask 0, and so does position 0, which nothing predicts.
 
-Packing: several sequences are concatenated into one row with `position_ids` restarting at 0
-for each; HF models then attend within each sequence only (transformers detects the reset
-positions when no attention mask and no KV cache are passed). No padding is ever needed,
-so padding tokens never reach the loss; a rank with nothing to do runs a one-token dummy
-micro-batch with mask 0 so that collectives stay matched (`dummy`).
+Packing: a micro-batch concatenates its sequences, with `position_ids` restarting at 0 for each
+and `seq_index` naming each token's sequence. The trainers lay it out as right-padded rows, one
+sequence per row (the plain causal attention kernel; a packed row would need a block-diagonal
+mask, the slow path), so the token budget bounds rows x longest row, the size of the tensors
+they build: sequences of similar length share a micro-batch. Padding has loss mask 0. A rank
+with nothing to do runs a one-token dummy micro-batch with mask 0 so that collectives stay
+matched (`dummy`).
 """
 
 from __future__ import annotations
@@ -126,24 +128,22 @@ def shard(lengths: Sequence[int], rank: int, world_size: int) -> list[int]:
 
 
 def pack_indices(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """First-fit decreasing into bins of `token_budget` tokens; a longer sequence gets a bin of
-    its own. Bins come back ordered by their first index, each ascending."""
+    """Bins whose padded size, rows x longest, is within `token_budget`: longest first, each
+    bin takes the longest sequence left and then as many of the next (shorter) ones as the
+    padded size allows. A sequence longer than the budget gets a bin of its own. Bins come back
+    ordered by their first index, each ascending."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
-    room: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        for b, free in enumerate(room):
-            if lengths[i] <= free:
-                bins[b].append(i)
-                room[b] -= lengths[i]
-                break
-        else:
-            bins.append([i])
-            room.append(token_budget - lengths[i])
+    at = 0
+    while at < len(order):
+        rows = max(1, token_budget // max(1, lengths[order[at]]))
+        bins.append(order[at:at + rows])
+        at += rows
     return sorted((sorted(b) for b in bins), key=lambda b: b[0])
 
 
 def pack(seqs: Sequence[TrainSeq], token_budget: int) -> list[Packed]:
-    """Pack sequences into micro-batches of at most `token_budget` tokens each (see
+    """Pack sequences into micro-batches of at most `token_budget` padded tokens each (see
     `pack_indices`); `seq_index` refers to positions in `seqs`."""
     out = []
     for idx in pack_indices([s.num_tokens for s in seqs], token_budget):

@@ -116,7 +116,10 @@ class _StreamCtl:
         if self.cut_reason is None:
             self.cut_reason = reason
         if self.timeout is not None and not self.timeout.expired():
-            self.timeout.reschedule(asyncio.get_running_loop().time())
+            try:
+                self.timeout.reschedule(asyncio.get_running_loop().time())
+            except RuntimeError:  # the stream already left that block (it is failing on its own
+                pass  # and marking the server down is what cut it)
 
 
 def finish_delta(reason: str, version: int) -> TokenDelta:
@@ -351,6 +354,10 @@ class RemoteEngine:
 
     async def _check(self, failures: int) -> int:
         """One supervision round; returns the count of consecutive failed probes."""
+        if self._relaunch_lock.locked():
+            # a relaunch is under way (a planned one, e.g. vLLM's weight update, or a restart):
+            # its stopped process is not a crash, and must not spend the restart budget
+            return failures
         if self._proc is not None and not self._proc.running:
             self.mark_down(f"server process exited (rc={self._proc.returncode})")
             await self._restart()

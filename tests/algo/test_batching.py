@@ -58,9 +58,16 @@ def test_split_minibatches_near_equal_and_skips_empty():
 def test_pack_indices_covers_each_sequence_once_within_budget(lengths, budget):
     bins = batching.pack_indices(lengths, budget)
     assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
-    for b in bins:
-        assert len(b) == 1 or sum(lengths[i] for i in b) <= budget
+    for b in bins:  # the trainers pad each sequence to the longest: that size is bounded
+        assert len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget
     assert bins == batching.pack_indices(lengths, budget)
+
+
+def test_a_long_sequence_does_not_pad_short_ones_past_the_budget():
+    lengths = [1000, 10, 10, 10, 10, 10, 10, 10]
+    bins = batching.pack_indices(lengths, 1024)
+    assert [0] in bins and sum(len(b) for b in bins) == 8  # 8 rows of 1000 would be 8,000
+    assert all(len(b) * max(lengths[i] for i in b) <= 1024 for b in bins)
 
 
 @settings(max_examples=200, deadline=None)

@@ -140,3 +140,19 @@ def test_servers_die_with_a_killed_orchestrator(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_planned_relaunches_do_not_spend_the_crash_restart_budget(session, tmp_path):
+    # vLLM's tied-embedding weight update relaunches the server every step; those relaunches
+    # must leave the restart budget (3 here) for real crashes
+    cfg = SGLangEngineConfig(base_port=base_port())
+    async with open_sglang_engines(cfg, session=session, model_path="/fake/m",
+                                   remote_options=options(tmp_path)) as (eng,):
+        for i in range(FAST.max_restarts + 2):
+            await eng.relaunch(f"planned relaunch {i}")
+            assert eng.healthy
+        pid = eng.process.pid
+        os.kill(pid, signal.SIGKILL)  # a real crash: still within the budget
+        await eventually(lambda: eng.healthy and eng.process.pid != pid, 30)
+        g = await collect(eng, make_request(max_new=3))
+        assert len(g.token_ids) == 3

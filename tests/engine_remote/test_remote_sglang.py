@@ -226,6 +226,21 @@ async def test_server_dying_mid_stream_raises_unavailable_and_marks_down(session
             await collect(eng, make_request())
 
 
+async def test_a_refused_connection_is_unavailable_and_marks_down():
+    import aiohttp
+
+    fake = FakeSGLang()
+    await fake.start()
+    # no kept-alive connection to fail on: the request itself finds nobody listening
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s, \
+            engine(fake, s) as eng:
+        await fake.die()
+        assert eng.healthy  # no probe since: the request is the first to find out
+        with pytest.raises(EngineUnavailable, match="unreachable"):
+            await collect(eng, make_request())
+        assert not eng.healthy
+
+
 async def test_silent_server_is_marked_down_and_its_streams_cut(session):
     async with FakeSGLang(token_delay_s=0.02) as fake, engine(fake, session) as eng:
         stream = eng.stream(make_request(max_new=500))
