@@ -21,7 +21,7 @@ from asyncrl.config import AlgorithmSection, TorchTrainerConfig
 from asyncrl.trainer.torch_trainer import TorchTrainer, iter_params
 
 BUDGET = 32
-BATCH_SEED = 2
+BATCH_SEED = 6
 """With these, rank 0 packs fewer micro-batches than rank 1 in both mini-batches, so the
 dummy micro-batches that keep collectives matched are exercised."""
 SFT = [([5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 0, 1, 1, 1, 1, 1]),
