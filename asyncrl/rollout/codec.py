@@ -120,7 +120,6 @@ class Codec:
             weakref.finalize(self, jobs.put, None)
             self._worker = worker
 
-
     def _forget_worker(self) -> None:
         """In a forked child: the worker thread did not come along; the next call starts one."""
         self._jobs = queue.SimpleQueue()
@@ -132,7 +131,14 @@ _CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
 _LIVE: weakref.WeakSet[Codec] = weakref.WeakSet()
 """Codecs that may have a worker: a child made by `fork` must not queue jobs to a thread that
 exists only in its parent (it would wait forever)."""
-os.register_at_fork(after_in_child=lambda: [c._forget_worker() for c in list(_LIVE)])
+
+
+def _after_fork_in_child() -> None:
+    for codec in list(_LIVE):
+        codec._forget_worker()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _serve(jobs: queue.SimpleQueue[Job | None], encode_many: Callable[[list[str]], list[list[int]]]
