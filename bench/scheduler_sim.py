@@ -267,7 +267,7 @@ class Sim:
         s.cached = False
         self.finished += 1
         if self.policy is not None:
-            self.policy.release(s.rid, response_tokens=s.resp)
+            self.policy.release(s.rid)
             self.report(e)
             self.dispatch()
 

@@ -66,8 +66,6 @@ class _Engine:
     sum_rem: int = 0
     floor: float | None = None
     """Reported KV use, adjusted by admissions/releases since the report (None: no report)."""
-    ratio: float = 1.0
-    """Fraction of a rollout's remaining budget reserved on this engine."""
     queue: collections.deque[Ask] = field(default_factory=collections.deque)
     """Per-engine queue (static policy only)."""
 
@@ -86,7 +84,7 @@ class AdmissionPolicy:
         self._n_alive = len(self._engines)
         self._queue: collections.deque[Ask] = collections.deque()
         self._where: dict[str, str] = {}
-        self._budget: dict[str, int] = {}
+        self._ratio = 1.0
 
     # ------------------------------------------------------------------------- views
     @property
@@ -116,23 +114,20 @@ class AdmissionPolicy:
     def queued(self) -> list[str]:
         return [a.rollout_id for a in self._all_queued()]
 
-    def ratio(self, engine: str | None = None) -> float:
-        """Fraction of the remaining budget reserved per rollout on `engine` (1.0 = worst
-        case); without an engine, the mean over live engines."""
-        if engine is not None:
-            return self._engines[engine].ratio
-        alive = [e.ratio for e in self._engines.values() if e.alive]
-        return sum(alive) / len(alive) if alive else 1.0
+    def ratio(self) -> float:
+        """Fraction of a rollout's remaining budget that its reservation holds (1.0 = worst
+        case). One ratio for every engine, so "most free" compares like with like."""
+        return self._ratio
 
     def estimate(self, engine: str) -> float:
         """Estimated KV use of an engine, in tokens."""
         e = self._engines[engine]
-        est = e.sum_ctx + e.ratio * e.sum_rem
+        est = e.sum_ctx + self._ratio * e.sum_rem
         return est if e.floor is None else max(est, e.floor)
 
-    def reservation(self, ask: Ask, engine: str) -> float:
-        """KV tokens `ask` reserves on `engine`."""
-        return ask.context_tokens + self._engines[engine].ratio * ask.remaining_tokens
+    def reservation(self, ask: Ask) -> float:
+        """KV tokens `ask` reserves on whichever engine admits it."""
+        return ask.context_tokens + self._ratio * ask.remaining_tokens
 
     def carry_over(self) -> dict[str, object]:
         """Constructor options that hand what this policy learned to the next step's policy
@@ -147,7 +142,6 @@ class AdmissionPolicy:
         """Queue a rollout (`front=True` for one requeued after a failure)."""
         if ask.rollout_id in self._where:
             raise ValueError(f"rollout {ask.rollout_id} is already running")
-        self._budget.setdefault(ask.rollout_id, ask.remaining_tokens)
         self._enqueue(ask, front)
 
     def cancel(self, rollout_id: str) -> bool:
@@ -156,7 +150,6 @@ class AdmissionPolicy:
             for a in q:
                 if a.rollout_id == rollout_id:
                     q.remove(a)
-                    self._budget.pop(rollout_id, None)
                     return True
         return False
 
@@ -185,13 +178,10 @@ class AdmissionPolicy:
         e.sum_rem += remaining_tokens - r.rem
         r.ctx, r.rem = context_tokens, remaining_tokens
 
-    def release(self, rollout_id: str, *, response_tokens: int | None = None,
-                requeue: bool = False) -> str | None:
-        """A rollout left its engine: finished (`response_tokens` = its final response length,
-        for policies that learn from it), failed (no tokens), or about to be resubmitted
-        (`requeue=True`). Unknown or already released ids are ignored. Returns the engine."""
+    def release(self, rollout_id: str) -> str | None:
+        """A rollout left its engine: finished, failed, or about to be resubmitted. Unknown or
+        already released ids are ignored. Returns the engine."""
         name = self._where.pop(rollout_id, None)
-        budget = self._budget.get(rollout_id) if requeue else self._budget.pop(rollout_id, None)
         if name is None:
             return None
         e = self._engines[name]
@@ -200,8 +190,6 @@ class AdmissionPolicy:
         e.sum_rem -= r.rem
         if e.floor is not None:
             e.floor = max(0.0, e.floor - r.ctx)
-        if response_tokens is not None and budget:
-            self._learn(response_tokens / budget)
         return name
 
     def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None) -> None:
@@ -242,22 +230,19 @@ class AdmissionPolicy:
     def _choose(self, ask: Ask) -> _Engine | None:
         raise NotImplementedError
 
-    def _learn(self, fraction: float) -> None:
-        del fraction
-
     def _fits(self, e: _Engine, ask: Ask) -> bool:
         if not e.alive:
             return False
         if not e.rollouts:
             return True
-        return self.estimate(e.name) + self.reservation(ask, e.name) <= e.capacity
+        return self.estimate(e.name) + self.reservation(ask) <= e.capacity
 
     def _start(self, ask: Ask, e: _Engine) -> None:
         e.rollouts[ask.rollout_id] = _Running(ask.context_tokens, ask.remaining_tokens)
         e.sum_ctx += ask.context_tokens
         e.sum_rem += ask.remaining_tokens
         if e.floor is not None:
-            e.floor += self.reservation(ask, e.name)
+            e.floor += self.reservation(ask)
         self._where[ask.rollout_id] = e.name
 
     def _enqueue(self, ask: Ask, front: bool) -> None:
@@ -277,8 +262,8 @@ class AdmissionPolicy:
 
 
 class KvAwarePolicy(AdmissionPolicy):
-    """Most free KV first; per-engine reservation ratios steered by reported KV use; estimates
-    floored by reported load. See the module docstring."""
+    """Most free KV first; the reservation ratio steered by reported KV use; estimates floored
+    by reported load. See the module docstring."""
 
     kind = "kv"
     uses_reports = True
@@ -295,11 +280,10 @@ class KvAwarePolicy(AdmissionPolicy):
         self.decay = decay
         self.bump = bump
         self._use: dict[str, float] = {}
-        for e in self._engines.values():
-            e.ratio = initial_ratio
+        self._ratio = initial_ratio
 
     def carry_over(self) -> dict[str, object]:
-        return {"initial_ratio": max(self.min_ratio, min(1.0, self.ratio()))}
+        return {"initial_ratio": max(self.min_ratio, min(1.0, self._ratio))}
 
     def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None) -> None:
         super().report(engine, kv_tokens_used, kv_tokens_capacity)
@@ -308,28 +292,22 @@ class KvAwarePolicy(AdmissionPolicy):
             return
         use = kv_tokens_used / e.capacity
         self._use[engine] = use
-        # One ratio for all engines (per-engine ratios would make engines that happened to
-        # report first look emptier and attract more than their share).
-        ratio = e.ratio
         if use > self.high:
-            ratio = min(1.0, ratio + self.bump)
+            self._ratio = min(1.0, self._ratio + self.bump)
         elif self._queue:
             alive = [u for n, u in self._use.items() if self._engines[n].alive]
             if sum(alive) / len(alive) < self.target:
-                ratio = max(self.min_ratio, ratio * (1.0 - self.decay))
-        if ratio != e.ratio:
-            for x in self._engines.values():
-                x.ratio = ratio
+                self._ratio = max(self.min_ratio, self._ratio * (1.0 - self.decay))
 
     def _choose(self, ask: Ask) -> _Engine | None:
         # The hot path of admission (once per admitted rollout, over every engine): the same
         # arithmetic as `estimate`/`_fits`, inlined.
         ctx, rem = ask.context_tokens, ask.remaining_tokens
+        r = self._ratio
         best, best_free = None, 0.0
         for e in self._engines.values():
             if not e.alive:
                 continue
-            r = e.ratio
             est = e.sum_ctx + r * e.sum_rem
             if e.floor is not None and e.floor > est:
                 est = e.floor

@@ -231,8 +231,7 @@ class RolloutRunner:
                     agent.finish(ro, RolloutStatus.FAILED, StopReason.ERROR,
                                  error=f"engine unavailable {attempts} times; last: {e}")
             finally:
-                sched.release(lease, requeue=outcome == "requeue",
-                              response_tokens=len(ro.response_ids) if outcome == "done" else None)
+                sched.release(lease)
             if outcome != "requeue":
                 return
 

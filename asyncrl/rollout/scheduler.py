@@ -138,13 +138,12 @@ class Scheduler:
         self._leases[ask.rollout_id] = lease
         return lease
 
-    def release(self, lease: Lease, *, response_tokens: int | None = None,
-                requeue: bool = False) -> None:
-        """The rollout left its engine: finished (`response_tokens` = final response length),
-        failed, or going back to the queue (`requeue=True`). Admits whoever fits now."""
+    def release(self, lease: Lease) -> None:
+        """The rollout left its engine: finished, failed, or going back to the queue. Admits
+        whoever fits now."""
         self._leases.pop(lease.rollout_id, None)
         policy = self._policy()
-        left = policy.release(lease.rollout_id, response_tokens=response_tokens, requeue=requeue)
+        left = policy.release(lease.rollout_id)
         self._dispatch()
         if left is not None:
             self._refresh(left)

@@ -37,7 +37,7 @@ def test_head_of_line_waits_and_release_admits_it() -> None:
     p.submit(ask("small", 1, 1))
     assert p.admit() == [("big", "a")]
     assert p.queued() == ["next", "small"]  # "small" would fit but must not overtake
-    p.release("big", response_tokens=150)
+    p.release("big")
     assert p.admit() == [("next", "a"), ("small", "a")]
 
 
@@ -54,27 +54,27 @@ def test_reported_underuse_lowers_reservations_and_admits_more() -> None:
     for i in range(30):
         p.submit(ask(i, 0, 100))
     assert len(p.admit()) == 10  # worst case first: 100 each
-    assert p.ratio("a") == 1.0
+    assert p.ratio() == 1.0
     p.report("a", 200)  # the engine holds only 200 of its 1000 tokens while 20 wait
-    assert p.ratio("a") == 0.5
+    assert p.ratio() == 0.5
     assert len(p.admit()) == 10  # 20 running now at 50 each = 1000
     assert p.estimate("a") <= 1000
     p.report("a", 990)  # about to overflow: back off at once
-    assert p.ratio("a") == 0.75
+    assert p.ratio() == 0.75
     # one ratio for every engine
     two = KvAwarePolicy({"a": 1000, "b": 1000}, decay=0.5)
     for i in range(30):
         two.submit(ask(i, 0, 100))
     two.admit()
     two.report("a", 100)  # mean use of reporting engines below target: both engines follow
-    assert two.ratio("a") == two.ratio("b") == 0.5
+    assert two.ratio() == 0.5
     assert p.admit() == []
     # with nobody waiting, low use is no reason to lower reservations
     q = KvAwarePolicy({"a": 1000}, decay=0.5)
     q.submit(ask(0))
     q.admit()
     q.report("a", 10)
-    assert q.ratio("a") == 1.0
+    assert q.ratio() == 1.0
 
 
 def test_reported_load_floors_the_estimate() -> None:
@@ -107,7 +107,7 @@ def test_static_is_a_fixed_round_robin_split() -> None:
         p.submit(ask(i))
     got = p.admit()
     assert sorted(got) == [("0", "a"), ("1", "b"), ("2", "a"), ("3", "b")]
-    p.release("1", response_tokens=5)
+    p.release("1")
     assert p.admit() == [("5", "b")]  # b's own queue; "4" waits for a
 
 
@@ -122,7 +122,7 @@ def test_static_engine_down_redeals_its_queue_and_reports_its_rollouts() -> None
     for rid in lost:
         p.submit(ask(rid), front=True)
     for rid in ["1", "2"]:
-        p.release(rid, response_tokens=1)
+        p.release(rid)
     admitted = dict(p.admit())
     assert set(admitted.values()) <= {"b", "c"} and {"0", "3"} & set(admitted)
 
@@ -161,11 +161,11 @@ class AdmissionMachine(RuleBasedStateMachine):
         queued_before = self.p.queued()
         est = {e: self.p.estimate(e) for e in self.p.engines}
         count = {e: len(self.p.running(e)) for e in self.p.engines}
-        ratio = {e: self.p.ratio(e) for e in self.p.engines}
+        ratio = self.p.ratio()
         got = self.p.admit()
         for rid, e in got:
             a = self.asks[rid]
-            res = a.context_tokens + ratio[e] * a.remaining_tokens
+            res = a.context_tokens + ratio * a.remaining_tokens
             # capacity is never exceeded, except by a rollout running alone
             assert count[e] == 0 or est[e] + res <= self.p.capacity(e) + 1e-6, (rid, e)
             assert e in self.p.alive()
@@ -189,8 +189,7 @@ class AdmissionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(r for r, s in self.state.items() if s == "running")))
-        a = self.asks[rid]
-        assert self.p.release(rid, response_tokens=a.context_tokens) is not None
+        assert self.p.release(rid) is not None
         self.state[rid] = "done"
 
     @rule(data=st.data(), used=st.integers(0, 700))
@@ -242,7 +241,7 @@ class AdmissionMachine(RuleBasedStateMachine):
         for _ in range(len(self.state) + 2):
             for rid, s in list(self.state.items()):
                 if s == "running":
-                    self.p.release(rid, response_tokens=1)
+                    self.p.release(rid)
                     self.state[rid] = "done"
             for rid, _e in self.p.admit():
                 self.state[rid] = "running"
@@ -261,5 +260,5 @@ def test_kv_hands_its_ratio_to_the_next_step() -> None:
     p.admit()
     p.report("a", 100)
     nxt = make_policy("kv", {"a": 1000}, **p.carry_over())
-    assert nxt.ratio("a") == p.ratio("a") == 0.5
+    assert nxt.ratio() == p.ratio() == 0.5
     assert StaticPolicy({"a": 1}).carry_over() == {}
