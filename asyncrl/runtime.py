@@ -13,7 +13,7 @@ import copy
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from asyncrl import formats, modeling
 from asyncrl.config import LocalSandboxConfig, RunConfig
@@ -80,16 +80,17 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
     """
     from asyncrl.reward import REWARD_PRELOAD, host_python_paths
     from sandbox import HttpSandboxClient, LocalSandboxClient, PoolConfig, SandboxPool
-    from sandbox.config import DEFAULT_PRELOAD
+    from sandbox.config import DEFAULT_PRELOAD, IsolationLevel
 
-    reward_cfg = PoolConfig(workers=1, isolation="auto", preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
+    reward_cfg = PoolConfig(workers=1, isolation=IsolationLevel.AUTO, preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
                             light_preload=(),
                             python_paths=host_python_paths())
     sb = cfg.sandbox
     async with contextlib.AsyncExitStack() as stack:
         reward_pool = await stack.enter_async_context(SandboxPool(reward_cfg))
+        client: LocalSandboxClient | HttpSandboxClient
         if isinstance(sb, LocalSandboxConfig):
-            pool_cfg = PoolConfig(workers=sb.workers, isolation=sb.isolation,
+            pool_cfg = PoolConfig(workers=sb.workers, isolation=IsolationLevel(sb.isolation),
                                   time_limit_s=sb.time_limit_s, memory_mb=sb.memory_mb,
                                   max_output_bytes=sb.max_output_bytes)
             pool = await stack.enter_async_context(SandboxPool(pool_cfg))
@@ -126,7 +127,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                                 model_path=cfg.model.path or str(run_dir / "model-init"))
         for e in engines:
             if hasattr(e, "__aenter__"):
-                await stack.enter_async_context(e)
+                await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any], e))
             else:
                 stack.push_async_callback(e.close)
         tools = []

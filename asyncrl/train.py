@@ -260,6 +260,7 @@ class StageRunner:
             self.state.stage_step += 1
             rolls = group_rollouts(groups)
             stats = rollout_stats(rolls)
+            step_s = time.monotonic() - t_step
             row = {
                 "stage": stage.name, "step": step, "policy_version": self.state.policy_version,
                 "problem_ids": [p.id for p in problems],
@@ -269,12 +270,12 @@ class StageRunner:
                 "timing/rollout_s": rollout_s,
                 "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
                 "timing/update_s": update_s, "timing/sync_s": sync_s,
-                "timing/step_s": time.monotonic() - t_step,
+                "timing/step_s": step_s,
             }
             self.metrics.write("rl_step", **row)
-            log.info("rl_step", reward=round(row["reward/mean"], 3),
+            log.info("rl_step", reward=round(stats.get("rollout/reward_mean", 0.0), 3),
                      tool_err_pos=round(stats.get("rollout/tool_error_ratio_pos", 0.0), 3),
-                     kept_groups=len(kept), seconds=round(row["timing/step_s"], 2))
+                     kept_groups=len(kept), seconds=round(step_s, 2))
             every = cfg.eval.every_steps
             if every and self.state.stage_step % every == 0:
                 m = await self.evaluate(label="step", stage=stage)

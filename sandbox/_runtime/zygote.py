@@ -58,7 +58,7 @@ from . import landlock, outcome, protocol, seccomp, warm
 from .outcome import Stream
 
 try:  # the template's fork loop in C; without it the zygote forks from Python (slower)
-    from . import _forkserver
+    from . import _forkserver  # type: ignore[attr-defined]  # built by pip, maybe absent
     _FORKSERVER_ERROR = ""
 except ImportError as _exc:
     _forkserver = None
@@ -713,6 +713,7 @@ class Zygote:
 
     def _send_kill(self, ch: _Child) -> None:
         t = ch.template
+        assert t is not None  # `_kill` sends here only when templates fork the children
         t.sends.append((_REQUEST.pack(_OP_KILL, 0, ch.id, 0.0, 0, 0), [], []))
         self._flush_sends(t)
 
