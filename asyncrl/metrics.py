@@ -43,6 +43,9 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
         # call-level ratios: failed calls / calls, over all rollouts and over positive ones
         f"{prefix}/tool_error_ratio": failed / calls if calls else 0.0,
         f"{prefix}/tool_error_ratio_pos": pos_failed / pos_calls if pos_calls else 0.0,
+        # the counts behind it, so a run's ratio can weigh steps by their calls
+        f"{prefix}/tool_calls_pos": float(pos_calls),
+        f"{prefix}/tool_errors_pos": float(pos_failed),
         f"{prefix}/truncated_frac": _mean(
             [float(r.status == RolloutStatus.TRUNCATED) for r in rs]),
         f"{prefix}/failed_frac": _mean([float(r.status == RolloutStatus.FAILED) for r in rs]),

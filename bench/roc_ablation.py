@@ -3,7 +3,8 @@
 Runs `asyncrl train curricula/tiny.toml` once per arm (`roc.kind = "roc"` and `"grpo_first"`,
 i.e. the first G of the 2G samples with no resampling), for each seed, and reports per arm:
 held-out accuracy (after SFT, and final), and the tool-error ratio of positive rollouts
-(failed calls / calls, over rollouts with reward 1) per RL step and averaged over the run.
+(failed calls / calls, over rollouts with reward 1) per RL step and over the whole run (all
+its positive rollouts' calls together: a step without such calls adds nothing, rather than a 0).
 Prints a table, writes `bench/results/roc_ablation.json` and a plot `roc_ablation.png`.
 
     python bench/roc_ablation.py [--seeds 0 1] [--set KEY=VALUE ...] [--reuse]
@@ -52,14 +53,16 @@ def read(run_dir: Path) -> dict:
     evals = [r for r in rows if r["kind"] == "eval"]
     before = next((r for r in evals if r.get("label") == "after_sft"), evals[0])
     final = next((r for r in evals if r.get("label") == "final"), evals[-1])
-    pos_err = [r.get("rollout/tool_error_ratio_pos", 0.0) for r in steps]
+    pos_calls = sum(r.get("rollout/tool_calls_pos", 0.0) for r in steps)
+    pos_errors = sum(r.get("rollout/tool_errors_pos", 0.0) for r in steps)
     return {
         "eval_after_sft": before["eval/accuracy"],
         "eval_final": final["eval/accuracy"],
         "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
         "tool_error_ratio_pos_curve": [(r["step"], r.get("rollout/tool_error_ratio_pos", 0.0))
                                        for r in steps],
-        "tool_error_ratio_pos_mean": fmean(pos_err) if pos_err else 0.0,
+        "tool_error_ratio_pos_run": pos_errors / pos_calls if pos_calls else 0.0,
+        "tool_calls_pos": pos_calls,
         "reward_mean": fmean(r["reward/mean"] for r in steps) if steps else 0.0,
     }
 
@@ -76,11 +79,11 @@ def main() -> int:
             results[arm][seed] = read(run_arm(arm, seed, args.set, args.reuse))
 
     print(f"\n{'arm':6} {'seed':>4} {'acc after SFT':>14} {'acc final':>10} "
-          f"{'tool-err(pos) mean':>19} {'reward mean':>12}")
+          f"{'tool-err(pos) run':>19} {'reward mean':>12}")
     for arm, by_seed in results.items():
         for seed, r in by_seed.items():
             print(f"{arm:6} {seed:>4} {r['eval_after_sft']:>14.3f} {r['eval_final']:>10.3f} "
-                  f"{r['tool_error_ratio_pos_mean']:>19.4f} {r['reward_mean']:>12.3f}")
+                  f"{r['tool_error_ratio_pos_run']:>19.4f} {r['reward_mean']:>12.3f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "roc_ablation.json"
     out.write_text(json.dumps({"seeds": args.seeds, "overrides": args.set,
