@@ -22,6 +22,7 @@ the loop's own CPU share (`loop_cpu_share`) is reported beside it.
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
 import json
@@ -91,10 +92,12 @@ FILLER = ("Let me think about the structure of this problem before writing code;
 
 
 def make_script(tok, turns: int, median_tokens: int):
-    filler = tok.encode(FILLER * 60)
-    call = tok.encode(formats.HERMES.render_call("print(sum(range(10)))"))
-    final = tok.encode("<answer>\\boxed{45}</answer><|im_end|>")
-    plans: dict[str, list[list[int]]] = {}
+    # arrays: a turn is then an array slice plus a concatenation, done in C, so building a
+    # rollout's plan on its first request costs the loop microseconds, not milliseconds
+    filler = turn_array(tok.encode(FILLER * 60))
+    call = turn_array(tok.encode(formats.HERMES.render_call("print(sum(range(10)))")))
+    final = turn_array(tok.encode("<answer>\\boxed{45}</answer><|im_end|>"))
+    plans: dict[str, list[array.array]] = {}
 
     def script(request) -> list[int]:
         rid, turn, _ = request.request_id.rsplit("/", 2)
@@ -105,8 +108,8 @@ def make_script(tok, turns: int, median_tokens: int):
             for _ in range(turns):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * median_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                plan.append(turn_array(filler[start:start + n] + call))
-            plan.append(turn_array(final))
+                plan.append(filler[start:start + n] + call)
+            plan.append(final)
             plans[rid] = plan
         n = int(turn[1:])
         return plan[n] if n < len(plan) else final

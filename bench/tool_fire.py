@@ -19,6 +19,7 @@ Prints a table, writes bench/results/tool_fire.json. Bar: p99 from put (CPU cloc
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import json
 import os
@@ -55,20 +56,21 @@ FILLER = ("We need to compute the value carefully, so let me write a short progr
 
 
 def make_script(tok, seed: int, mean_turn_tokens: int):
-    filler = tok.encode(FILLER * 40)
-    call = tok.encode(formats.HERMES.render_call("print(6*7)"))
-    final = tok.encode("So the answer is <answer>\\boxed{42}</answer><|im_end|>")
-    plans: dict[str, list[list[int]]] = {}
+    # arrays: a turn is an array slice plus a concatenation, done in C (see loop_capacity)
+    filler = turn_array(tok.encode(FILLER * 40))
+    call = turn_array(tok.encode(formats.HERMES.render_call("print(6*7)")))
+    final = turn_array(tok.encode("So the answer is <answer>\\boxed{42}</answer><|im_end|>"))
+    plans: dict[str, list[array.array]] = {}
 
-    def plan(rid: str) -> list[list[int]]:
+    def plan(rid: str) -> list[array.array]:
         if rid not in plans:
             rng = random.Random(f"{seed}:{rid}")
             turns = []
             for _ in range(rng.randint(2, 4)):
                 n = min(1500, max(20, int(rng.lognormvariate(0, 0.6) * mean_turn_tokens)))
                 start = rng.randrange(len(filler) - 1600)
-                turns.append(turn_array(filler[start:start + n] + call))
-            turns.append(turn_array(filler[:50] + final))
+                turns.append(filler[start:start + n] + call)
+            turns.append(filler[:50] + final)
             plans[rid] = turns
         return plans[rid]
 
