@@ -69,14 +69,17 @@ class Codec:
 
     @classmethod
     def of(cls, tokenizer: Any) -> Codec:
-        """The codec of `tokenizer`, cached while the tokenizer lives (a tokenizer that
-        cannot be weakly referenced gets a new codec each time)."""
+        """The codec of `tokenizer`, cached while the tokenizer lives. Only codecs over a
+        `tokenizers` backend are cached (they hold the backend, not the tokenizer, so the cache
+        does not keep it alive); any other codec is cheap and made anew."""
         try:
             codec = _CODECS.get(tokenizer)
-        except TypeError:
+        except TypeError:  # not weakly referenceable
             return cls(tokenizer)
         if codec is None:
-            codec = _CODECS[tokenizer] = cls(tokenizer)
+            codec = cls(tokenizer)
+            if codec._jobs is not None:
+                _CODECS[tokenizer] = codec
         return codec
 
     async def aencode(self, text: str) -> list[int]:

@@ -149,3 +149,25 @@ def test_a_forked_child_gets_its_own_worker(tiny_tokenizer) -> None:
     child.kill()
     assert not hung and child.exitcode == 0
     assert got.get() == codec.encode("in the child")
+
+
+def test_the_codec_cache_does_not_keep_a_tokenizer_alive() -> None:
+    import gc
+    import weakref
+
+    from asyncrl.modeling import train_tokenizer
+
+    class Plain:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [ord(c) for c in text]
+
+        def decode(self, ids: list[int]) -> str:
+            return "".join(map(chr, ids))
+
+    for make in (lambda: train_tokenizer(["a b c d e f"] * 20, vocab_size=300), Plain):
+        tok = make()
+        Codec.of(tok)
+        gone = weakref.ref(tok)
+        del tok
+        gc.collect()
+        assert gone() is None
