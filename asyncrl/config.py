@@ -247,7 +247,7 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     device: str = "cpu"
     """Training device."""
     micro_batch_tokens: PosInt = 8192
-    """Token budget of one packed micro-batch."""
+    """Token budget of one micro-batch, counted padded: rows x longest row."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     parallel: Literal["none", "ddp", "fsdp2"] = "none"
@@ -264,7 +264,7 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     pipeline_parallel: PosInt = 1
     """Pipeline-parallel size."""
     micro_batch_tokens: PosInt = 16384
-    """Token budget of one packed micro-batch."""
+    """Token budget of one micro-batch, counted padded: rows x longest row."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks."""
     recompute: Literal["none", "selective", "full"] = "selective"

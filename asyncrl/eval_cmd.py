@@ -26,9 +26,9 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     from asyncrl import metrics as metrics_mod
     from asyncrl.data import load_split
     from asyncrl.evaluation import format_table, summarize, write_summary
+    from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
-    from asyncrl.train import _save_groups
 
     async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
         tools = [t.schema for t in rt.tools] or None
@@ -49,7 +49,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         summary["seconds"] = round(time.monotonic() - t0, 2)
         summary["skipped_rows"] = float(loaded.num_skipped)
         summary.update(metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout"))
-    await asyncio.to_thread(_save_groups, out_dir / "eval_groups.jsonl", groups)
+    await asyncio.to_thread(save_jsonl, out_dir / "eval_groups.jsonl", groups)
     write_summary(summary, out_dir / "eval.json")
     print(format_table(summary, title=f"eval {data} (k={k})"))
     return summary

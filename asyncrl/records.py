@@ -241,6 +241,13 @@ def from_json(data: bytes | str, type_: type[T]) -> T:
     return msgspec.json.decode(data, type=type_)
 
 
+def save_jsonl(path: Path, records: Iterable[msgspec.Struct]) -> int:
+    """Write records as JSON lines to a new file at `path` (parents made); returns the count."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fp:
+        return write_jsonl(fp, records)
+
+
 def write_jsonl(fp: IO[bytes], records: Iterable[msgspec.Struct]) -> int:
     """Append records as JSON lines to a binary file; returns the count written."""
     n = 0

@@ -26,7 +26,7 @@ from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
-from asyncrl.records import Batch, Group, Problem, write_jsonl
+from asyncrl.records import Batch, Group, Problem, save_jsonl
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.stages import (
     PlateauState,
@@ -297,7 +297,7 @@ class StageRunner:
         groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(stage, eval_=True))
         summary = summarize(groups, self.cfg.eval.k)
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
-        await asyncio.to_thread(_save_groups, out, groups)  # every eval rollout, for inspection
+        await asyncio.to_thread(save_jsonl, out, groups)  # every eval rollout, for inspection
         m = {f"eval/{k}": v for k, v in summary.items()}
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
                            step=self.state.global_step, seconds=time.monotonic() - t0, **m)
@@ -322,12 +322,6 @@ class StageRunner:
         await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
                                 self.rt.trainer, msgspec.to_builtins(self.state),
                                 keep_last=self.cfg.checkpoint.keep_last)
-
-
-def _save_groups(path: Path, groups: list[Group]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as fp:
-        write_jsonl(fp, groups)
 
 
 def _floats(m: dict[str, Any], prefix: str) -> dict[str, float]:

@@ -53,6 +53,9 @@ def read(run_dir: Path) -> dict:
     evals = [r for r in rows if r["kind"] == "eval"]
     before = next((r for r in evals if r.get("label") == "after_sft"), evals[0])
     final = next((r for r in evals if r.get("label") == "final"), evals[-1])
+    if steps and not any("rollout/tool_calls_pos" in r for r in steps):
+        raise SystemExit(f"{run_dir} predates the tool-call counts in metrics.jsonl: "
+                         "run it again (without --reuse)")
     pos_calls = sum(r.get("rollout/tool_calls_pos", 0.0) for r in steps)
     pos_errors = sum(r.get("rollout/tool_errors_pos", 0.0) for r in steps)
     return {

@@ -94,7 +94,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     that holds numpy and sympy. Empty: one template for every call."""
     python_paths: tuple[str, ...] = ()
     """Extra directories put on sys.path of the zygotes (bound read-only into the jail);
-    needed for ``call_function`` targets outside site-packages."""
+    needed for ``call_function`` targets outside site-packages. Workers run with ``-S``: no
+    ``.pth`` file runs, so an editable install's source directory must be listed here."""
     function_max_result_bytes: int = 16 << 20
     """Largest pickled return value of a hosted function."""
     worker_start_timeout_s: float = 90.0

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(600)
-def test_mypy_finds_no_errors(tmp_path) -> None:
+def test_mypy_finds_no_errors() -> None:
     pytest.importorskip("mypy")
-    out = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=580)
+    # the project's own cache (.mypy_cache, git-ignored): warm after the first run
+    out = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=580)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

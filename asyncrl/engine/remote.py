@@ -116,10 +116,7 @@ class _StreamCtl:
         if self.cut_reason is None:
             self.cut_reason = reason
         if self.timeout is not None and not self.timeout.expired():
-            try:
-                self.timeout.reschedule(asyncio.get_running_loop().time())
-            except RuntimeError:  # the stream already left that block (it is failing on its own
-                pass  # and marking the server down is what cut it)
+            self.timeout.reschedule(asyncio.get_running_loop().time())
 
 
 def finish_delta(reason: str, version: int) -> TokenDelta:
@@ -354,10 +351,6 @@ class RemoteEngine:
 
     async def _check(self, failures: int) -> int:
         """One supervision round; returns the count of consecutive failed probes."""
-        if self._relaunch_lock.locked():
-            # a relaunch is under way (a planned one, e.g. vLLM's weight update, or a restart):
-            # its stopped process is not a crash, and must not spend the restart budget
-            return failures
         if self._proc is not None and not self._proc.running:
             self.mark_down(f"server process exited (rc={self._proc.returncode})")
             await self._restart()
@@ -375,7 +368,9 @@ class RemoteEngine:
         return failures
 
     async def _restart(self) -> None:
-        if not self._launched or self._closed:
+        if not self._launched or self._closed or self._relaunching():
+            # a relaunch under way (a planned one, e.g. vLLM's weight update) or just done:
+            # its stopped process was not a crash and must not spend the restart budget
             return
         if self._restarts >= self.options.max_restarts:
             if self._restarts == self.options.max_restarts:
@@ -385,12 +380,21 @@ class RemoteEngine:
             return
         self._restarts += 1
         await asyncio.sleep(min(2.0 ** (self._restarts - 1), 30.0))
+        if self._relaunching():
+            self._restarts -= 1  # relaunched meanwhile by someone else: no restart spent
+            return
         log.info("engine_restart", engine=self.name, attempt=self._restarts)
         try:
             await self.relaunch()
         except EngineError as e:
             log.error("engine_restart_failed", engine=self.name, error=str(e))
             self._probe_now.set()  # try again on the next round
+
+    def _relaunching(self) -> bool:
+        """A relaunch holds the lock, or one finished since the crash was seen (the server is
+        up on a live process)."""
+        return self._relaunch_lock.locked() or (
+            self._up and self._proc is not None and self._proc.running)
 
     async def relaunch(self, reason: str = "") -> None:
         """Stop a launched server and start it again from the latest disk weights; the engine
@@ -479,17 +483,23 @@ class RemoteEngine:
         final: TokenDelta | None = None
         try:
             try:
-                async with asyncio.timeout_at(deadline) as ctl.timeout:
-                    resp = await self._session.post(base_url + path, json=body)
-                    if resp.status != 200:
-                        raise self._http_error(resp.status, await resp.read())
-                ctl.timeout = None
+                # `ctl.timeout` is set only while its block runs: a stream failing out of the
+                # block (connection refused) marks the server down, which cuts every stream
+                try:
+                    async with asyncio.timeout_at(deadline) as ctl.timeout:
+                        resp = await self._session.post(base_url + path, json=body)
+                        if resp.status != 200:
+                            raise self._http_error(resp.status, await resp.read())
+                finally:
+                    ctl.timeout = None
                 while not state["done"] and ctl.cut_reason is None:
                     # After the finish event only [DONE] is missing: wait briefly for it.
                     until = deadline if final is None else min(deadline, loop.time() + 5.0)
-                    async with asyncio.timeout_at(until) as ctl.timeout:
-                        chunk = await resp.content.readany()
-                    ctl.timeout = None
+                    try:
+                        async with asyncio.timeout_at(until) as ctl.timeout:
+                            chunk = await resp.content.readany()
+                    finally:
+                        ctl.timeout = None
                     if not chunk:
                         break
                     for data in decoder.feed(chunk):

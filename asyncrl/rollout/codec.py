@@ -4,7 +4,7 @@ Owns: `Codec` (one per tokenizer, shared by every rollout): `decode` on the loop
 byte table where the tokenizer allows it, and `aencode`, which tokenizes on a worker thread.
 Does not own: what is encoded (the agent loop) or the tokenizer itself.
 
-Why a thread: the `tokenizers` library spends 0.6-0.8 us per character in a single `encode`
+Why a thread: the `tokenizers` library spends 0.3-0.8 us per character in a single `encode`
 and holds the GIL throughout; a tool response (100-400 characters with its wrapper) cost
 150-400 us of loop time at every tool return in the 1,000-rollout bench, long enough to delay
 other rollouts' tool calls behind it. Its batch encode releases the GIL, so on the worker the

@@ -241,7 +241,13 @@ static void contain(const struct config *c, const struct request *rq, const int 
         child_fail("close_range");
     if (c->drop_caps)
         drop_capabilities();
-    rlim_t cpu = (rlim_t)rq->time_limit_s + 2;
+    double limit = rq->time_limit_s;  /* the pool validated it; clamp anyway: the cast of a
+                                       * NaN, negative or huge double is undefined */
+    if (!(limit >= 0.0))
+        limit = 0.0;
+    if (limit > 1e9)
+        limit = 1e9;
+    rlim_t cpu = (rlim_t)limit + 2;
     struct rlimit rl = {cpu, cpu + 1};
     if (setrlimit(RLIMIT_CPU, &rl) != 0)
         child_fail("setrlimit(CPU)");
@@ -445,6 +451,8 @@ static int parse_config(PyObject *d, struct config *c)
         if (PyBytes_AsStringAndSize(v, &p, &len) < 0)
             return -1;
         c->landlock_attr = PyMem_RawMalloc((size_t)len);
+        if (!c->landlock_attr)
+            return PyErr_NoMemory(), -1;
         memcpy(c->landlock_attr, p, (size_t)len);
         c->landlock_attr_size = (size_t)len;
         PyObject *rules = PyDict_GetItemString(d, "landlock_rules");
@@ -454,6 +462,8 @@ static int parse_config(PyObject *d, struct config *c)
         }
         c->nrules = (size_t)PyList_GET_SIZE(rules);
         c->rules = PyMem_RawCalloc(c->nrules + 1, sizeof *c->rules);
+        if (!c->rules)
+            return PyErr_NoMemory(), -1;
         for (size_t i = 0; i < c->nrules; i++) {
             unsigned long long acc;
             int fd;
@@ -474,6 +484,8 @@ static int parse_config(PyObject *d, struct config *c)
         if (len % 8 || len == 0 || len / 8 > 4096)
             return PyErr_SetString(PyExc_ValueError, "seccomp_prog: bad length"), -1;
         c->prog = PyMem_RawMalloc((size_t)len);
+        if (!c->prog)
+            return PyErr_NoMemory(), -1;
         memcpy(c->prog, p, (size_t)len);
         c->prog_len = (size_t)len / 8;
         PyObject *slots = PyDict_GetItemString(d, "seccomp_slots");
@@ -481,6 +493,8 @@ static int parse_config(PyObject *d, struct config *c)
             return PyErr_SetString(PyExc_ValueError, "seccomp_slots: list of pairs"), -1;
         c->nslots = (size_t)PyList_GET_SIZE(slots);
         c->pid_slots = PyMem_RawCalloc(2 * c->nslots + 2, sizeof(int));
+        if (!c->pid_slots)
+            return PyErr_NoMemory(), -1;
         for (size_t i = 0; i < c->nslots; i++) {
             if (!PyArg_ParseTuple(PyList_GET_ITEM(slots, i), "ii", &c->pid_slots[2 * i],
                                   &c->pid_slots[2 * i + 1]))
@@ -500,6 +514,8 @@ static int parse_config(PyObject *d, struct config *c)
             return PyErr_SetString(PyExc_ValueError, "reseed: list of 4-tuples"), -1;
         c->nreseed = (size_t)PyList_GET_SIZE(v);
         c->reseed = PyMem_RawCalloc(c->nreseed + 1, sizeof *c->reseed);
+        if (!c->reseed)
+            return PyErr_NoMemory(), -1;
         for (size_t i = 0; i < c->nreseed; i++) {
             unsigned long long key, pos;
             Py_ssize_t words;

@@ -213,7 +213,11 @@ def split_trailing_expression(code: str) -> tuple[types.CodeType, types.CodeType
     if (_PRINT_EXPR is not None and n >= 6 and b[n - 6] == _POP_TOP
             and b[n - 4] == _LOAD_CONST and b[n - 2] == _RETURN_VALUE
             and body.co_consts[b[n - 3]] is None and "\r" not in code
-            and sys.displayhook is _display):
+            and sys.displayhook is _display and "displayhook" not in code):
+        # (PRINT_EXPR calls whatever sys.displayhook is when it runs: a program that sets
+        # its own would see its hook called where the AST rule prints the repr)
+        # (PRINT_EXPR calls whatever sys.displayhook is when it runs: a program that sets
+        # its own would see its hook called where the AST rule prints the repr)
         l0, l1, c0, c1 = next(itertools.islice(body.co_positions(), n // 2 - 3, None))
         lines = code.split("\n")
         if (c0 == 0 and l0 is not None and l1 is not None and c1 is not None

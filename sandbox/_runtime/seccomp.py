@@ -156,7 +156,7 @@ PROCESS_SYSCALLS = frozenset({
     "rt_tgsigqueueinfo", "setsid", "setpgid", "capset",
 })
 """What a process that forks children and contains them (a template) still needs, and its
-children must not have: ``Part.TEMPLATE`` leaves these out, ``Part.CHILD`` has only these."""
+children must not have: ``part="template"`` leaves these out, ``part="child"`` has only these."""
 
 
 def build_template(part: str = "all") -> tuple[bytearray, list[tuple[int, int]]]:
@@ -233,7 +233,6 @@ class Filter:
 
     def __init__(self, part: str = "all") -> None:
         prog, self.slots = build_template(part)
-        self.part = part
         self.prog = prog
         self._buf = (ctypes.c_char * len(prog)).from_buffer(prog)
         self._fprog = _SockFprog(len(prog) // 8, ctypes.addressof(self._buf))

@@ -51,7 +51,7 @@ import struct
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import child as childmod
 from . import landlock, outcome, protocol, seccomp, warm
@@ -90,7 +90,6 @@ def _controller_modules() -> None:
 _libc = ctypes.CDLL(None, use_errno=True)
 _READ = 65536
 _PR_SET_DUMPABLE = 4
-_PR_SET_PDEATHSIG = 1
 # the C side's structs (see _forkserver.c): request and reply
 _REQUEST = struct.Struct("=IIQdII")
 _REPLY = struct.Struct("=IiQ")
@@ -267,7 +266,7 @@ class Zygote:
     def _template_main(self, sock: int, preload: list[str], light: bool) -> None:
         """In the template: prepare, report, then fork on request (returns only in children)."""
         assert _forkserver is not None
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc.prctl(childmod._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)  # the pool's pipes belong to the controller alone
         os.dup2(devnull, 1)
@@ -744,7 +743,7 @@ class Zygote:
             elif op == _OP_EXITED:
                 self._finalize(ch, value)
 
-    def _template_lost(self, why: str) -> None:
+    def _template_lost(self, why: str) -> NoReturn:
         """Without its template the worker cannot run calls: exit; the pool fails the calls
         in flight with sandbox_failure and starts a new worker."""
         os.write(2, f"sandbox zygote: {why}\n".encode())
@@ -990,7 +989,7 @@ def _remove_tree(path: str) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with whoever started us
+    _libc.prctl(childmod._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with our starter
     inbuf = bytearray()
     frames: list[bytes] = []
     while not frames:
@@ -1004,7 +1003,7 @@ def main() -> None:
         # On the host, the pool dying (even SIGKILLed) should not leave working directories
         # behind: ask for SIGTERM instead, and clean up on it. (In a jail, SIGKILL: the jail's
         # tmpfs disappears with it, and SIGKILL also ends a zygote that is stopped or stuck.)
-        _libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+        _libc.prctl(childmod._PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         signal.signal(signal.SIGTERM, _exit_on_signal)
     z = Zygote(cfg)
     # requests sent before we were ready are served after start-up, in order

@@ -64,9 +64,9 @@ def test_pack_indices_covers_each_sequence_once_within_budget(lengths, budget):
 
 
 def test_a_long_sequence_does_not_pad_short_ones_past_the_budget():
-    lengths = [1000, 10, 10, 10, 10, 10, 10, 10]
-    bins = batching.pack_indices(lengths, 1024)
-    assert [0] in bins and sum(len(b) for b in bins) == 8  # 8 rows of 1000 would be 8,000
+    lengths = [1000, 3, 3, 3, 3, 3, 3, 3]  # 1,021 tokens: first-fit put all 8 in one bin,
+    bins = batching.pack_indices(lengths, 1024)  # 8 padded rows of 1,000
+    assert [0] in bins and sum(len(b) for b in bins) == 8
     assert all(len(b) * max(lengths[i] for i in b) <= 1024 for b in bins)
 
 

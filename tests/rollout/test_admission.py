@@ -66,7 +66,7 @@ def test_reported_underuse_lowers_reservations_and_admits_more() -> None:
     for i in range(30):
         two.submit(ask(i, 0, 100))
     two.admit()
-    two.report("a", 100)  # mean use of reporting engines below target: both engines follow
+    two.report("a", 100)  # one engine's report below target moves the one shared ratio
     assert two.ratio() == 0.5
     assert p.admit() == []
     # with nobody waiting, low use is no reason to lower reservations

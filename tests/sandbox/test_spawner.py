@@ -76,12 +76,16 @@ PROGRAMS = [
     "with open('/dev/null') as f:\n    f.read()", "class C:\n    def __exit__(s, *a): return False\n"
     "    def __enter__(s): return s\nwith C():\n    pass", "x = [1]\nx.append(2)",
     "import sys\nsys.stdout.write('a')", "x = 1 + \\\n  2\nx", "print(1)\n\n\n", "x = (1,\n2)\n",
+    "import sys\nsys.displayhook = lambda v: print('hook', v)\nx = 5\nx",
 ]
 
 
 @pytest.mark.parametrize("code", PROGRAMS)
 def test_the_trailing_expression_fast_path_prints_what_the_ast_rule_prints(code):
-    saved = (child._prepared_main, __import__("sys").displayhook)
+    import sys
+
+    saved = (child._prepared_main, sys.displayhook, sys.modules["__main__"], sys.argv,
+             list(sys.path))
     try:
         child.prepare_main()
         body, tail = child.split_trailing_expression(code)
@@ -94,9 +98,9 @@ def test_the_trailing_expression_fast_path_prints_what_the_ast_rule_prints(code)
                 if v is not None:
                     print(repr(v))
         assert out.getvalue() == _reference(code)
-    finally:
-        import sys
-        child._prepared_main, sys.displayhook = saved
+    finally:  # prepare_main re-points the interpreter's __main__, argv and path[0]
+        child._prepared_main, sys.displayhook, sys.modules["__main__"], sys.argv = saved[:4]
+        sys.path[:] = saved[4]
 
 
 @needs_c
