@@ -127,8 +127,10 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     """Tool output longer than this is cut in the middle (head and tail kept)."""
     tools: bool = True
     """Offer the Python tool at all (False = plain CoT rollouts)."""
-    max_staleness: Annotated[int, Meta(ge=0, le=1)] = 0
-    """0: on-policy (the report). 1: next step's rollouts overlap the update."""
+    max_staleness: NonNegInt = 0
+    """N: rollouts may be sampled up to N policy versions before the one that trains them.
+    0: on-policy (the report). N > 0: a producer keeps up to N + 1 steps' rollouts under way
+    across updates, engines are updated in flight (see docs/async.md)."""
 
     def __post_init__(self) -> None:
         if self.group_size > self.samples_per_prompt:
@@ -179,6 +181,22 @@ class AlgorithmSection(_Section, frozen=True, kw_only=True):
     """Schedule after warmup."""
     optimizer_steps_per_rl_step: PosInt = 1
     """Optimizer steps per RL step (the batch is split into this many mini-batches)."""
+    correction: Literal["none", "tis", "icepop", "decoupled"] = "none"
+    """Off-policy correction between the sampler's log-probs and the trainer's (see
+    `asyncrl.algo.offpolicy`): `none` (the report), token `tis`, `icepop` masking, or the
+    `decoupled` three-policy PPO objective."""
+    tis_cap: PosFloat = 2.0
+    """`tis`: cap on the token importance weight pi_prox / mu."""
+    icepop_low: PosFloat = 0.5
+    """`icepop`: tokens whose weight pi_prox / mu is below this are masked."""
+    icepop_high: PosFloat = 2.0
+    """`icepop`: tokens whose weight pi_prox / mu is above this are masked."""
+    decoupled_cap: NonNegFloat = 0.0
+    """`decoupled`: tokens whose behaviour weight exceeds this are masked (0 = no cap)."""
+
+    def __post_init__(self) -> None:
+        if self.icepop_low >= self.icepop_high:
+            raise _bad("icepop_low", f"must be below icepop_high={self.icepop_high}")
 
 
 # ------------------------------------------------------------------------------------ engine

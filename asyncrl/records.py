@@ -138,6 +138,10 @@ class Rollout(_Rec, kw_only=True):
     """Name of the engine that served it (last one, if it was requeued)."""
     policy_versions: list[int] = []
     """Distinct policy versions seen across turns (more than one only with staleness > 0)."""
+    token_versions: list[int] = []
+    """Policy version that sampled each response token, parallel to `response_ids` (a tool
+    token carries the version of the model token before it). Empty: every token was sampled
+    under `policy_version` (records written before per-token versions existed)."""
     timing: Timing = msgspec.field(default_factory=Timing)
 
     @property
@@ -155,6 +159,12 @@ class Rollout(_Rec, kw_only=True):
             return None
         return sum(c.failed for c in self.tool_calls) / len(self.tool_calls)
 
+    def versions(self) -> list[int]:
+        """The sampling policy version of each response token (see `token_versions`)."""
+        if self.token_versions:
+            return self.token_versions
+        return [self.policy_version] * len(self.response_ids)
+
     def check(self) -> None:
         """Raise ValueError if the parallel lists or spans disagree (an invariant, not input)."""
         n = len(self.response_ids)
@@ -163,6 +173,9 @@ class Rollout(_Rec, kw_only=True):
                 f"rollout {self.rollout_id}: response/mask/logprobs lengths "
                 f"{n}/{len(self.loss_mask)}/{len(self.logprobs)}"
             )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"rollout {self.rollout_id}: {len(self.token_versions)} token "
+                             f"versions for {n} response tokens")
         pos = 0
         for t in self.turns:
             if t.start != pos or t.end < t.start:

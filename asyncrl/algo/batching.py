@@ -35,6 +35,9 @@ class TrainSeq(msgspec.Struct, frozen=True, kw_only=True):
     advantage: float = 0.0
     sampling_logprobs: list[float] = []
     """The engine's logprobs of the response tokens (0.0 elsewhere); empty for SFT."""
+    lags: list[int] = []
+    """Per token: the batch's policy version minus the version that sampled it (0 for prompt
+    tokens); empty = all 0 (SFT)."""
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +58,8 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     sampling_logprobs: list[float]
     seq_index: list[int]
     """Which sequence (index into the list given to `pack`) each token belongs to; -1 = dummy."""
+    lags: list[int] = []
+    """Per token version lag (see `TrainSeq.lags`); parallel to `input_ids`."""
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +89,7 @@ def sequences_from_batch(batch: Batch) -> list[TrainSeq]:
             loss_mask=mask,
             advantage=float(adv),
             sampling_logprobs=[0.0] * n_prompt + [float(x) for x in rollout.logprobs],
+            lags=[0] * n_prompt + [max(0, batch.policy_version - v) for v in rollout.versions()],
         ))
     return out
 
@@ -152,6 +158,7 @@ def pack(seqs: Sequence[TrainSeq], token_budget: int) -> list[Packed]:
         mask: list[int] = []
         adv: list[float] = []
         lps: list[float] = []
+        lags: list[int] = []
         owner: list[int] = []
         for i in idx:
             s = seqs[i]
@@ -161,13 +168,14 @@ def pack(seqs: Sequence[TrainSeq], token_budget: int) -> list[Packed]:
             mask += s.loss_mask
             adv += [s.advantage] * n
             lps += s.sampling_logprobs or [0.0] * n
+            lags += s.lags or [0] * n
             owner += [i] * n
         out.append(Packed(input_ids=ids, position_ids=pos, loss_mask=mask, advantages=adv,
-                          sampling_logprobs=lps, seq_index=owner))
+                          sampling_logprobs=lps, seq_index=owner, lags=lags))
     return out
 
 
 def dummy(pad_token_id: int) -> Packed:
     """A one-token micro-batch that trains nothing (keeps ranks' collective counts equal)."""
     return Packed(input_ids=[pad_token_id], position_ids=[0], loss_mask=[0], advantages=[0.0],
-                  sampling_logprobs=[0.0], seq_index=[-1])
+                  sampling_logprobs=[0.0], seq_index=[-1], lags=[0])

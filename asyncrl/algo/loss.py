@@ -69,8 +69,12 @@ def _normalizer(mask: torch.Tensor, normalizer: float | torch.Tensor | None) -> 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
               mask: torch.Tensor, eps_low: float, eps_high: float, dual_clip: float,
-              normalizer: float | torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
+              normalizer: float | torch.Tensor | None = None,
+              coef: torch.Tensor | None = None) -> tuple[torch.Tensor, Metrics]:
     """The GRPO-RoC policy loss of one micro-batch and its metric sums (see the module doc).
+
+    `coef` (detached, `[B, T]`): a per-token off-policy correction that multiplies each
+    token's clipped loss (`algo.offpolicy.correction_coef`); None = 1 everywhere.
 
     `logprobs` carries the gradient; `old_logprobs` (the trainer's recomputation before the
     update) is treated as a constant. `advantages` is per token or broadcastable to it.
@@ -90,6 +94,8 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     clipped = torch.maximum(pg1, pg2)
     pg3 = -adv * dual_clip
     per_token = torch.where(adv < 0, torch.minimum(clipped, pg3), clipped)
+    if coef is not None:
+        per_token = per_token * coef.detach().float()
     per_token = torch.where(m, per_token, 0.0)
     loss = per_token.sum() / _normalizer(mf, normalizer)
 

@@ -135,7 +135,8 @@ class AgentLoop:
         ids = list(prompt) if not isinstance(prompt, str) else self._encode(prompt)
         return Rollout(rollout_id=rollout_id, prompt_id=prompt_id, group_id=group_id,
                        policy_version=policy_version, prompt_ids=ids, response_ids=[],
-                       loss_mask=[], logprobs=[], turns=[], tool_calls=[], policy_versions=[])
+                       loss_mask=[], logprobs=[], turns=[], tool_calls=[], policy_versions=[],
+                       token_versions=[])
 
     # ---------------------------------------------------------------------------- turns
     async def advance(self, ro: Rollout, engine: Engine, *,
@@ -214,6 +215,8 @@ class AgentLoop:
         ro.response_ids.extend(tool_ids)
         ro.loss_mask.extend([0] * len(tool_ids))
         ro.logprobs.extend([0.0] * len(tool_ids))
+        last = ro.token_versions[-1] if ro.token_versions else ro.policy_version
+        ro.token_versions.extend([last] * len(tool_ids))
         if text is not None:
             text.append(self._codec.bytes_of(tool_ids))  # type: ignore[misc]
         ro.turns.append(Turn(role="tool", start=start, end=start + len(tool_ids),
@@ -258,6 +261,7 @@ class AgentLoop:
         ids = ro.response_ids
         lps = ro.logprobs
         mask = ro.loss_mask
+        vers = ro.token_versions
         parts = len(text) if text is not None else 0
         bytes_of = self._codec.bytes_of
         opener = self._opener_id
@@ -282,6 +286,7 @@ class AgentLoop:
                     ids.extend(toks)
                     lps.extend(d.logprobs)
                     mask.extend([1] * len(toks))
+                    vers.extend([d.policy_version] * len(toks))  # in-flight updates: per token
                     if text is not None:
                         text.append(bytes_of(toks))  # type: ignore[misc]
                     if d.policy_version != version:
@@ -321,6 +326,7 @@ class AgentLoop:
     def _undo(ro: Rollout, mark: int, text: Text | None, parts: int) -> None:
         """Roll `ro` back to `mark` response tokens (and `text` to its first `parts`)."""
         del ro.response_ids[mark:], ro.logprobs[mark:], ro.loss_mask[mark:]
+        del ro.token_versions[mark:]
         if text is not None:
             del text[parts:]
 

@@ -30,12 +30,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.algo import batching
+from asyncrl.algo import batching, offpolicy
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import (
     StepStats,
     grpo_loss,
-    mismatch_metrics,
     sft_loss,
     token_entropy,
     token_logprobs,
@@ -180,6 +179,8 @@ class TorchTrainer:
                                        device=dev),
             "sampling_logprobs": torch.tensor(grid(mb.sampling_logprobs, 0.0),
                                               dtype=torch.float32, device=dev),
+            "lag": torch.tensor(grid(mb.lags or [0] * len(owner), 0), dtype=torch.long,
+                                device=dev),
         }
 
     def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -213,8 +214,9 @@ class TorchTrainer:
         plans = [self._plan(mini) for mini in minis]
         stats = StepStats()
 
-        # Old logprobs under the weights that will be updated (the engine's logprobs only
-        # feed the mismatch metric: sampler and trainer kernels differ).
+        # Old (proximal) logprobs under the weights that will be updated; the engine's
+        # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`.
+        quant = offpolicy.RatioQuantiles()
         olds: list[list[torch.Tensor]] = []
         with torch.no_grad():
             for plan in plans:
@@ -223,7 +225,9 @@ class TorchTrainer:
                     t = self._tensors(mb)
                     old = token_logprobs(self._logits(t), t["input_ids"], self.temperature)
                     olds[-1].append(old)
-                    stats.add(mismatch_metrics(old, t["sampling_logprobs"], t["mask"]))
+                    stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
+                                                       t["lag"]))
+                    quant.add(old, t["sampling_logprobs"], t["mask"])
 
         norms, lr = [], 0.0
         for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
@@ -233,11 +237,14 @@ class TorchTrainer:
                 with self._no_sync(last=i == len(plan) - 1):
                     logits = self._logits(t)
                     lp = token_logprobs(logits, t["input_ids"], self.temperature)
+                    coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
+                                                        t["mask"])
                     loss, m = grpo_loss(lp, old, t["advantages"], t["mask"],
                                         self.algo.eps_low, self.algo.eps_high,
-                                        self.algo.dual_clip, normalizer=normalizer)
+                                        self.algo.dual_clip, normalizer=normalizer, coef=coef)
                     (loss * self.world_size).backward()
                 stats.add(m)
+                stats.add(cm)
                 ent = token_entropy(logits.detach() / self.temperature)
                 stats.add({"entropy_sum": (ent * t["mask"]).sum()})
             norm, lr = self._optimizer_step(lr_scale)
@@ -246,6 +253,7 @@ class TorchTrainer:
         stats.reduce(self.device)
         out = stats.means("train/")
         out["train/loss"] = out.get("train/pg_loss", 0.0)
+        out.update(quant.metrics("train/"))
         out.update({
             "train/grad_norm": sum(norms) / len(norms),
             "train/grad_norm_max": max(norms),

@@ -4,7 +4,7 @@ interface, with tensor and data parallelism from megatron-core.
 Owns: turning a HF model (object or directory) into a sharded megatron-core `GPTModel`, the
 RL and SFT steps on it, the optimizer, weight export (HF names, gathered over TP) and trainer
 state. Shares with the torch trainer, not copies: batching, sharding and packing
-(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `mismatch_metrics` / `StepStats`
+(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `offpolicy` corrections and mismatch metrics / `StepStats`
 (`asyncrl.algo.loss`) and the lr schedule (`asyncrl.algo.schedule`). Does not own the loop,
 RoC, or how other ranks receive their calls (`launch.py`).
 
@@ -35,9 +35,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.algo import batching
+from asyncrl.algo import batching, offpolicy
 from asyncrl.algo.batching import Packed, TrainSeq
-from asyncrl.algo.loss import StepStats, grpo_loss, mismatch_metrics, sft_loss
+from asyncrl.algo.loss import StepStats, grpo_loss, sft_loss
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
 from asyncrl.errors import TrainerError
@@ -132,6 +132,7 @@ class MegatronTrainer:
             "mask": rows(mb.loss_mask, 0, torch.float32),
             "advantages": rows(mb.advantages, 0.0, torch.float32),
             "sampling_logprobs": rows(mb.sampling_logprobs, 0.0, torch.float32),
+            "lag": rows(mb.lags or [0] * mb.num_tokens, 0, torch.long),
         }
 
     def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -158,6 +159,7 @@ class MegatronTrainer:
         dp = self.layout.dp_size
         temp = self.temperature
 
+        quant = offpolicy.RatioQuantiles()
         olds: list[list[torch.Tensor]] = []
         with torch.no_grad():
             for plan in plans:
@@ -166,7 +168,9 @@ class MegatronTrainer:
                     t = self._tensors(mb)
                     old = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"], temp)
                     olds[-1].append(old)
-                    stats.add(mismatch_metrics(old, t["sampling_logprobs"], t["mask"]))
+                    stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
+                                                       t["lag"]))
+                    quant.add(old, t["sampling_logprobs"], t["mask"])
 
         norms, lr = [], 0.0
         for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
@@ -177,17 +181,21 @@ class MegatronTrainer:
                 logits = self._logits(t)
                 ent = vocab_parallel.token_entropy(logits.detach(), temp)
                 lp = vocab_parallel.token_logprobs(logits, t["input_ids"], temp)
+                coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
+                                                    t["mask"])
                 loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], self.algo.eps_low,
                                     self.algo.eps_high, self.algo.dual_clip,
-                                    normalizer=normalizer)
+                                    normalizer=normalizer, coef=coef)
                 (loss * dp).backward()
                 stats.add(m)
+                stats.add(cm)
                 stats.add({"entropy_sum": (ent * t["mask"]).sum()})
             norm, lr = self._optimizer_step(lr_scale)
             norms.append(norm)
 
         out = self._means(stats, "train/")
         out["train/loss"] = out.get("train/pg_loss", 0.0)
+        out.update(quant.metrics("train/"))
         out.update({
             "train/grad_norm": sum(norms) / len(norms),
             "train/grad_norm_max": max(norms),
