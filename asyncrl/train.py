@@ -12,10 +12,8 @@ Owns: the order of things and the run state. Does not own: any component's inter
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +38,6 @@ from asyncrl.stages import (
 log = logmod.get_logger(__name__)
 
 
-@dataclass
-class Prefetch:
-    """Rollouts of a step already under way (started before the previous update)."""
-
-    problems: list[Problem]
-    task: asyncio.Task[list[Group]]
-    started: float
-
-
 class TrainState(msgspec.Struct, kw_only=True):
     """Everything besides weights and optimizer that a resumed run needs."""
 
@@ -61,6 +50,9 @@ class TrainState(msgspec.Struct, kw_only=True):
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None
+    pending_problem_ids: list[str] = []
+    """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
+    run regenerates them first, in order, under the restored weights."""
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -156,21 +148,40 @@ class StageRunner:
         else:
             if stage.data_filter == "hard" and self.state.stage_problem_ids is None:
                 await self._filter_hard(stage)
-            # With max_staleness = 1 each step starts the next step's rollouts before its
-            # update; this scope owns that task and cancels it when the stage ends.
-            ahead: Prefetch | None = None
+            await self._run_rl(stage)
+        await self._checkpoint(force=True)
+
+    async def _run_rl(self, stage: StageSection) -> None:
+        """The RL steps of a stage over a `RolloutProducer`, which keeps up to
+        `max_staleness + 1` steps' rollouts under way across updates; this scope owns it and
+        cancels what is left when the stage ends."""
+        from asyncrl.rollout.producer import RolloutProducer
+
+        settings = self._settings(stage)
+        n = self.cfg.rollout.samples_per_prompt
+
+        def run_wave(problems: list[Problem], version: int) -> Any:
+            return self.rt.runner.run(problems, n, settings, version)
+
+        by_id = {p.id: p for p in self.train_problems}
+        resume = [by_id[i] for i in self.state.pending_problem_ids if i in by_id]
+        self.state.pending_problem_ids = []
+        async with RolloutProducer(run_wave, self.stream.next_batch,
+                                   prompts_per_step=self.cfg.rollout.prompts_per_step,
+                                   max_staleness=self.cfg.rollout.max_staleness,
+                                   waves_total=max(0, stage.steps - self.state.stage_step),
+                                   version=lambda: self.state.policy_version,
+                                   resume_problems=resume) as prod:
+            self._producer = prod
             try:
                 while not stage_done(stage, self.state.stage_step, self._plateaued):
-                    ahead = await self.rl_step(stage, ahead)
+                    await self.rl_step(stage, prod)
             finally:
-                if ahead is not None:
-                    ahead.task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await ahead.task
-        await self._checkpoint(force=True)
+                self._producer = None
 
     _plateaued = False
     _last_checkpoint: tuple[int, int] | None = None
+    _producer: Any = None
 
     async def _run_sft(self, stage: StageSection) -> None:
         from asyncrl.sft import build_sft_examples
@@ -216,39 +227,32 @@ class StageRunner:
                            seconds=round(time.monotonic() - t0, 2))
         log.info("hard_filter", problems=len(probs), hard=len(hard))
 
-    def _prefetch(self, stage: StageSection) -> Prefetch:
-        problems = self.stream.next_batch(self.cfg.rollout.prompts_per_step)
-        task = asyncio.create_task(self._rollouts(problems, self.cfg.rollout.samples_per_prompt,
-                                                  self._settings(stage)))
-        return Prefetch(problems=problems, task=task, started=time.monotonic())
-
-    async def rl_step(self, stage: StageSection, ahead: Prefetch | None = None
-                      ) -> Prefetch | None:
-        """One RL step. `ahead` holds this step's rollouts if the previous step started them
-        (max_staleness = 1); returns the next step's, started before this update, or None."""
+    async def rl_step(self, stage: StageSection, prod: Any) -> None:
+        """One RL step on the next wave of `prod` (a `RolloutProducer`): its groups were
+        sampled up to `max_staleness` versions ago, some of their tokens maybe while this
+        step's predecessors were updating the engines."""
         from asyncrl.algo.roc import apply_roc
+        from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 
         cfg = self.cfg
         t_step = time.monotonic()
         self.state.global_step += 1
         step = self.state.global_step
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
-            cur = ahead or self._prefetch(stage)
-            problems = cur.problems
-            groups = await cur.task
-            rollout_s = time.monotonic() - cur.started
-            nxt = None
-            if cfg.rollout.max_staleness > 0 and self.state.stage_step + 1 < stage.steps:
-                nxt = self._prefetch(stage)  # overlaps this step's update and sync
-            stale = 0
-            behind = max((self.state.policy_version - g.min_policy_version for g in groups),
-                         default=0)
-            for g in groups:
-                if self.state.policy_version - g.min_policy_version > cfg.rollout.max_staleness:
-                    g.dropped_reason = "stale"
-                    stale += 1
+            wave = await prod.take()
+            wait_s = time.monotonic() - t_step
+            problems, groups = wave.problems, wave.groups
+            rollout_s = (wave.finished or time.monotonic()) - wave.started
+            version = self.state.policy_version
+            behind = max((group_lag(g, version) for g in groups), default=0)
+            fresh, stale = split_stale(groups, version, cfg.rollout.max_staleness)
+            async_m = {**version_stats(fresh, version), **prod.stats(),
+                       "async/groups_kept": float(len(fresh)),
+                       "async/groups_dropped_stale": float(len(stale)),
+                       "async/wave_version_lag": float(version - wave.started_version),
+                       "timing/wait_rollouts_s": wait_s}
             kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng)
-            roc_m["roc/groups_stale"] = float(stale)
+            roc_m["roc/groups_stale"] = float(len(stale))
             roc_m["roc/versions_behind_max"] = float(behind)
             batch = Batch(step=step, policy_version=self.state.policy_version, groups=kept)
             t0 = time.monotonic()
@@ -258,6 +262,7 @@ class StageRunner:
             update_s = time.monotonic() - t0
             sync_s = await self._sync() if kept else 0.0
             self.state.stage_step += 1
+            prod.step_done()  # the next wave(s) may start: they sample the new version
             rolls = group_rollouts(groups)
             stats = rollout_stats(rolls)
             step_s = time.monotonic() - t_step
@@ -266,7 +271,7 @@ class StageRunner:
                 "problem_ids": [p.id for p in problems],
                 "reward/mean": stats.get("rollout/reward_mean", 0.0),
                 "train/accuracy": stats.get("rollout/reward_mean", 0.0),
-                **stats, **_floats(roc_m, "roc/"), **_floats(train_m, ""),
+                **stats, **_floats(roc_m, "roc/"), **_floats(train_m, ""), **async_m,
                 "timing/rollout_s": rollout_s,
                 "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
                 "timing/update_s": update_s, "timing/sync_s": sync_s,
@@ -275,7 +280,8 @@ class StageRunner:
             self.metrics.write("rl_step", **row)
             log.info("rl_step", reward=round(stats.get("rollout/reward_mean", 0.0), 3),
                      tool_err_pos=round(stats.get("rollout/tool_error_ratio_pos", 0.0), 3),
-                     kept_groups=len(kept), seconds=round(step_s, 2))
+                     kept_groups=len(kept), seconds=round(step_s, 2),
+                     lag_max=async_m["async/version_lag_max"])
             every = cfg.eval.every_steps
             if every and self.state.stage_step % every == 0:
                 m = await self.evaluate(label="step", stage=stage)
@@ -283,7 +289,6 @@ class StageRunner:
                     self.state.plateau, self._plateaued = plateau_update(
                         stage.plateau, self.state.plateau, m)
             await self._checkpoint()
-            return nxt
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
         from asyncrl.evaluation import summarize
@@ -305,8 +310,8 @@ class StageRunner:
         return m
 
     async def _checkpoint(self, force: bool = False) -> None:
-        """Write a checkpoint in a worker thread: rollouts of the next step may be in flight
-        (``max_staleness = 1``), and weights, optimizer state and fsyncs would stall them.
+        """Write a checkpoint in a worker thread: rollouts of the next steps may be in flight
+        (the producer's waves), and weights, optimizer state and fsyncs would stall them.
         Nothing else touches the trainer until this returns (the step awaits it)."""
         from asyncrl.checkpoint import save_checkpoint
 
@@ -318,6 +323,9 @@ class StageRunner:
             return
         self._last_checkpoint = key
         self.state.data_cursor = self.stream.state()
+        prod = self._producer  # waves under way: regenerated on resume (see TrainState)
+        self.state.pending_problem_ids = ([p.id for p in prod.pending_problems()]
+                                          if prod is not None else [])
         self.state.rng_state = self.rng.getstate()
         await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
                                 self.rt.trainer, msgspec.to_builtins(self.state),

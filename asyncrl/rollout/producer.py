@@ -1,0 +1,171 @@
+"""The rollout producer: keeps engines busy across RL steps under a staleness bound.
+
+Owns: the *waves* of one RL stage (wave k = the rollouts of step k: `prompts_per_step`
+problems, their groups) started ahead of the trainer as `algo.staleness.waves_allowed` permits,
+the bounded buffer of finished groups (the finished groups of waves not yet taken: at most
+`(max_staleness + 1) * prompts_per_step` groups), handing waves to the loop in order, the
+problems of waves under way (for checkpoints), and cancelling everything when the stage ends.
+Does not own: running a rollout (`runner`), the rule itself (`algo.staleness`, pure), RoC, the
+update or weight sync (the loop): engines are updated in place while waves generate, so a
+rollout's tokens may come from several versions (`Rollout.token_versions`).
+
+Use (one producer per RL stage):
+
+    async with RolloutProducer(run_wave, next_problems, prompts_per_step=P,
+                               max_staleness=N, waves_total=steps_left) as prod:
+        for each step:
+            wave = await prod.take()     # wave k, all its groups finished
+            ... RoC, update, weight sync ...
+            prod.step_done()             # admits the next wave(s)
+
+`run_wave(problems)` yields a wave's finished groups (`RolloutRunner.run` bound to the stage's
+settings); `next_problems(n)` draws the next problems from the data stream. Problems of waves
+given back by `resume_problems` (a checkpoint's waves that were under way) are issued first,
+`prompts_per_step` per wave, in their order: resume regenerates in-flight work under the
+restored weights, so no problem is skipped or trained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from asyncrl.algo.staleness import waves_allowed
+from asyncrl.log import get_logger
+from asyncrl.records import Group, Problem
+
+log = get_logger(__name__)
+
+RunWave = Callable[[list[Problem], int], AsyncIterator[Group]]
+"""`run_wave(problems, policy_version)`: the finished groups of one wave, as they finish."""
+
+
+@dataclass
+class Wave:
+    """One step's rollouts."""
+
+    index: int
+    problems: list[Problem]
+    started: float
+    """`time.monotonic()` when it was started."""
+    started_version: int
+    groups: list[Group] = field(default_factory=list)
+    """Finished groups, in completion order (the bounded buffer's share of this wave)."""
+    task: asyncio.Task[None] | None = None
+    finished: float = 0.0
+
+
+class RolloutProducer:
+    """Starts waves ahead of the trainer, at most `max_staleness + 1` at a time (see the
+    module docstring). `version()` returns the engines' current policy version (recorded on
+    each wave; the tokens carry their own)."""
+
+    def __init__(self, run_wave: RunWave, next_problems: Callable[[int], list[Problem]], *,
+                 prompts_per_step: int, max_staleness: int, waves_total: int,
+                 version: Callable[[], int], resume_problems: Sequence[Problem] = ()) -> None:
+        if prompts_per_step < 1:
+            raise ValueError("prompts_per_step must be >= 1")
+        if max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+        self._run_wave = run_wave
+        self._next_problems = next_problems
+        self.prompts_per_step = prompts_per_step
+        self.max_staleness = max_staleness
+        self.waves_total = waves_total
+        self._version = version
+        self._resume = list(resume_problems)
+        self._waves: dict[int, Wave] = {}
+        self._started = 0
+        self._taken = 0
+        self.steps_done = 0
+        self._closed = False
+
+    async def __aenter__(self) -> RolloutProducer:
+        self._admit()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ---------------------------------------------------------------------------- loop API
+    async def take(self) -> Wave:
+        """Wave `k` (the next one in order) once all its groups have finished."""
+        if self._taken >= self.waves_total:
+            raise RuntimeError("every wave of this stage has been taken")
+        k = self._taken
+        if k not in self._waves:  # the loop took a wave before finishing the previous step
+            raise RuntimeError(f"wave {k} was not admitted (call step_done after each step)")
+        wave = self._waves[k]
+        assert wave.task is not None
+        await wave.task  # a runner bug surfaces here
+        del self._waves[k]
+        self._taken += 1
+        return wave
+
+    def step_done(self) -> None:
+        """The step of the last wave taken has finished (update pushed to the engines)."""
+        self.steps_done += 1
+        self._admit()
+
+    def pending_problems(self) -> list[Problem]:
+        """Problems of waves started and not yet taken, in wave order (for a checkpoint: a
+        resumed run regenerates them first)."""
+        started = [p for k in sorted(self._waves) for p in self._waves[k].problems]
+        return started + self._resume  # resumed problems not re-issued yet come last
+
+    def stats(self) -> dict[str, float]:
+        """`async/waves_in_flight` (started, not taken), `async/buffered_groups` (finished
+        groups of those waves), `async/buffer_capacity` (the bound on both)."""
+        return {
+            "async/waves_in_flight": float(len(self._waves)),
+            "async/buffered_groups": float(sum(len(w.groups) for w in self._waves.values())),
+            "async/buffer_capacity": float((self.max_staleness + 1) * self.prompts_per_step),
+        }
+
+    async def aclose(self) -> None:
+        """Cancel every wave under way and wait for them (idempotent)."""
+        self._closed = True
+        tasks = [w.task for w in self._waves.values() if w.task is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------------- internals
+    def _admit(self) -> None:
+        if self._closed:
+            return
+        allowed = waves_allowed(self.steps_done, self.max_staleness, self.waves_total)
+        while self._started < allowed:
+            problems = self._issue()
+            if not problems:
+                self.waves_total = self._started  # the data ran out: no more waves
+                return
+            k = self._started
+            self._started += 1
+            wave = Wave(index=k, problems=problems, started=time.monotonic(),
+                        started_version=self._version())
+            wave.task = asyncio.create_task(self._fill(wave), name=f"wave-{k}")
+            self._waves[k] = wave
+            log.debug("wave_started", wave=k, problems=len(problems),
+                      version=wave.started_version)
+
+    def _issue(self) -> list[Problem]:
+        n = self.prompts_per_step
+        if self._resume:
+            out, self._resume = self._resume[:n], self._resume[n:]
+            return out
+        return self._next_problems(n)
+
+    async def _fill(self, wave: Wave) -> None:
+        groups = self._run_wave(wave.problems, wave.started_version)
+        try:
+            async for g in groups:
+                wave.groups.append(g)
+        finally:  # an async generator's cleanup (cancelling its rollouts) runs now, not at GC
+            aclose = getattr(groups, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        wave.finished = time.monotonic()
