@@ -200,3 +200,52 @@ def test_a_plateau_ends_only_its_own_stage(tmp_path: Path) -> None:
            "stages.2.plateau.patience=1")
     steps = _rows(run, "rl_step")
     assert [r["stage"] for r in steps][-1] == "hard"
+
+
+@pytest.mark.timeout(900)
+def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_path: Path
+                                                                            ) -> None:
+    # Equal-reward groups are kept so that every step updates (the micro model rarely
+    # solves anything): versions move on each step and staleness becomes visible.
+    cfg = _write_config(tmp_path)
+    args = ("--set", "rollout.max_staleness=2", "--set", "roc.reject_equal_reward=false",
+            "--set", 'algorithm.correction="decoupled"')
+    full = tmp_path / "full"
+    _train(cfg, full, *args)
+    steps = _rows(full, "rl_step")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    rl = [r for r in steps if r["stage"] == "rl"]
+    # waves 0-2 start together under the SFT version; step 3 trains wave 2 two updates later
+    assert [r["async/wave_version_lag"] for r in rl] == [0, 1, 2, 2]
+    assert max(r["async/version_lag_max"] for r in rl) == 2
+    assert all(r["async/version_lag_max"] <= 2 for r in steps)
+    assert any(r["async/stale_token_frac"] > 0 for r in rl)
+    assert all(r["async/groups_dropped_stale"] == 0 for r in steps)
+    assert all(r["async/groups_kept"] == 2 for r in steps)
+    assert any(r.get("train/stale_token_frac", 0) > 0 for r in rl)  # the loss saw the lags
+    assert all("train/mismatch_ratio_p50" in r and "train/corr_coef" in r for r in steps)
+
+    # SIGKILL once step 2's checkpoint exists (waves 2 and 3 are under way), then resume:
+    # the waves under way are regenerated, every step trains the problems of the clean run.
+    part = tmp_path / "part"
+    proc = _train(cfg, part, *args, wait=False)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        rows = _rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
+        if len(rows) >= 2 and any((part / "checkpoints").glob("step_*0002")):
+            break
+        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    from asyncrl.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(next((part / "checkpoints").glob("step_*0002")), restore_rng=False)
+    assert saved["pending_problem_ids"] == [p for r in steps[2:4] for p in r["problem_ids"]]
+    _train(cfg, part, *args, "--resume")
+    by_step = {}
+    for r in _rows(part, "rl_step"):  # a step redone after the kill is logged twice
+        by_step[r["step"]] = r["problem_ids"]
+    assert by_step == {r["step"]: r["problem_ids"] for r in steps}
+    trained = [p for s in sorted(by_step) for p in by_step[s]]
+    assert len(trained) == len(set(trained))  # nothing trained twice
