@@ -131,7 +131,9 @@ async def test_a_rollout_updated_in_flight_records_each_tokens_version(tiny_toke
     async with LocalEngine(model, tok, kv_token_budget=4096, max_running=4) as eng:
         task = asyncio.create_task(run_rollout(eng, tok, [], settings, [1, 2, 3, 4],
                                                rollout_id="r0"))
-        while eng.steps < 8 and not task.done():  # mid-generation
+        for _ in range(100_000):  # until mid-generation
+            if eng.steps >= 8 or task.done():
+                break
             await asyncio.sleep(0.001)
         assert not task.done()
         await eng.update_weights(WeightUpdate(version=1, state_dict={
