@@ -163,6 +163,9 @@ class StageRunner:
         def run_wave(problems: list[Problem], version: int) -> Any:
             return self.rt.runner.run(problems, n, settings, version)
 
+        if self.cfg.rollout.max_staleness > 0 and self.cfg.algorithm.correction == "none":
+            log.warning("staleness_without_correction", max_staleness=self.cfg.rollout.max_staleness,
+                        hint="stale tokens are trained as on-policy; see docs/async.md")
         by_id = {p.id: p for p in self.train_problems}
         resume = [by_id[i] for i in self.state.pending_problem_ids if i in by_id]
         self.state.pending_problem_ids = []
