@@ -15,7 +15,7 @@ import asyncio
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -34,6 +34,9 @@ from asyncrl.stages import (
     stage_done,
     stage_lr,
 )
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.producer import RolloutProducer
 
 log = logmod.get_logger(__name__)
 
@@ -184,7 +187,7 @@ class StageRunner:
 
     _plateaued = False
     _last_checkpoint: tuple[int, int] | None = None
-    _producer: Any = None
+    _producer: RolloutProducer | None = None
 
     async def _run_sft(self, stage: StageSection) -> None:
         from asyncrl.sft import build_sft_examples
@@ -230,7 +233,7 @@ class StageRunner:
                            seconds=round(time.monotonic() - t0, 2))
         log.info("hard_filter", problems=len(probs), hard=len(hard))
 
-    async def rl_step(self, stage: StageSection, prod: Any) -> None:
+    async def rl_step(self, stage: StageSection, prod: RolloutProducer) -> None:
         """One RL step on the next wave of `prod` (a `RolloutProducer`): its groups were
         sampled up to `max_staleness` versions ago, some of their tokens maybe while this
         step's predecessors were updating the engines."""
