@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import math
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from asyncrl.engine.base import (
     TokenDelta,
     WeightUpdate,
 )
+from asyncrl.engine.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 
@@ -451,33 +451,11 @@ class LocalEngine:
         b.rows += mask.shape[0]
 
     def _sample(self, logits: Any, seqs: list[_Seq]) -> list[_Out]:
-        torch = self._torch
-        logits = logits.float().cpu()
-        outs: list[_Out] = []
-        greedy = [i for i, s in enumerate(seqs) if s.sampling.temperature == 0]
-        if greedy:
-            g = logits[greedy]
-            toks = g.argmax(dim=-1)
-            lps = torch.log_softmax(g, dim=-1).gather(1, toks.unsqueeze(1)).squeeze(1)
-            picked = dict(zip(greedy, zip(toks.tolist(), lps.tolist(), strict=True), strict=True))
-        else:
-            picked = {}
-        for i, s in enumerate(seqs):
-            if i in picked:
-                continue
-            logp = torch.log_softmax(logits[i] / s.sampling.temperature, dim=-1)
-            probs = logp.exp()
-            if s.sampling.top_p < 1.0:
-                sp, si = probs.sort(descending=True)
-                drop = (sp.cumsum(0) - sp) >= s.sampling.top_p
-                sp[drop] = 0.0
-                probs = torch.zeros_like(probs).scatter_(0, si, sp)
-            tok = int(torch.multinomial(probs, 1, generator=s.generator or self._generator))
-            picked[i] = (tok, float(logp[tok]))
-        for i, s in enumerate(seqs):
-            tok, lp = picked[i]
-            outs.append(_Out(s, tok, lp if math.isfinite(lp) else -1e30, self._finish_reason(s, tok)))
-        return outs
+        toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
+                                [s.sampling.top_p for s in seqs], [s.generator for s in seqs],
+                                self._generator)
+        return [_Out(s, tok, lp, self._finish_reason(s, tok))
+                for s, tok, lp in zip(seqs, toks, lps, strict=True)]
 
     def _finish_reason(self, seq: _Seq, tok: int) -> str | None:
         sp = seq.sampling
