@@ -15,7 +15,10 @@ How a step runs. The event loop plans a step (drop finished rows, preempt if nee
 waiting requests), then one worker thread runs it: one decode forward for the rows already
 running (one token each) and one prefill forward for the rows admitted this step (left-padded,
 batched), whose caches are merged into the running cache. The model forward therefore never
-runs on the event loop. Weight updates take the same lock as a step, so they land between
+runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a decode step writes
+its column in place instead of concatenating the whole cache, and trimming leading padding is a
+view. Sampling is one batched pass on the model's device (`sampling.sample_rows`); only the
+step's token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they land between
 steps, never during a forward.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
@@ -131,7 +134,8 @@ class LocalEngine:
                  name: str = "local-0", device: str = "cpu", threads: int = 0,
                  admit_reserve: int = 16, seed: int = 0) -> None:
         import torch
-        from transformers.cache_utils import DynamicCache
+
+        from asyncrl.engine.kvcache import growing_cache
 
         if kv_token_budget < 2 or max_running < 1:
             raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
@@ -143,7 +147,7 @@ class LocalEngine:
         self.steps = 0
         self.preemptions = 0
         self._torch = torch
-        self._cache_cls = DynamicCache
+        self._new_cache = growing_cache
         self._device = torch.device(device)
         self._model = model.to(self._device).eval()
         self._tokenizer = tokenizer
@@ -425,7 +429,7 @@ class LocalEngine:
             mask[i, width - len(c):] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = self._cache_cls(config=self._model.config)
+        cache = self._new_cache(self._model.config)
         out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._merge(cache, mask, torch.tensor([len(c) for c in ctxs], device=self._device))
