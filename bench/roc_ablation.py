@@ -158,6 +158,9 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
     evals = [r for r in rows if r["kind"] == "eval"]
     final = next((r for r in evals if r.get("label") == "final"), evals[-1])
     done = next((r for r in rows if r["kind"] == "done"), None)
+    if steps and not any("rollout/tool_calls_pos" in r for r in steps):
+        raise SystemExit(f"{run_dir} predates the tool-call counts in metrics.jsonl: "
+                         "run it again (without --reuse)")
     kept_perr = [r["roc/p_err_kept_pos"] for r in steps if "roc/p_err_kept_pos" in r]
     return {
         "final": {k.removeprefix("eval/"): v for k, v in final.items()
