@@ -369,6 +369,8 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """SFT: share of transcripts that call the tool (the rest answer directly)."""
     fail_fix_fraction: Fraction = 0.15
     """SFT: share of tool transcripts whose first call fails and is then fixed."""
+    fail_fix_by_level: dict[str, Fraction] = {}
+    """SFT: `fail_fix_fraction` for the problems of one level (`{ "4" = 0.7 }`); others keep it."""
 
 
 # -------------------------------------------------------------------------- eval/ckpt/logs
@@ -427,6 +429,10 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         for i, st in enumerate(self.stages):
             if st.kind == "sft" and st.data_filter != "all":
                 raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
+            bad = [k for k in st.fail_fix_by_level if not k.isdigit()]
+            if bad:
+                raise ValueError(f"stages[{i}].fail_fix_by_level: keys are levels (\"4\"), "
+                                 f"got {bad[0]!r}")
 
 
 # ---------------------------------------------------------------------------- load / dump

@@ -79,7 +79,8 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     the reward they were given). pass@k and avg@k use all n samples of a group; maj@k uses the
     first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K,
     response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
-    (failed / all calls), no_answer_ratio, truncated_ratio.
+    (failed / all calls), no_answer_ratio, truncated_ratio; then, when problems carry a
+    difficulty (a generator's level), `accuracy_L{n}` = avg@k over the problems of level n.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -99,6 +100,10 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     calls = sum(len(r.tool_calls) for r in rollouts)
     failed = sum(c.failed for r in rollouts for c in r.tool_calls)
     accuracy = _mean(avg)
+    by_level: dict[int, list[float]] = {}
+    for g, a in zip(groups, avg, strict=True):
+        if g.problem.difficulty is not None:
+            by_level.setdefault(int(g.problem.difficulty), []).append(a)
     return {
         "problems": float(len(groups)),
         "samples": float(len(rollouts)),
@@ -112,6 +117,7 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "tool_error_ratio": failed / calls if calls else 0.0,
         "no_answer_ratio": _mean([float(r.answer is None) for r in rollouts]),
         "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
+        **{f"accuracy_L{lv}": _mean(xs) for lv, xs in sorted(by_level.items())},
     }
 
 

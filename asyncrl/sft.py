@@ -30,7 +30,7 @@ import keyword
 import random
 import re
 import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -151,17 +151,22 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
 
 
 def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,
-                fail_fix_fraction: float, direct_wrong_ok: bool = True) -> str:
+                fail_fix_fraction: float, direct_wrong_ok: bool = True,
+                fail_fix_by_level: Mapping[int, float] | None = None) -> str:
     """Draw a transcript kind: the tool with probability `tool_fraction` (then, with probability
     `fail_fix_fraction`, a failing call fixed); else a direct answer. With `direct_wrong_ok`
     False, problems above level 1 always use the tool (direct answers only where a small model
-    can plausibly compute them)."""
+    can plausibly compute them). `fail_fix_by_level` overrides `fail_fix_fraction` for problems
+    of the listed levels (`Problem.difficulty`): a cold start that often calls the tool wrong at
+    the harder levels leaves RL tool errors to remove there, as a real model's first steps do."""
     use_tool = rng.random() < tool_fraction
     if not direct_wrong_ok and (problem.difficulty or 0) > 1:
         use_tool = True
     if not use_tool:
         return "direct"
-    return "fail_fix" if rng.random() < fail_fix_fraction else "tool"
+    level = int(problem.difficulty or 0)
+    frac = (fail_fix_by_level or {}).get(level, fail_fix_fraction)
+    return "fail_fix" if rng.random() < frac else "tool"
 
 
 def tokenize(segments: Iterable[Segment], tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -193,15 +198,19 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        fail_fix_fraction: float = 0.15, direct_wrong_ok: bool = True, *,
                        tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                        system_prompt: str = "", max_chars: int = 256,
-                       code_for: Callable[[Problem], str] | None = None) -> list[SFTExample]:
+                       code_for: Callable[[Problem], str] | None = None,
+                       fail_fix_by_level: Mapping[int, float] | None = None) -> list[SFTExample]:
     """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
 
-    `fail_fix_fraction` is a share of the tool-using examples. `tools`, `system_prompt` and
+    `fail_fix_fraction` is a share of the tool-using examples; `fail_fix_by_level` replaces it
+    for the problems of the levels it lists. `tools`, `system_prompt` and
     `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
     `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
     program (default: its task family's). Deterministic for the same `rng` state.
     """
-    for name, v in (("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction)):
+    checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
+               *((f"fail_fix_by_level[{lv}]", v) for lv, v in (fail_fix_by_level or {}).items())]
+    for name, v in checked:
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
     if not tools and (tool_fraction > 0 or not direct_wrong_ok):
@@ -209,7 +218,8 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                          "and direct_wrong_ok=True when tools are off")
     kinds, rendered = [], []
     for p in problems:
-        kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok)
+        kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
+                           fail_fix_by_level)
         code = code_for(p) if code_for is not None and kind != "direct" else None
         kinds.append(kind)
         rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,

@@ -199,6 +199,8 @@ class StageRunner:
                                       random.Random(self.cfg.run.seed),
                                       tool_fraction=stage.tool_fraction,
                                       fail_fix_fraction=stage.fail_fix_fraction,
+                                      fail_fix_by_level={int(k): v for k, v in
+                                                         stage.fail_fix_by_level.items()},
                                       tools=[t.schema for t in self.rt.tools] or None,
                                       system_prompt=self.cfg.data.system_prompt,
                                       max_chars=self.cfg.rollout.tool_output_max_chars)

@@ -1,119 +1,325 @@
-"""GRPO-RoC vs plain GRPO on the tiny curriculum, same seeds.
+"""Resample-on-Correct against plain GRPO over seeds: four arms from one cold start per seed.
 
-Runs `asyncrl train curricula/tiny.toml` once per arm (`roc.kind = "roc"` and `"grpo_first"`,
-i.e. the first G of the 2G samples with no resampling), for each seed, and reports per arm:
-held-out accuracy (after SFT, and final), and the tool-error ratio of positive rollouts
-(failed calls / calls, over rollouts with reward 1) per RL step and over the whole run (all
-its positive rollouts' calls together: a step without such calls adds nothing, rather than a 0).
-Prints a table, writes `bench/results/roc_ablation.json` and a plot `roc_ablation.png`.
+For each seed, the curriculum's SFT stages run once (`runs/ablation/sft-seed{S}`); each arm then
+runs the curriculum's RL stages from that SFT model (`model.path` and `tokenizer.path` set to
+the SFT run's `final/` export, the stage list cut to the RL stages), so the arms of one seed
+start from identical weights, tokenizer, data and seed and differ only in the selection rule:
 
-    python bench/roc_ablation.py [--seeds 0 1] [--set KEY=VALUE ...] [--reuse]
+- `roc-weighted`: RoC, positives drawn with weight 1 / (p_total + 0.1) (the paper);
+- `roc-lowest`: RoC, the positives with the lowest p_total (the released code);
+- `grpo-first`: plain GRPO on the first G of the 2G samples;
+- `grpo-all`: plain GRPO on all 2G samples.
 
-Each run takes the tiny curriculum's time (minutes on 2 CPU cores); not part of the tests.
+(Each RL run starts a fresh optimizer, where a one-file curriculum run carries the SFT stage's
+AdamW state into RL; the arms are alike in this.)
+
+Per arm, over seeds (mean, standard deviation, min and max): final held-out accuracy overall
+and per level, the tool-error ratio (failed calls / calls) of positive rollouts and of all
+rollouts over the whole RL run and over its last `--tail` steps, the p_err of the positives
+the update trained on, the mean response length, and the RL wall time. Curves per RL step
+(tool-error ratio of positive and of all rollouts, response length, held-out accuracy) go to
+a plot. Writes `bench/results/roc_ablation.{json,md,png}` and appends progress to
+`runs/ablation/progress.log`.
+
+    python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
+        [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
+
+`--reuse` keeps every finished run (SFT or arm) and runs only the missing ones, so an
+interrupted ablation continues where it stopped; `--report-only` runs nothing and summarises
+the finished runs it finds. Each run takes minutes on 2 CPU cores; not part of the tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, pstdev
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-ARMS = {"roc": "roc", "grpo": "grpo_first"}
+ARMS: dict[str, list[str]] = {
+    "roc-weighted": ["roc.kind=roc", "roc.positive=weighted"],
+    "roc-lowest": ["roc.kind=roc", "roc.positive=lowest"],
+    "grpo-first": ["roc.kind=grpo_first"],
+    "grpo-all": ["roc.kind=grpo_all"],
+}
 
 
-def run_arm(arm: str, seed: int, extra: list[str], reuse: bool) -> Path:
-    run_dir = ROOT / "runs" / "ablation" / f"{arm}-seed{seed}"
-    if reuse and (run_dir / "report" / "summary.md").exists():
-        return run_dir
+# ------------------------------------------------------------------------------- the runs
+def toml_value(v: Any) -> str:
+    """`v` as a TOML inline value (what `--set key=VALUE` parses)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def split_stages(curriculum: Path, overrides: list[str]) -> tuple[list[dict], list[dict]]:
+    """(SFT stages, RL stages) of the curriculum after `overrides`."""
+    from asyncrl.config import apply_overrides
+
+    data = apply_overrides(tomllib.loads(curriculum.read_text()), overrides)
+    stages = data.get("stages", [])
+    sft = [s for s in stages if s.get("kind") == "sft"]
+    rl = [s for s in stages if s.get("kind", "rl") != "sft"]
+    if not sft or not rl:
+        raise SystemExit(f"{curriculum}: the ablation needs SFT and RL stages "
+                         f"(found {len(sft)} and {len(rl)})")
+    return sft, rl
+
+
+def finished(run_dir: Path) -> bool:
+    return (run_dir / "report" / "summary.md").exists() and (run_dir / "final").is_dir()
+
+
+def log(out_dir: Path, msg: str) -> None:
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}Z {msg}"
+    print(line, flush=True)
+    with (out_dir / "progress.log").open("a") as f:
+        f.write(line + "\n")
+
+
+def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what: str) -> None:
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", "curricula/tiny.toml",
-           "--run-dir", str(run_dir), "--set", f"roc.kind={ARMS[arm]}",
-           "--set", f"run.seed={seed}", "--set", "logging.console=none",
-           *(arg for s in extra for arg in ("--set", s))]
+    cmd = [sys.executable, "-m", "asyncrl.cli", "train", str(curriculum), "--run-dir",
+           str(run_dir), *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
+    log(out_dir, f"start {what}")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{arm} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    print(f"  {arm} seed {seed}: {time.monotonic() - t0:.0f}s", flush=True)
-    return run_dir
+        log(out_dir, f"FAILED {what} after {time.monotonic() - t0:.0f}s")
+        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    log(out_dir, f"done {what} in {time.monotonic() - t0:.0f}s")
 
 
-def read(run_dir: Path) -> dict:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
+             ) -> None:
+    sft_stages, rl_stages = split_stages(args.curriculum, args.set)
+    common = [*args.set, f"run.seed={seed}"]
+    sft_dir = out_dir / f"sft-seed{seed}"
+    if not (args.reuse and finished(sft_dir)):
+        train(sft_dir, args.curriculum, [*common, f"stages={toml_value(sft_stages)}"], out_dir,
+              f"sft seed {seed}")
+    final = (sft_dir / "final").resolve()
+    for arm in arms:
+        arm_dir = out_dir / f"{arm}-seed{seed}"
+        if args.reuse and finished(arm_dir):
+            continue
+        train(arm_dir, args.curriculum,
+              [*common, *ARMS[arm], f"model.path={json.dumps(str(final))}",
+               f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
+              out_dir, f"{arm} seed {seed}")
+
+
+# ---------------------------------------------------------------------------- the reading
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def _ratio(steps: list[dict], prefix: str) -> float:
+    """Failed calls / calls over `steps` (weighted by each step's calls, not a mean of ratios)."""
+    if prefix == "pos":
+        calls = sum(r.get("rollout/tool_calls_pos", 0.0) for r in steps)
+        errors = sum(r.get("rollout/tool_errors_pos", 0.0) for r in steps)
+    else:
+        per = [(r.get("rollout/tool_calls_mean", 0.0) * r.get("rollout/count", 0.0),
+                r.get("rollout/tool_error_ratio", 0.0)) for r in steps]
+        calls = sum(c for c, _ in per)
+        errors = sum(c * e for c, e in per)
+    return errors / calls if calls else 0.0
+
+
+def read_sft(run_dir: Path) -> dict[str, Any]:
+    evals = [r for r in _rows(run_dir) if r["kind"] == "eval"]
+    after = next(r for r in evals if r.get("label") == "after_sft")
+    return {k.removeprefix("eval/"): v for k, v in after.items()
+            if k.startswith("eval/accuracy") or k == "eval/tool_error_ratio"}
+
+
+def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
+    rows = _rows(run_dir)
     steps = [r for r in rows if r["kind"] == "rl_step"]
     evals = [r for r in rows if r["kind"] == "eval"]
-    before = next((r for r in evals if r.get("label") == "after_sft"), evals[0])
     final = next((r for r in evals if r.get("label") == "final"), evals[-1])
+    done = next((r for r in rows if r["kind"] == "done"), None)
     if steps and not any("rollout/tool_calls_pos" in r for r in steps):
         raise SystemExit(f"{run_dir} predates the tool-call counts in metrics.jsonl: "
                          "run it again (without --reuse)")
-    pos_calls = sum(r.get("rollout/tool_calls_pos", 0.0) for r in steps)
-    pos_errors = sum(r.get("rollout/tool_errors_pos", 0.0) for r in steps)
+    kept_perr = [r["roc/p_err_kept_pos"] for r in steps if "roc/p_err_kept_pos" in r]
     return {
-        "eval_after_sft": before["eval/accuracy"],
-        "eval_final": final["eval/accuracy"],
-        "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
-        "tool_error_ratio_pos_curve": [(r["step"], r.get("rollout/tool_error_ratio_pos", 0.0))
-                                       for r in steps],
-        "tool_error_ratio_pos_run": pos_errors / pos_calls if pos_calls else 0.0,
-        "tool_calls_pos": pos_calls,
+        "final": {k.removeprefix("eval/"): v for k, v in final.items()
+                  if k.startswith("eval/accuracy") or k in ("eval/tool_error_ratio",
+                                                            "eval/response_tokens_mean")},
+        "tool_error_pos_run": _ratio(steps, "pos"),
+        "tool_error_all_run": _ratio(steps, "all"),
+        "tool_error_pos_tail": _ratio(steps[-tail:], "pos"),
+        "tool_error_all_tail": _ratio(steps[-tail:], "all"),
+        "p_err_kept_pos_mean": fmean(kept_perr) if kept_perr else 0.0,
+        "response_tokens_mean": fmean(r.get("rollout/response_tokens_mean", 0.0)
+                                      for r in steps) if steps else 0.0,
         "reward_mean": fmean(r["reward/mean"] for r in steps) if steps else 0.0,
+        "wall_s": done["wall_s"] if done else None,
+        "curves": {
+            "tool_error_pos": [r.get("rollout/tool_error_ratio_pos", 0.0) for r in steps],
+            "tool_error_all": [r.get("rollout/tool_error_ratio", 0.0) for r in steps],
+            "response_tokens": [r.get("rollout/response_tokens_mean", 0.0) for r in steps],
+            "eval": [(r["step"], r["eval/accuracy"]) for r in evals],
+        },
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--set", action="append", default=[], help="extra config override")
-    ap.add_argument("--reuse", action="store_true", help="reuse finished runs")
-    args = ap.parse_args()
-    results: dict[str, dict[int, dict]] = {arm: {} for arm in ARMS}
-    for seed in args.seeds:
-        for arm in ARMS:
-            results[arm][seed] = read(run_arm(arm, seed, args.set, args.reuse))
+def stats(xs: list[float], seed: int = 0) -> dict[str, Any]:
+    """Mean, population sd, min, max and a 95% bootstrap interval of the mean over seeds."""
+    rng = random.Random(seed)
+    boots = sorted(fmean(rng.choices(xs, k=len(xs))) for _ in range(2000))
+    return {"mean": fmean(xs), "sd": pstdev(xs), "min": min(xs), "max": max(xs), "n": len(xs),
+            "ci95": (boots[50], boots[1949])}
 
-    print(f"\n{'arm':6} {'seed':>4} {'acc after SFT':>14} {'acc final':>10} "
-          f"{'tool-err(pos) run':>19} {'reward mean':>12}")
+
+def _level(lv: int) -> Any:
+    return lambda r: r["final"].get(f"accuracy_L{lv}")
+
+
+SCALARS = [
+    ("acc final", lambda r: r["final"]["accuracy"]),
+    *((f"acc L{lv}", _level(lv)) for lv in (1, 2, 3, 4)),
+    ("tool-err pos (run)", lambda r: r["tool_error_pos_run"]),
+    ("tool-err pos (tail)", lambda r: r["tool_error_pos_tail"]),
+    ("tool-err all (run)", lambda r: r["tool_error_all_run"]),
+    ("tool-err all (tail)", lambda r: r["tool_error_all_tail"]),
+    ("p_err trained pos", lambda r: r["p_err_kept_pos_mean"]),
+    ("resp tokens", lambda r: r["response_tokens_mean"]),
+    ("RL wall s", lambda r: r["wall_s"]),
+]
+
+
+def summarise(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, dict[str, Any]]]:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for arm, by_seed in results.items():
-        for seed, r in by_seed.items():
-            print(f"{arm:6} {seed:>4} {r['eval_after_sft']:>14.3f} {r['eval_final']:>10.3f} "
-                  f"{r['tool_error_ratio_pos_run']:>19.4f} {r['reward_mean']:>12.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "roc_ablation.json"
-    out.write_text(json.dumps({"seeds": args.seeds, "overrides": args.set,
-                               "results": results}, indent=2))
+        out[arm] = {}
+        for name, get in SCALARS:
+            xs = [get(r) for r in by_seed.values()]
+            xs = [float(x) for x in xs if x is not None]
+            if xs:
+                out[arm][name] = stats(xs)
+    return out
+
+
+def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]]) -> str:
+    names = [n for n, _ in SCALARS]
+    lines = ["| arm | seeds | " + " | ".join(names) + " |",
+             "|---|---|" + "---|" * len(names)]
+    for arm, by_name in summary.items():
+        cells = []
+        for n in names:
+            s = by_name.get(n)
+            if s is None:
+                cells.append("–")
+            elif n in ("resp tokens", "RL wall s"):
+                cells.append(f"{s['mean']:.0f} ± {s['sd']:.0f}")
+            else:
+                cells.append(f"{s['mean']:.3f} ± {s['sd']:.3f}")
+        lines.append(f"| {arm} | {','.join(map(str, seeds[arm]))} | " + " | ".join(cells) + " |")
+    if sft:
+        lines += ["", "After SFT (the arms' common start), per seed: " + "; ".join(
+            f"seed {s}: acc {r['accuracy']:.3f} (" + ", ".join(
+                f"L{k[-1]} {v:.2f}" for k, v in r.items() if k.startswith("accuracy_L"))
+            + f"), eval tool-err {r.get('tool_error_ratio', 0.0):.3f}"
+            for s, r in sorted(sft.items()))]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for arm, by_seed in results.items():
-            for seed, r in by_seed.items():
-                xs, ys = zip(*r["tool_error_ratio_pos_curve"], strict=True) if r[
-                    "tool_error_ratio_pos_curve"] else ((), ())
-                axes[0].plot(xs, ys, label=f"{arm} s{seed}")
-                ex, ey = zip(*r["eval_curve"], strict=True)
-                axes[1].plot(ex, ey, marker="o", label=f"{arm} s{seed}")
-        axes[0].set(title="tool-error ratio of positive rollouts", xlabel="RL step")
-        axes[1].set(title="held-out accuracy (greedy)", xlabel="RL step")
-        for ax in axes:
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(RESULTS / "roc_ablation.png", dpi=110)
     except ImportError:
-        pass
-    print(f"\nwrote {out}")
+        return
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    colors = dict(zip(ARMS, ("C0", "C1", "C2", "C3"), strict=True))
+    for arm, by_seed in results.items():
+        for i, (_seed, r) in enumerate(sorted(by_seed.items())):
+            label = arm if i == 0 else None
+            c = r["curves"]
+            for ax, key in zip(axes[:3], ("tool_error_pos", "tool_error_all", "response_tokens"),
+                               strict=True):
+                ax.plot(range(1, len(c[key]) + 1), c[key], color=colors[arm], alpha=0.7,
+                        label=label)
+            if c["eval"]:
+                ex, ey = zip(*c["eval"], strict=True)
+                axes[3].plot(ex, ey, marker="o", color=colors[arm], alpha=0.7, label=label)
+    for ax, title in zip(axes, ("tool-error ratio, positive rollouts",
+                                "tool-error ratio, all rollouts", "response tokens (mean)",
+                                "held-out accuracy (greedy)"), strict=True):
+        ax.set(title=title, xlabel="RL step")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+# ------------------------------------------------------------------------------------ main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--curriculum", type=Path, default=ROOT / "curricula" / "evidence.toml")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--set", action="append", default=[], help="config override, every run")
+    ap.add_argument("--out-dir", type=Path, default=ROOT / "runs" / "ablation")
+    ap.add_argument("--tail", type=int, default=5, help="last N RL steps for the tail ratios")
+    ap.add_argument("--reuse", action="store_true", help="keep finished runs, run the rest")
+    ap.add_argument("--report-only", action="store_true", help="run nothing; summarise")
+    args = ap.parse_args()
+    args.curriculum = args.curriculum.resolve()
+    out_dir = args.out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.report_only:
+        log(out_dir, f"ablation {args.curriculum.name} seeds={args.seeds} arms={args.arms} "
+                     f"sets={args.set} reuse={args.reuse}")
+        for seed in args.seeds:
+            run_seed(seed, args.arms, args, out_dir)
+
+    results: dict[str, dict[int, dict]] = {arm: {} for arm in args.arms}
+    sft: dict[int, dict] = {}
+    for seed in args.seeds:
+        if finished(out_dir / f"sft-seed{seed}"):
+            sft[seed] = read_sft(out_dir / f"sft-seed{seed}")
+        for arm in args.arms:
+            if finished(out_dir / f"{arm}-seed{seed}"):
+                results[arm][seed] = read_arm(out_dir / f"{arm}-seed{seed}", args.tail)
+    results = {a: r for a, r in results.items() if r}
+    if not results:
+        print("no finished arm runs under", out_dir)
+        return 1
+    summary = summarise(results)
+    seeds = {arm: sorted(r) for arm, r in results.items()}
+    table = markdown(summary, sft, seeds)
+    print("\n" + table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "roc_ablation.md").write_text(table)
+    (RESULTS / "roc_ablation.json").write_text(json.dumps(
+        {"curriculum": str(args.curriculum.relative_to(ROOT)) if args.curriculum.is_relative_to(
+            ROOT) else str(args.curriculum), "overrides": args.set, "seeds": seeds,
+         "after_sft": sft, "summary": summary, "runs": results}, indent=1))
+    plot(results, RESULTS / "roc_ablation.png")
+    print(f"wrote {RESULTS / 'roc_ablation.json'}, .md, .png")
     return 0
 
 

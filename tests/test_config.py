@@ -83,6 +83,8 @@ def test_rstar2_is_the_report_recipe() -> None:
         ("sandbox.time_limit_s=0", "sandbox.time_limit_s"),
         ("stages.0.steps=0", "stages[0].steps"),
         ("stages.0.kind=\"ppo\"", "stages[0].kind"),
+        ("stages.0.fail_fix_by_level={ \"4\" = 1.5 }", "stages[0].fail_fix_by_level[...]"),
+        ("stages.0.fail_fix_by_level={ \"four\" = 0.5 }", "stages[0].fail_fix_by_level"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last"),
         ("logging.level=\"loud\"", "logging.level"),
     ],

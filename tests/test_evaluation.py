@@ -112,3 +112,17 @@ def test_table_and_json(tmp_path: Path) -> None:
     assert "pass@2" in table and "0.5000" in table and "problems" in table
     path = write_summary(s, tmp_path / "eval" / "results.json")
     assert json.loads(path.read_text()) == s
+
+
+def test_summarize_reports_accuracy_per_level() -> None:
+    def g(gid: str, level: float | None, rewards: list[float]) -> Group:
+        return Group(group_id=gid, problem=Problem(id=gid, question="q", answer="5",
+                                                   difficulty=level),
+                     rollouts=[_rollout(i, "5", r) for i, r in enumerate(rewards)])
+
+    s = summarize([g("a", 1.0, [1, 1]), g("b", 1.0, [0, 1]), g("c", 4.0, [0, 0]),
+                   g("d", None, [1, 1])], k=2)
+    assert s["accuracy_L1"] == pytest.approx(0.75)
+    assert s["accuracy_L4"] == 0.0
+    assert not any(k.startswith("accuracy_L") and k[-1] not in "14" for k in s)
+    assert "accuracy_L1" not in summarize([g("d", None, [1, 1])], k=2)

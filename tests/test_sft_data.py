@@ -144,3 +144,36 @@ def test_bad_arguments_are_rejected(problems, task_tokenizer) -> None:
     wrong = msgspec.structs.replace(problems[0], answer="-1")
     with pytest.raises(ValueError, match="expected '-1'"):
         sft.render_transcript(wrong, F.MARKDOWN, "tool", random.Random(0))
+
+
+def test_fail_fix_by_level_overrides_the_fraction_for_those_levels(task_tokenizer) -> None:
+    probs = tasks.generate("tiny_math", {"train_size": 800, "eval_size": 0,
+                                         "levels": [3, 4]}, seed=0)[0]
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(3),
+                                tool_fraction=1.0, fail_fix_fraction=0.1,
+                                fail_fix_by_level={4: 0.8})
+    level = {p.id: p.difficulty for p in probs}
+
+    def share(lv: int) -> float:
+        kinds = [e.kind for e in ex if level[e.problem_id] == lv]
+        return kinds.count("fail_fix") / len(kinds)
+
+    assert share(3) == pytest.approx(0.1, abs=0.05)
+    assert share(4) == pytest.approx(0.8, abs=0.06)
+    with pytest.raises(ValueError, match=r"fail_fix_by_level\[4\]"):
+        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3),
+                               fail_fix_by_level={4: 1.5})
+
+
+def test_level_4_transcripts_fit_the_evidence_budget() -> None:
+    """evidence.toml: 200 response tokens in every RL stage, level 4 included (its fail-fix
+    transcripts carry two multi-line programs and their outputs)."""
+    from asyncrl.modeling import train_tokenizer
+
+    opts = {"train_size": 400, "eval_size": 0, "levels": [1, 2, 3, 4]}
+    tok = train_tokenizer(tasks.corpus("tiny_math", opts, seed=0), vocab_size=1024)
+    probs = [p for p in tasks.generate("tiny_math", opts, seed=0)[0] if p.difficulty == 4]
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, tok, random.Random(2), tool_fraction=1.0,
+                                fail_fix_fraction=1.0)
+    longest = max(len(e.loss_mask) - e.loss_mask.index(1) for e in ex)
+    assert longest <= 200, longest

@@ -5,12 +5,15 @@ Built for a ~1M-parameter model that learns for a few minutes on a CPU (the tiny
 - questions are one short sentence from a handful of templates;
 - every number the solution needs appears verbatim in the question, so the program that
   answers it is a copy with fixed glue (`What is 4821 times 372?` -> `print(4821 * 372)`);
+  from level 4 the glue is no longer a literal copy: the numbers are reordered (equations) or
+  the program takes two steps through intermediate variables (`diff_products`);
 - answers are integers, checked exactly.
 
 Levels: 1 is two-digit addition/subtraction and one-by-two-digit products, which a small model
 sometimes gets right "in its head"; 2 is four-digit sums, three-by-two-digit products and
 remainders; 3 is four-by-three-digit products, modular powers, sums of ranges and counts of
-multiples; 4 is linear equations, triple products and digit sums of powers. From level 2 up a
+multiples; 4 is linear equations, triple products, digit sums of powers and differences of two
+products (a three-line program). From level 2 up a
 model without the tool essentially never produces the exact answer.
 
 Options: `train_size`, `eval_size`, `levels` (list of ints from 1-4), `seed_offset` (added to
@@ -48,8 +51,12 @@ DIGIT_SUM = Form("digit_sum", "What is the sum of the digits of {a} to the power
                  "print(sum(int(d) for d in str({a} ** {b})))",
                  lambda a, b: sum(int(d) for d in str(a**b)))
 
+DIFF_PRODUCTS = Form("diff_products", "What is {a} times {b} minus {c} times {d}?",
+                     "x = {a} * {b}\ny = {c} * {d}\nprint(x - y)",
+                     lambda a, b, c, d: a * b - c * d)
+
 FORMS: tuple[Form, ...] = (PLUS, MINUS, TIMES, MOD, POWMOD, RANGE_SUM, COUNT_MULTIPLES, EQUATION,
-                           TIMES3, DIGIT_SUM)
+                           TIMES3, DIGIT_SUM, DIFF_PRODUCTS)
 
 
 def _minus(rng: random.Random) -> dict[str, int]:
@@ -93,6 +100,9 @@ LEVELS: dict[int, list[tuple[Form, Sampler]]] = {
         (EQUATION, _equation),
         (TIMES3, lambda r: {"a": digits(r, 3), "b": digits(r, 3), "c": digits(r, 3)}),
         (DIGIT_SUM, lambda r: {"a": r.randint(2, 99), "b": r.randint(10, 40)}),
+        # a * b >= 1000 > c * d: the answer is positive
+        (DIFF_PRODUCTS, lambda r: {"a": digits(r, 3), "b": digits(r, 2), "c": digits(r, 2),
+                                   "d": r.randint(2, 9)}),
     ],
 }
 

@@ -26,6 +26,7 @@ _INDEPENDENT = [
      lambda a, b, c: next(x for x in range(10**6) if a * x + b == c)),
     (r"What is the sum of the digits of (\d+) to the power (\d+)\?",
      lambda a, b: sum(map(int, str(a**b)))),
+    (r"What is (\d+) times (\d+) minus (\d+) times (\d+)\?", lambda a, b, c, d: a * b - c * d),
 ]
 
 
@@ -91,6 +92,18 @@ def test_levels_are_respected_and_balanced() -> None:
     hard, _ = tasks.generate("tiny_math", {"train_size": 200, "eval_size": 0, "levels": [3]}, 0)
     # level 3 answers are beyond mental arithmetic for a small model: mostly 3+ digits
     assert sum(len(p.answer) >= 3 for p in hard) / len(hard) > 0.6
+
+
+def test_level_4_has_a_two_step_program_and_a_reordered_one() -> None:
+    """Level 4 is not a literal copy: an equation's program reorders the numbers, and
+    `diff_products` goes through intermediate variables over three lines."""
+    train, _ = tasks.generate("tiny_math", {"train_size": 400, "eval_size": 0, "levels": [4]}, 0)
+    codes = {p.question: tasks.solution_code(p) for p in train}
+    multi = [c for c in codes.values() if c.count("\n") == 2 and "x = " in c]
+    assert len(multi) > 50
+    eq = next(q for q in codes if q.startswith("Solve"))
+    a, b, c = re.findall(r"\d+", eq)
+    assert codes[eq] == f"print(({c} - {b}) // {a})"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,63 @@
+"""bench/roc_ablation.py's pure parts: the stage split and its `--set` rendering, the arms, the
+run-level ratios and the statistics over seeds (the runs themselves are minutes each)."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from asyncrl import config
+from asyncrl.algo.roc import POSITIVE_RULES, SELECT_KINDS
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("roc_ablation", ROOT / "bench" / "roc_ablation.py")
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_stages_split_and_render_as_overrides_that_load_back() -> None:
+    cur = ROOT / "curricula" / "evidence.toml"
+    sft, rl = bench.split_stages(cur, ["stages.1.steps=7"])
+    assert [s["kind"] for s in sft] == ["sft"] and all(s.get("kind", "rl") == "rl" for s in rl)
+    assert rl[0]["steps"] == 7  # user overrides apply before the split
+    raw = tomllib.loads(cur.read_text())
+    for part in (sft, rl):
+        cfg = config.from_dict(config.apply_overrides(raw, [f"stages={bench.toml_value(part)}"]))
+        assert [config.to_dict(cfg)["stages"][i][k] for i, s in enumerate(part) for k in s] == [
+            v for s in part for v in s.values()]
+    with pytest.raises(SystemExit, match="SFT and RL"):
+        bench.split_stages(ROOT / "curricula" / "tiny.toml", ["stages=[]"])
+
+
+def test_every_arm_is_a_valid_selection_rule() -> None:
+    raw = tomllib.loads((ROOT / "curricula" / "evidence.toml").read_text())
+    seen = set()
+    for sets in bench.ARMS.values():
+        cfg = config.from_dict(config.apply_overrides(raw, sets))
+        assert cfg.roc.kind in SELECT_KINDS and cfg.roc.positive in POSITIVE_RULES
+        seen.add((cfg.roc.kind, cfg.roc.positive if cfg.roc.kind == "roc" else ""))
+    assert seen == {("roc", "weighted"), ("roc", "lowest"), ("grpo_first", ""), ("grpo_all", "")}
+
+
+def test_run_ratios_weigh_steps_by_their_calls() -> None:
+    steps = [{"rollout/tool_calls_pos": 10.0, "rollout/tool_errors_pos": 5.0,
+              "rollout/tool_calls_mean": 1.0, "rollout/count": 100.0,
+              "rollout/tool_error_ratio": 0.5},
+             {"rollout/tool_calls_pos": 30.0, "rollout/tool_errors_pos": 0.0,
+              "rollout/tool_calls_mean": 3.0, "rollout/count": 100.0,
+              "rollout/tool_error_ratio": 0.1}]
+    assert bench._ratio(steps, "pos") == pytest.approx(5 / 40)  # not the mean of 0.5 and 0
+    assert bench._ratio(steps, "all") == pytest.approx((50 + 30) / 400)
+    assert bench._ratio([], "pos") == 0.0
+
+
+def test_stats_over_seeds() -> None:
+    s = bench.stats([0.2, 0.4, 0.6])
+    assert s["mean"] == pytest.approx(0.4) and s["min"] == 0.2 and s["max"] == 0.6
+    assert s["sd"] == pytest.approx((0.08 / 3) ** 0.5)
+    lo, hi = s["ci95"]
+    assert 0.2 <= lo <= 0.4 <= hi <= 0.6
