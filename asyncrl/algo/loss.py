@@ -27,6 +27,7 @@ them by `tokens` and drops the suffix), `<name>_max` / `<name>_min` (extremes).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,18 +35,75 @@ import torch.nn.functional as F
 Metrics = dict[str, torch.Tensor]
 
 
+_CHUNK_ELEMENTS = 1 << 24
+"""Float32 elements of one log-prob chunk (64 MiB): ~110 positions of a 151,936-token vocabulary."""
+
+
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
-                   temperature: float = 1.0) -> torch.Tensor:
+                   temperature: float = 1.0, chunk: int | None = None) -> torch.Tensor:
     """Logprob of token t given tokens < t, at position t; position 0 is 0. `[B, T]`, float32.
 
     `temperature` divides the logits first, to match an engine that sampled at that temperature.
+    Differentiable. Computed `chunk` positions at a time (default: `_CHUNK_ELEMENTS` floats
+    per chunk), forward and backward
+    (`_ChunkedLogprob`), so no float32 copy of the whole `[B, T, V]` logits is ever made: with a
+    151,936-token vocabulary that copy (and the log-softmax and gradient beside it) was the
+    largest tensor of a step.
     """
-    b, t, v = logits.shape
-    lg = logits[:, :-1].float()
-    if temperature != 1.0:
-        lg = lg / temperature
-    nll = F.cross_entropy(lg.reshape(-1, v), input_ids[:, 1:].reshape(-1), reduction="none")
-    return F.pad(-nll.view(b, t - 1), (1, 0))
+    t = logits.shape[1]
+    if t < 2:  # nothing to predict; still a graph node, so a dummy micro-batch can backward
+        return logits[..., 0].float() * 0.0
+    if chunk is None:
+        chunk = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+    lp = _ChunkedLogprob.apply(logits, input_ids[:, 1:], float(temperature), chunk)
+    return F.pad(lp, (1, 0))
+
+
+def _spans(b: int, t: int, chunk: int) -> list[tuple[int, int, int]]:
+    """(row, start, end) position spans of at most `chunk` over `b` rows of `t` positions."""
+    return [(i, s, min(s + chunk, t)) for i in range(b) for s in range(0, t, chunk)]
+
+
+class _ChunkedLogprob(torch.autograd.Function):
+    """log softmax(x / temperature)[target] for the first T - 1 positions of `[B, T, V]`
+    logits (the last position predicts nothing), a chunk of positions of one row at a time in
+    float32 (each a contiguous slice: nothing of the whole tensor is copied). Backward
+    recomputes each chunk's softmax from the saved log-sum-exp and writes the gradient in the
+    logits' own dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                chunk: int) -> torch.Tensor:
+        b, t = targets.shape
+        lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        out = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        for i, s, e in _spans(b, t, chunk):
+            lg = logits[i, s:e].float()
+            if temperature != 1.0:
+                lg = lg / temperature
+            lse[i, s:e] = torch.logsumexp(lg, dim=-1)
+            out[i, s:e] = lg.gather(1, targets[i, s:e].unsqueeze(1)).squeeze(1) - lse[i, s:e]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        logits, targets, lse = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        b, t = targets.shape
+        g = grad_out.float() / temperature
+        grad = torch.zeros_like(logits)
+        for i, s, e in _spans(b, t, chunk):
+            lg = logits[i, s:e].float()
+            if temperature != 1.0:
+                lg = lg / temperature
+            # d logp[target] / d x = (onehot(target) - softmax(x / T)) / T
+            gi = g[i, s:e].unsqueeze(1)
+            soft = (lg - lse[i, s:e].unsqueeze(1)).exp_().mul_(-gi)
+            soft.scatter_add_(1, targets[i, s:e].unsqueeze(1), gi)
+            grad[i, s:e] = soft
+        return grad, None, None, None
 
 
 @torch.no_grad()

@@ -156,3 +156,40 @@ def test_step_stats_sums_means_and_extremes():
         {"t/tokens": 8.0, "t/x": 1.0, "t/ratio_max": 1.5, "t/ratio_min": 0.9})
     s.reduce()  # no process group: a no-op
     assert s.raw()["x_sum"] == 8.0
+
+
+def _reference_logprobs(logits, ids, temperature=1.0):
+    """The unchunked path: one float32 log-softmax over the whole `[B, T, V]` logits."""
+    import torch.nn.functional as F
+
+    b, t, v = logits.shape
+    lg = logits[:, :-1].float() / temperature
+    nll = F.cross_entropy(lg.reshape(-1, v), ids[:, 1:].reshape(-1), reduction="none")
+    return F.pad(-nll.view(b, t - 1), (1, 0))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [3, 2048])
+def test_chunked_token_logprobs_equal_the_full_path_with_gradients(temperature, chunk):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 9, 50, generator=g, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 9), generator=g)
+    w = torch.randn(3, 9, generator=g)
+    got = token_logprobs(x, ids, temperature, chunk=chunk)
+    (got * w).sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    ref = _reference_logprobs(x, ids, temperature)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=0)
+    torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
+    assert got[:, 0].eq(0).all()
+
+
+def test_chunked_token_logprobs_keep_the_logits_dtype_for_the_gradient():
+    x = torch.randn(2, 6, 40, dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.randint(0, 40, (2, 6))
+    lp = token_logprobs(x, ids, chunk=4)
+    assert lp.dtype == torch.float32
+    lp.sum().backward()
+    assert x.grad.dtype == torch.bfloat16 and x.grad[:, -1].eq(0).all()
+    torch.testing.assert_close(lp, _reference_logprobs(x.detach(), ids), atol=1e-5, rtol=0)
