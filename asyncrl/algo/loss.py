@@ -35,7 +35,7 @@ import torch.nn.functional as F
 Metrics = dict[str, torch.Tensor]
 
 
-_CHUNK_ELEMENTS = 1 << 24
+CHUNK_ELEMENTS = 1 << 24
 """Float32 elements of one log-prob chunk (64 MiB): ~110 positions of a 151,936-token vocabulary."""
 
 
@@ -44,7 +44,7 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
     """Logprob of token t given tokens < t, at position t; position 0 is 0. `[B, T]`, float32.
 
     `temperature` divides the logits first, to match an engine that sampled at that temperature.
-    Differentiable. Computed `chunk` positions at a time (default: `_CHUNK_ELEMENTS` floats
+    Differentiable. Computed `chunk` positions at a time (default: `CHUNK_ELEMENTS` floats
     per chunk), forward and backward
     (`_ChunkedLogprob`), so no float32 copy of the whole `[B, T, V]` logits is ever made: with a
     151,936-token vocabulary that copy (and the log-softmax and gradient beside it) was the
@@ -54,12 +54,12 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
     if t < 2:  # nothing to predict; still a graph node, so a dummy micro-batch can backward
         return logits[..., 0].float() * 0.0
     if chunk is None:
-        chunk = max(1, _CHUNK_ELEMENTS // logits.shape[-1])
+        chunk = max(1, CHUNK_ELEMENTS // logits.shape[-1])
     lp = _ChunkedLogprob.apply(logits, input_ids[:, 1:], float(temperature), chunk)
     return F.pad(lp, (1, 0))
 
 
-def _spans(b: int, t: int, chunk: int) -> list[tuple[int, int, int]]:
+def position_spans(b: int, t: int, chunk: int) -> list[tuple[int, int, int]]:
     """(row, start, end) position spans of at most `chunk` over `b` rows of `t` positions."""
     return [(i, s, min(s + chunk, t)) for i in range(b) for s in range(0, t, chunk)]
 
@@ -77,7 +77,7 @@ class _ChunkedLogprob(torch.autograd.Function):
         b, t = targets.shape
         lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
         out = torch.empty(b, t, dtype=torch.float32, device=logits.device)
-        for i, s, e in _spans(b, t, chunk):
+        for i, s, e in position_spans(b, t, chunk):
             lg = logits[i, s:e].float()
             if temperature != 1.0:
                 lg = lg / temperature
@@ -94,7 +94,7 @@ class _ChunkedLogprob(torch.autograd.Function):
         b, t = targets.shape
         g = grad_out.float() / temperature
         grad = torch.zeros_like(logits)
-        for i, s, e in _spans(b, t, chunk):
+        for i, s, e in position_spans(b, t, chunk):
             lg = logits[i, s:e].float()
             if temperature != 1.0:
                 lg = lg / temperature
