@@ -8,7 +8,12 @@ Does not own: stop rules or which rows are in the batch (the engine).
 Method: inverse-CDF sampling. Each sampled row draws one uniform `u` in [0, 1); the token is the
 first index whose cumulative probability exceeds `u` times the row's total (top-p rows: in
 probability-sorted order over the nucleus). That is exactly a draw from the row's categorical
-distribution, with one random number per row instead of one per vocabulary entry.
+distribution, with one random number per row instead of one per vocabulary entry. Rows without
+top-p find it in two levels: the vocabulary is cut into ~sqrt(V) blocks, one pass sums each
+block (the row's total is the sum of those), the block comes from the short running sum over
+blocks and the token from a running sum inside that one block, so no `[B, V]` running sum is
+ever written. At V = 151,936 a step then makes four passes over the logits (max, subtract,
+exp, block sums) where the one-level method made six.
 
 Log-probs follow the engine protocol: the sampled token's log-probability under the
 temperature-scaled distribution before top-p truncation (greedy rows: temperature 1);
@@ -24,6 +29,7 @@ for a whole run only when the same requests arrive in the same order).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,27 +46,33 @@ def sample_rows(logits: torch.Tensor, temperatures: Sequence[float], top_ps: Seq
     `temperatures[i] == 0` is greedy; `top_ps[i]` in (0, 1]; `generators[i]` a CPU generator or
     None (then `default` is used). Returns Python lists (one device->host copy)."""
     dev = logits.device
+    rows, vocab = logits.shape
     temps = torch.tensor(temperatures, dtype=torch.float32)
     greedy = temps == 0
     x = logits.float()
-    if not bool(greedy.all()):
-        x = x / torch.where(greedy, 1.0, temps).to(dev).unsqueeze(1)
-    # One pass for the max (and the greedy tokens), one for exp, one for the (pairwise, exact)
-    # sum; the log-prob of a token is x[token] - (max + log(sum)), without a [B, V]
-    # log-softmax. Sampled rows add one running-sum pass to pick their token.
+    scale = torch.where(greedy, 1.0, temps)
+    if bool((scale != 1.0).any()):  # the usual RL batch (temperature 1.0) skips this pass
+        x = x / scale.to(dev).unsqueeze(1)
+    # Passes over [B, V]: max (also the greedy tokens), subtract, exp, block sums. The log-prob
+    # of a token is x[token] - (max + log(total)), without a [B, V] log-softmax.
     top, toks = x.max(dim=-1, keepdim=True)
     e = (x - top).exp_()
-    total = e.sum(dim=-1, keepdim=True)
+    size = max(1, math.isqrt(vocab))
+    blocks = _block_sums(e, size)
+    block_cdf = blocks.cumsum_(dim=-1)
+    total = block_cdf[:, -1:]
     sampled = (~greedy).nonzero().squeeze(1).tolist()
     if sampled:
         s_rows = torch.tensor(sampled, device=dev)
         u = _uniforms([generators[i] for i in sampled], default).to(dev)
         nucleus = torch.tensor([top_ps[i] for i in sampled], dtype=torch.float32)
-        probs = e if len(sampled) == e.shape[0] else e.index_select(0, s_rows)
+        every = len(sampled) == rows
         if bool((nucleus < 1.0).any()):
+            probs = e if every else e.index_select(0, s_rows)
             picked = _sample_top_p(probs / total.index_select(0, s_rows), nucleus.to(dev), u)
         else:
-            picked = _pick(probs.cumsum_(dim=-1), u)
+            cdf = block_cdf if every else block_cdf.index_select(0, s_rows)
+            picked = _pick_blocked(e if every else e.index_select(0, s_rows), cdf, size, u)
         toks[s_rows] = picked.unsqueeze(1)
     lps = (x.gather(1, toks) - top - total.log()).squeeze(1)
     lps = torch.where(torch.isfinite(lps), lps, NEG_LOGPROB)
@@ -77,11 +89,38 @@ def _uniforms(generators: Sequence[Any], default: torch.Generator) -> torch.Tens
     return u
 
 
+def _block_sums(e: torch.Tensor, size: int) -> torch.Tensor:
+    """`[B, ceil(V / size)]`: the sum of each run of `size` entries (the last run may be short)."""
+    full = e.shape[1] // size * size
+    sums = e[:, :full].reshape(e.shape[0], -1, size).sum(dim=-1)
+    if full < e.shape[1]:
+        sums = torch.cat([sums, e[:, full:].sum(dim=-1, keepdim=True)], dim=1)
+    return sums
+
+
 def _pick(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The first index whose cumulative mass exceeds `u` times the row's total."""
-    # right=True: a zero-probability token (cdf equal to its predecessor's) is never picked.
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-    return idx.clamp_(max=cdf.shape[1] - 1)
+    """The first index whose cumulative mass exceeds `u` times the row's total, never an index of
+    zero mass (rounding can put the target on or past the total: then the last massive one)."""
+    # right=True: a zero-mass entry (cdf equal to its predecessor's) is never picked.
+    last = cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u.unsqueeze(1) * last, right=True)
+    return torch.minimum(idx, (cdf < last).sum(dim=1, keepdim=True)).squeeze(1)
+
+
+def _pick_blocked(e: torch.Tensor, block_cdf: torch.Tensor, size: int,
+                  u: torch.Tensor) -> torch.Tensor:
+    """`_pick` over the running sum of `e`, found through the block running sum: the block first,
+    then the entry inside it."""
+    block = _pick(block_cdf, u)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0).unsqueeze(1))
+                         .squeeze(1), 0.0)
+    start = block * size
+    cols = (start.unsqueeze(1) + torch.arange(size, device=e.device)).clamp_(max=e.shape[1] - 1)
+    inside = e.gather(1, cols)
+    inside[cols < start.unsqueeze(1) + torch.arange(size, device=e.device)] = 0.0  # past V
+    cdf = inside.cumsum_(dim=-1)
+    share = ((u * block_cdf[:, -1] - before) / cdf[:, -1]).clamp_(0.0, 1.0)
+    return start + _pick(cdf, share)
 
 
 def _sample_top_p(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

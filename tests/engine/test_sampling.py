@@ -85,3 +85,32 @@ def test_masked_tokens_are_never_sampled() -> None:
     n = 5000
     toks, lps = sample_rows(x[:1].repeat(n, 1), [1.0] * n, [1.0] * n, [None] * n, _gen())
     assert min(toks) >= 30 and all(lp > -1e29 for lp in lps)
+
+
+def test_two_level_pick_is_the_one_level_inverse_cdf() -> None:
+    """The block-then-entry search returns the token a running sum over the whole vocabulary
+    would, for the same uniforms (V not a multiple of the block size, masked runs that cover
+    whole blocks and cross block edges)."""
+    from asyncrl.engine import sampling
+
+    v, n = 1_003, 20_000
+    row = torch.randn(v, generator=_gen(5)) * 3.0
+    row[100:260] = float("-inf")  # whole blocks of 31 and both partial edges
+    row[-7:] = float("-inf")  # the short last block
+    x = row.repeat(n, 1)
+    u = torch.rand(n, generator=_gen(6))
+    e = (x - x.max(dim=-1, keepdim=True).values).exp()
+    size = 31
+    blocked = sampling._pick_blocked(e, sampling._block_sums(e, size).cumsum(dim=-1), size, u)
+    flat = sampling._pick(e.double().cumsum(dim=-1), u.double())
+    assert bool(torch.isfinite(row[blocked]).all())
+    assert (blocked != flat).float().mean() < 1e-3  # only rounding at a token's edge may differ
+
+
+def test_uniform_at_the_top_never_picks_a_masked_token() -> None:
+    from asyncrl.engine import sampling
+
+    e = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]]).repeat(3, 1)
+    u = torch.tensor([0.0, 0.999999, 1.0])  # 1.0 is outside rand's range: the rounding case
+    got = sampling._pick_blocked(e, sampling._block_sums(e, 2).cumsum(dim=-1), 2, u)
+    assert got.tolist() == [0, 1, 1]
