@@ -17,6 +17,11 @@ Models:
 
 `--quick` runs 16 and 64 streams with 64 new tokens. Weights are random: the point is the speed
 of the generation machinery, which does not depend on what the model says.
+
+`--churn` adds the RL shape, engine only (`generate` cannot serve it): each stream runs
+`--turns` requests one after the other, each a continuation of the last (its context plus a
+16-token "tool output"), with new-token counts drawn from 16..`--new`, so rows leave and join
+the running batch all the time. Tokens/s counts generated tokens.
 """
 
 from __future__ import annotations
@@ -103,6 +108,33 @@ def run_engine(model, tok, ps: list[list[int]], new: int, device: str) -> tuple[
     return asyncio.run(go())
 
 
+def run_churn(model, tok, n: int, prompt: int, new: int, turns: int, vocab: int,
+              device: str) -> tuple[float, int]:
+    g = torch.Generator().manual_seed(1)
+    budget = n * (prompt + turns * (new + 16)) + 64
+
+    async def stream(eng: LocalEngine, i: int, ctx: list[int]) -> int:
+        made = 0
+        for t in range(turns):
+            want = int(torch.randint(16, new + 1, (1,), generator=g))
+            out = await collect(eng, GenerateRequest(
+                request_id=f"s{i}t{t}", input_ids=ctx,
+                sampling=SamplingParams(max_new_tokens=want, temperature=1.0)))
+            made += len(out.token_ids)
+            ctx = ctx + out.token_ids + torch.randint(10, 1000, (16,), generator=g).tolist()
+        return made
+
+    async def go() -> tuple[float, int]:
+        async with LocalEngine(model, tok, kv_token_budget=budget, max_running=n,
+                               device=device) as eng:
+            t0 = time.perf_counter()
+            made = await asyncio.gather(*(stream(eng, i, p)
+                                          for i, p in enumerate(prompts(n, prompt, vocab))))
+            return sum(made) / (time.perf_counter() - t0), eng.steps
+
+    return asyncio.run(go())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=None)
@@ -111,6 +143,8 @@ def main() -> None:
     p.add_argument("--new", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--quick", action="store_true", help="16 and 64 streams, 64 new tokens")
+    p.add_argument("--churn", action="store_true", help="also the multi-turn churn workload")
+    p.add_argument("--turns", type=int, default=4)
     p.add_argument("--out", default=str(RESULTS / "local_engine.json"))
     a = p.parse_args()
     models = a.models or (["tiny", "qwen3-vocab"] + (["qwen3-0.6b"] if a.device == "cuda" else []))
@@ -131,6 +165,13 @@ def main() -> None:
             rows.append(row)
             print(f"{name:<12} {n:>7} {eng_tps:>13.0f} {gen_tps:>15.0f} {row['ratio']:>6.2f}"
                   f" {steps:>6}", flush=True)
+            if a.churn:
+                tps, steps = run_churn(model, tok, n, a.prompt, new, a.turns,
+                                       SHAPES[name]["vocab_size"], a.device)
+                rows.append(dict(model=name, streams=n, prompt=a.prompt, new=new, turns=a.turns,
+                                 workload="churn", engine_tps=tps, engine_steps=steps))
+                print(f"{name:<12} {n:>7} {tps:>13.0f} {'(churn)':>15} {'':>6} {steps:>6}",
+                      flush=True)
         del model
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ length, dim]` per layer per step: quadratic in the length). `GrowingLayer` keeps
 `keys` / `values` attributes, but as views into a buffer with spare columns: a decode step
 writes one column in place, and the buffer grows by half again when full (amortised O(1) per
 token). Dropping leading columns (the engine trims all-padding columns as rows leave) is a view
-into the same buffer, so it copies nothing either. Anything else that assigns `keys` / `values`
+into the same buffer, so it copies nothing either, and so is taking such columns back
+(`widen_left`, when a longer request moves into a dead row). Anything else that assigns `keys` / `values`
 (rows selected, new rows merged) is adopted on the next update, with one copy into a fresh
 buffer. Does not own: which rows or columns are in the batch (the engine).
 """
@@ -47,6 +48,21 @@ class GrowingLayer(DynamicLayer):
         self.keys = self._kbuf[:, :, start:end]
         self.values = self._vbuf[:, :, start:end]
         return self.keys, self.values
+
+    def widen_left(self, extra: int) -> bool:
+        """Extend `keys` / `values` by `extra` leading columns inside the buffer, as a view.
+
+        The columns gained are ones an earlier trim dropped: they hold earlier, finite keys and
+        values, which the caller masks out. False (and nothing changed) when the cache is not a
+        view of the buffer or too few columns lie before it."""
+        start = self._offset_in_buffer()
+        if start is None or start < extra:
+            return False
+        assert self.keys is not None and self._kbuf is not None and self._vbuf is not None
+        end = start + self.keys.shape[-2]
+        self.keys = self._kbuf[:, :, start - extra:end]
+        self.values = self._vbuf[:, :, start - extra:end]
+        return True
 
     def _offset_in_buffer(self) -> int | None:
         """The column where `keys` starts inside our buffer, or None if `keys` is not a

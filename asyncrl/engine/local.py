@@ -11,15 +11,20 @@ Lifecycle: `async with LocalEngine(...) as engine:` (or `await engine.start()` .
 `await engine.close()`). `start` creates the step driver, a task the engine owns and `close`
 awaits; requests still open at `close` end with finish reason "abort".
 
-How a step runs. The event loop plans a step (drop finished rows, preempt if needed, admit
-waiting requests), then one worker thread runs it: one decode forward for the rows already
-running (one token each) and one prefill forward for the rows admitted this step (left-padded,
-batched), whose caches are merged into the running cache. The model forward therefore never
-runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a decode step writes
-its column in place instead of concatenating the whole cache, and trimming leading padding is a
-view. Sampling is one batched pass on the model's device (`sampling.sample_rows`); only the
-step's token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they land between
-steps, never during a forward.
+How a step runs. The event loop plans a step (rows whose request left become dead rows,
+preempt if needed, admit waiting requests), then one worker thread runs it: one decode forward
+over the batch (one token for each running row; a dead row is fed a dummy token and attends only
+to its own dummies, so its output is finite and discarded) and one prefill forward for the rows
+admitted this step (left-padded, batched). The admitted move into dead rows first: their keys
+and values are written into the batch cache, right-aligned with it, and only those that find no
+dead row are appended (a copy of the cache). Dead rows are dropped (a copy) only when they would
+outnumber the live ones, so in steady churn rows leave and join without moving the cache. The
+model forward never runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a
+decode step writes its column in place instead of concatenating the whole cache; trimming
+leading padding, and taking trimmed columns back when a longer request moves in, are views.
+Sampling is one batched pass on the model's device (`sampling.sample_rows`); only the step's
+token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they
+land between steps, never during a forward.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
@@ -42,7 +47,7 @@ import collections
 import itertools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,12 +96,21 @@ class _Seq:
 
 @dataclass
 class _Plan:
-    keep: list[int]
-    """Rows of the current batch cache to keep, in order."""
-    decode: list[_Seq]
-    """The kept rows' requests (same order): each gets one decode token."""
+    rows: list[_Seq | None]
+    """The batch's rows after this step, in cache order; None is a dead row (its request left;
+    the row stays in the cache, computed on a dummy token, until a new request takes it or the
+    batch is compacted)."""
+    compact: list[int] | None
+    """Rows of the current cache to keep, in order, before anything else (None: keep all)."""
+    freed: list[int]
+    """Rows (after compaction) whose request left since the last step: masked out this step."""
+    decode: list[int]
+    """Rows that get one decode token: those running before this step."""
+    fill: list[int]
+    """Dead rows taken by requests admitted this step (`prefill` order, first ones)."""
     prefill: list[_Seq]
-    """Requests admitted this step: prefilled and appended after the kept rows."""
+    """Requests admitted this step: prefilled together, then written into `fill`'s rows and,
+    for the rest, appended as new rows."""
     version: int
 
 
@@ -116,7 +130,6 @@ class _BatchState:
     mask: Any = None
     pos: Any = None
     rows: int = 0
-    stop_tails: dict[str, int] = field(default_factory=dict)
 
 
 class LocalEngine:
@@ -158,7 +171,7 @@ class LocalEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-fwd")
         self._seqs: dict[str, _Seq] = {}
         self._waiting: collections.deque[_Seq] = collections.deque()
-        self._rows: list[_Seq] = []
+        self._rows: list[_Seq | None] = []
         self._held = 0
         self._admit_seq = itertools.count()
         self._batch = _BatchState()
@@ -234,7 +247,7 @@ class LocalEngine:
 
     async def load(self) -> EngineLoad:
         return EngineLoad(kv_tokens_used=self._held, kv_tokens_capacity=self.kv_token_budget,
-                          running=sum(1 for s in self._rows if s.state == _RUNNING),
+                          running=sum(1 for s in self._rows if s is not None and s.state == _RUNNING),
                           waiting=len(self._waiting))
 
     async def update_weights(self, update: WeightUpdate) -> None:
@@ -294,23 +307,30 @@ class LocalEngine:
                                          policy_version=self.policy_version))
 
     def _plan(self) -> _Plan:
-        """Decide this step: rows to keep, preemptions, admissions. Keeps held <= budget."""
-        keep = [i for i, s in enumerate(self._rows) if s.state == _RUNNING]
-        decode = [self._rows[i] for i in keep]
+        """Decide this step: rows freed, compaction, preemptions, admissions and where the
+        admitted go. Keeps held <= budget."""
+        rows = list(self._rows)
+        freed = [i for i, s in enumerate(rows) if s is not None and s.state != _RUNNING]
+        for i in freed:
+            rows[i] = None
+        live = [i for i, s in enumerate(rows) if s is not None]
         # Each decode row grows by one token; preempt the newest rows until that fits.
-        while decode and self._held + len(decode) > self.kv_token_budget:
-            j = max(range(len(decode)), key=lambda k: decode[k].admit_order)
-            victim = decode.pop(j)
-            keep.pop(j)
+        while live and self._held + len(live) > self.kv_token_budget:
+            j = max(live, key=lambda i: rows[i].admit_order)  # type: ignore[union-attr]
+            victim = rows[j]
+            assert victim is not None
+            live.remove(j)
+            rows[j] = None
+            freed.append(j)
             self._held -= victim.held
             victim.state = _WAITING
             victim.preemptions += 1
             self.preemptions += 1
             self._waiting.appendleft(victim)
             log.debug("engine_preempt", engine=self.name, request_id=victim.rid)
-        projected = self._held + len(decode)
+        projected = self._held + len(live)
         prefill: list[_Seq] = []
-        while self._waiting and len(decode) + len(prefill) < self.max_running:
+        while self._waiting and len(live) + len(prefill) < self.max_running:
             seq = self._waiting[0]
             reserve = min(seq.remaining - 1, self._admit_reserve)
             if projected + seq.held + 1 + reserve > self.kv_token_budget:
@@ -321,8 +341,20 @@ class LocalEngine:
             self._held += seq.held
             projected += seq.held + 1
             prefill.append(seq)
-        self._rows = decode + prefill
-        return _Plan(keep=keep, decode=decode, prefill=prefill, version=self.policy_version)
+        # Dead rows cost a forward each step but moving the cache costs a copy of all of it:
+        # compact only when the dead would outnumber the live after the admitted fill them.
+        compact = None
+        dead = len(rows) - len(live)
+        if dead - min(dead, len(prefill)) > len(live) + len(prefill):
+            compact, rows = live, [rows[i] for i in live]
+            freed, live = [], list(range(len(live)))
+        holes = [i for i, s in enumerate(rows) if s is None][:len(prefill)]
+        for i, seq in zip(holes, prefill, strict=False):
+            rows[i] = seq
+        rows.extend(prefill[len(holes):])
+        self._rows = rows
+        return _Plan(rows=rows, compact=compact, freed=freed, decode=live, fill=holes,
+                     prefill=prefill, version=self.policy_version)
 
     def _apply(self, plan: _Plan, outs: list[_Out]) -> None:
         # Finished requests first: their consumers (often a tool call about to fire) wake
@@ -346,7 +378,8 @@ class LocalEngine:
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
-            if not self._waiting and not any(s.state == _RUNNING for s in self._rows):
+            if not self._waiting and not any(
+                    s is not None and s.state == _RUNNING for s in self._rows):
                 self._work.clear()
                 await self._work.wait()
                 continue
@@ -361,8 +394,8 @@ class LocalEngine:
                 except Exception as e:  # a failed forward leaves the batch cache unusable
                     log.error("engine_step_failed", engine=self.name, error=repr(e))
                     err = EngineError(f"{self.name}: forward failed: {e!r}")
-                    for seq in plan.decode + plan.prefill:
-                        if seq.state != _DONE:
+                    for seq in [plan.rows[i] for i in plan.decode] + plan.prefill:
+                        if seq is not None and seq.state != _DONE:
                             self._finish(seq, err)
                     self._rows = []
                     self._batch = _BatchState()
@@ -382,35 +415,53 @@ class LocalEngine:
         torch = self._torch
         outs: list[_Out] = []
         with torch.inference_mode():
+            if plan.compact is not None:
+                self._compact(plan.compact)
             b = self._batch
-            self._select(plan.keep)
+            if plan.freed:
+                idx = torch.tensor(plan.freed, device=self._device)
+                b.mask[idx] = 0  # a dead row attends only to its own dummy tokens from now on
+                b.pos[idx] = 0
+            self._trim()
             if plan.decode:
-                last = torch.tensor([[s.generated[-1]] for s in plan.decode], device=self._device)
+                last = torch.full((b.rows, 1), self._pad_id, dtype=torch.long)
+                seqs = [plan.rows[i] for i in plan.decode]
+                rows = torch.tensor(plan.decode)
+                last[rows, 0] = torch.tensor([s.generated[-1] for s in seqs])  # type: ignore[union-attr]
+                live = torch.zeros(b.rows, dtype=torch.long)
+                live[rows] = 1
                 b.mask = torch.cat([b.mask, b.mask.new_ones((b.rows, 1))], dim=1)
-                out = self._model(input_ids=last, attention_mask=b.mask,
+                out = self._model(input_ids=last.to(self._device), attention_mask=b.mask,
                                   position_ids=b.pos.unsqueeze(1), past_key_values=b.cache,
                                   use_cache=True)
-                b.pos = b.pos + 1
-                outs.extend(self._sample(out.logits[:, -1, :], plan.decode))
+                b.pos = b.pos + live.to(self._device)
+                logits = out.logits[:, -1, :]
+                if len(seqs) < b.rows:
+                    logits = logits.index_select(0, rows.to(self._device))
+                outs.extend(self._sample(logits, seqs))  # type: ignore[arg-type]
             if plan.prefill:
-                outs.extend(self._prefill(plan.prefill))
+                outs.extend(self._prefill(plan.prefill, plan.fill))
         return outs
 
-    def _select(self, keep: list[int]) -> None:
-        """Keep only `keep` rows of the batch, then drop leading all-padding columns."""
-        torch = self._torch
+    def _compact(self, keep: list[int]) -> None:
+        """Keep only `keep` rows of the batch (one copy of the cache)."""
         b = self._batch
         if not keep:
             self._batch = _BatchState()
             return
-        if keep != list(range(b.rows)):
-            idx = torch.tensor(keep, device=self._device)
-            for layer in b.cache.layers:
-                layer.keys = layer.keys.index_select(0, idx)
-                layer.values = layer.values.index_select(0, idx)
-            b.mask = b.mask.index_select(0, idx)
-            b.pos = b.pos.index_select(0, idx)
-            b.rows = len(keep)
+        idx = self._torch.tensor(keep, device=self._device)
+        for layer in b.cache.layers:
+            layer.keys = layer.keys.index_select(0, idx)
+            layer.values = layer.values.index_select(0, idx)
+        b.mask = b.mask.index_select(0, idx)
+        b.pos = b.pos.index_select(0, idx)
+        b.rows = len(keep)
+
+    def _trim(self) -> None:
+        """Drop leading columns no row attends to (a view: nothing is copied)."""
+        b = self._batch
+        if b.rows == 0:
+            return
         first = int(b.mask.any(dim=0).int().argmax())
         if first > 0:
             for layer in b.cache.layers:
@@ -418,7 +469,9 @@ class LocalEngine:
                 layer.values = layer.values[:, :, first:, :]
             b.mask = b.mask[:, first:]
 
-    def _prefill(self, seqs: list[_Seq]) -> list[_Out]:
+    def _prefill(self, seqs: list[_Seq], fill: list[int]) -> list[_Out]:
+        """Prefill `seqs` together, write the first `len(fill)` into those dead rows, append
+        the rest as new rows."""
         torch = self._torch
         ctxs = [s.input_ids + s.generated for s in seqs]
         width = max(len(c) for c in ctxs)
@@ -429,11 +482,49 @@ class LocalEngine:
             mask[i, width - len(c):] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = self._new_cache(self._model.config)
+        cache: Any = self._new_cache(self._model.config)
         out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._merge(cache, mask, torch.tensor([len(c) for c in ctxs], device=self._device))
+        lens = [len(c) for c in ctxs]
+        if fill:
+            self._fill(fill, cache, lens[:len(fill)])
+            rest = torch.arange(len(fill), len(seqs), device=self._device)
+            for layer in cache.layers:
+                layer.keys = layer.keys.index_select(0, rest)
+                layer.values = layer.values.index_select(0, rest)
+            mask = mask.index_select(0, rest)
+        if len(fill) < len(seqs):
+            self._merge(cache, mask, torch.tensor(lens[len(fill):], device=self._device))
         return self._sample(out.logits[:, -1, :], seqs)
+
+    def _fill(self, rows: list[int], cache: Any, lens: list[int]) -> None:
+        """Write the first `len(rows)` prefilled rows of `cache` into those dead batch rows,
+        right-aligned with the batch (no copy of the batch's cache unless it must widen past
+        what its buffers hold)."""
+        b = self._batch
+        width = b.mask.shape[1]
+        if max(lens) > width:
+            self._widen(max(lens) - width)
+            width = b.mask.shape[1]
+        for old, new in zip(b.cache.layers, cache.layers, strict=True):
+            n = new.keys.shape[2]
+            for i, (r, ln) in enumerate(zip(rows, lens, strict=True)):
+                old.keys[r, :, width - ln:] = new.keys[i, :, n - ln:]
+                old.values[r, :, width - ln:] = new.values[i, :, n - ln:]
+        for r, ln in zip(rows, lens, strict=True):
+            b.mask[r] = 0
+            b.mask[r, width - ln:] = 1
+            b.pos[r] = ln
+
+    def _widen(self, extra: int) -> None:
+        """Give the batch `extra` more leading columns, masked out for every row."""
+        F = self._torch.nn.functional
+        b = self._batch
+        for layer in b.cache.layers:
+            if not layer.widen_left(extra):
+                layer.keys = F.pad(layer.keys, (0, 0, extra, 0))
+                layer.values = F.pad(layer.values, (0, 0, extra, 0))
+        b.mask = F.pad(b.mask, (extra, 0))
 
     def _merge(self, cache: Any, mask: Any, pos: Any) -> None:
         """Append freshly prefilled rows to the batch, left-padding the shorter side."""

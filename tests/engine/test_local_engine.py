@@ -78,6 +78,52 @@ async def test_greedy_batched_and_staggered_equals_generate(model, tiny_tokenize
     assert all(len(set(r)) > 5 for r in ref)  # varied continuations: the check has teeth
 
 
+async def test_rows_leave_and_join_in_place_and_still_equal_generate(model, tiny_tokenizer,
+                                                                      refs) -> None:
+    """Churn: 9 requests through 3 rows, each a different length, arriving while others run.
+    Rows that finish stay in the cache as dead rows and the next requests move into them
+    (including ones longer than the batch's width at the time); every output still equals
+    `model.generate` alone, and the batch cache is not reallocated when a request moves in."""
+    ids, _ = refs
+    prompts = [ids[i % 5] * (1 + (i % 3 == 2) * 2) for i in range(9)]  # some 3x as long
+    lens = [N - 2 * (i % 4) for i in range(9)]
+    ref = [_greedy_ref(model, x, n) for x, n in zip(prompts, lens, strict=True)]
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=3) as eng:
+        buffers: set[int] = set()
+
+        async def late(i: int):
+            await asyncio.sleep(0.004 * i)
+            out = await collect(eng, _req(f"c{i}", prompts[i], n=lens[i]))
+            layer = eng._batch.cache.layers[0] if eng._batch.rows else None
+            if layer is not None and layer._kbuf is not None:
+                buffers.add(layer._kbuf.data_ptr())
+            return out
+
+        outs = await asyncio.gather(*(late(i) for i in range(9)))
+        assert eng.steps < sum(lens)  # they shared steps
+    for o, r in zip(outs, ref, strict=True):
+        assert o.token_ids == r
+    assert len(buffers) < 9  # requests moved into existing rows instead of copying the cache
+
+
+async def test_a_longer_request_moves_into_a_dead_row_without_a_copy(model, tiny_tokenizer,
+                                                                     refs) -> None:
+    ids, _ = refs
+    short, long = ids[0], ids[4] * 3
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=2) as eng:
+        # a long row trimmed by its leaving leaves spare columns in front of the buffer view
+        keep = eng.stream(_req("keep", short, n=40))
+        await keep.__anext__()  # running before the long one joins
+        await collect(eng, _req("gone", long, n=3))
+        layer = eng._batch.cache.layers[0]
+        before = layer._kbuf.data_ptr()
+        assert eng._batch.rows == 2  # the finished row is still there, dead
+        out = await collect(eng, _req("in", long, n=8))
+        assert layer._kbuf.data_ptr() == before  # moved in and widened as a view
+        assert [d async for d in keep][-1].finish_reason == "length"
+    assert out.token_ids == _greedy_ref(model, long, 8)
+
+
 async def test_kv_budget_never_exceeded_under_pressure(model, tiny_tokenizer, refs) -> None:
     ids, ref = refs
     budget = 90  # far less than the 5 requests need together: admission waits and preemption
