@@ -12,6 +12,7 @@ See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the ex
 from .client import HttpSandboxClient, LocalSandboxClient, SandboxClient
 from .config import IsolationLevel, PoolConfig
 from .errors import (
+                     AuthError,
                      FunctionError,
                      FunctionTimeout,
                      IsolationUnavailable,
@@ -24,6 +25,7 @@ from .pool import SandboxPool
 from .records import ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus
 
 __all__ = [
+                     "AuthError",
                      "ExecRequest",
                      "ExecResult",
                      "ExecStatus",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 
+from .auth import DEFAULT_TOKEN_ENV, load_token
 from .config import DEFAULT_PRELOAD, IsolationLevel, PoolConfig
 from .errors import SandboxError
 
@@ -19,7 +21,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     d = PoolConfig()
     a = parser.add_argument
     a("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; the endpoint "
-                                          "runs arbitrary code: keep it on a private network)")
+                                          "runs arbitrary code: any other address needs a token)")
+    a("--token-file", default=None,
+      help="file holding the shared auth token (clients send it as a bearer token); the token "
+           "is never taken from the command line")
+    a("--token-env", default=DEFAULT_TOKEN_ENV,
+      help="environment variable holding the token when no --token-file is given "
+           f"(default {DEFAULT_TOKEN_ENV}); it is removed from this process's environment")
     a("--port", type=int, default=8787, help="port (0 = any free port, printed at start)")
     a("--workers", type=int, default=d.workers, help="zygote worker processes")
     a("--isolation", default=d.isolation.value, choices=[v.value for v in IsolationLevel],
@@ -77,8 +85,11 @@ def run_serve(args: argparse.Namespace) -> int:
     _configure_logging()
     try:
         cfg = config_from_args(args)
+        token = load_token(args.token_file, args.token_env)
+        if args.token_env:  # nothing started from here (workers, jails) should inherit it
+            os.environ.pop(args.token_env, None)
         return _run(serve(cfg, host=args.host, port=args.port, max_batch=args.max_batch,
-                          shutdown_grace_s=args.shutdown_grace))
+                          shutdown_grace_s=args.shutdown_grace, token=token))
     except SandboxError as exc:
         print(f"sandbox serve: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

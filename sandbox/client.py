@@ -8,7 +8,8 @@ did not get an answer: a transport failure (connection refused/reset, node gone 
 undecodable answer) or a 503 (overloaded / shutting down: nothing was run). Every call gets
 exactly one ``ExecResult``; a call that cannot be served within ``call_timeout_s`` or after
 ``max_attempts`` becomes ``sandbox_failure`` with a ``detail``. Clients are opened with
-``async with``.
+``async with``. Given a ``token``, the HTTP client sends it as a bearer token on every request;
+a node that refuses it (401) fails ``__aenter__`` with ``AuthError`` (nothing ran).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import aiohttp
 import msgspec
 import structlog
 
+from .auth import bearer
 from .config import IsolationLevel, PoolConfig
-from .errors import IsolationUnavailable, Overloaded, PoolClosed, TransportError
+from .errors import AuthError, IsolationUnavailable, Overloaded, PoolClosed, TransportError
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult
 from .wire import FRAME, MSGPACK, STREAM, ExecBatch, codec_for
@@ -134,6 +136,7 @@ class HttpSandboxClient:
                  batch_window_ms: float = 2.0, call_timeout_s: float = 120.0,
                  connect_timeout_s: float = 3.0, max_attempts: int = 3,
                  backoff_s: float = 0.05, require_isolation: str | None = None,
+                 token: str | None = None,
                  session: aiohttp.ClientSession | None = None) -> None:
         if not urls:
             raise ValueError("HttpSandboxClient needs at least one node URL")
@@ -147,6 +150,7 @@ class HttpSandboxClient:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self._require = require_isolation
+        self._auth = bearer(token) if token else {}
         if session is not None:
             self._session = session
         self._owns_session = session is None
@@ -184,8 +188,14 @@ class HttpSandboxClient:
         async def one(node: _Node) -> None:
             try:
                 timeout = aiohttp.ClientTimeout(total=max(5.0, self.connect_timeout_s))
-                async with self._session.get(node.url + "/health", timeout=timeout) as resp:
+                async with self._session.get(node.url + "/health", timeout=timeout,
+                                             headers=self._auth) as resp:
+                    if resp.status == 401:
+                        raise AuthError(f"sandbox node {node.url} refused this client's token")
                     info = await resp.json(content_type=None)
+                if info.get("auth") == "token" and not self._auth:
+                    raise AuthError(f"sandbox node {node.url} requires a token; this client "
+                                    "has none")
                 node.isolation = info.get("isolation", "")
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
                 node.down_until = time.monotonic() + 1.0
@@ -303,7 +313,7 @@ class HttpSandboxClient:
         node.sent += 1
         self.stats["batches"] += 1
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
-        headers = {"Content-Type": MSGPACK, "Accept": STREAM}
+        headers = {"Content-Type": MSGPACK, "Accept": STREAM, **self._auth}
         try:
             async with self._session.post(node.url + "/v1/execute", data=body, timeout=timeout,
                                           headers=headers) as resp:

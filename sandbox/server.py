@@ -6,13 +6,17 @@ Routes:
   while serving, 503 while shutting down or when no worker can be started.
 - ``GET /metrics``: Prometheus text: calls by status, latency histogram, queue depth, ...
 
+Authentication (``sandbox.auth`` states the policy): with a token configured, ``/v1/execute``
+and ``/metrics`` need ``Authorization: Bearer <token>`` (else 401, nothing decoded or run,
+the refusal counted); ``/health`` without credentials answers only status and isolation.
+
 Overload is answered, not buffered: a batch that does not fit in the pool's bounded queue gets
 HTTP 503 with ``{"error": "overloaded", "reason": ...}`` and nothing of it runs. Shutdown
 (SIGTERM/SIGINT) stops accepting batches (503 ``shutting_down``), lets the batches in flight
 finish (up to ``--shutdown-grace``), then closes the listener and the pool.
 
-Binds 127.0.0.1 by default: the endpoint runs arbitrary code by design; expose it only on a
-private network, behind whatever authentication the cluster provides.
+Binds 127.0.0.1 by default: the endpoint runs arbitrary code by design. A node bound to any
+other address refuses to start without a token (from a file or an environment variable).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 import msgspec
 from aiohttp import web
 
+from . import auth
 from .errors import Overloaded, PoolClosed
 from .metrics import render
 from .pool import SandboxPool
@@ -59,16 +64,19 @@ STATE_KEY: web.AppKey[ServerState] = web.AppKey("sandbox_state", ServerState)
 
 def _error(status: int, kind: str, reason: str, content_type: str | None) -> web.Response:
     codec = codec_for(content_type)
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = ({"Retry-After": "1"} if status == 503
+               else {"WWW-Authenticate": 'Bearer realm="sandbox"'} if status == 401 else None)
     return web.Response(status=status, body=codec.encode(ErrorBody(kind, reason)),
                         content_type=codec.content_type, headers=headers)
 
 
-def build_app(pool: SandboxPool, *, max_batch: int = 1024,
-              max_body_bytes: int = 256 << 20) -> web.Application:
-    """The aiohttp application serving ``pool`` (started and closed by the caller)."""
+def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int = 256 << 20,
+              token: str | None = None) -> web.Application:
+    """The aiohttp application serving ``pool`` (started and closed by the caller). With a
+    ``token``, requests are authenticated as ``sandbox.auth`` states; without, all pass."""
     state = ServerState(max_batch)
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[auth.middleware(token, state.reject, _error)])
     app[POOL_KEY] = pool
     app[STATE_KEY] = state
 
@@ -111,10 +119,12 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
         info = pool.describe()
         info.update(status="draining" if state.draining else ("broken" if info["broken"]
                                                                  else "ok"),
-                    inflight_batches=state.inflight_batches,
+                    inflight_batches=state.inflight_batches, auth="token" if token else "none",
                     uptime_s=round(time.monotonic() - state.started, 1))
-        return web.Response(status=200 if info["status"] == "ok" else 503,
-                            body=_json.encode(info), content_type=JSON)
+        code = 200 if info["status"] == "ok" else 503
+        if request.get(auth.AUTH_RESULT_KEY) == "missing":  # an anonymous probe
+            info = {k: info[k] for k in auth.PUBLIC_HEALTH_KEYS}
+        return web.Response(status=code, body=_json.encode(info), content_type=JSON)
 
     async def metrics(request: web.Request) -> web.Response:
         gauges: dict[str, float] = {
@@ -173,10 +183,12 @@ async def _stream_results(request: web.Request, pool: SandboxPool,
 
 
 async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,
-                ready_file=None) -> int:
-    """Run until SIGTERM/SIGINT; returns the process exit code."""
+                token: str | None = None, ready_file=None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code. Raises SandboxConfigError
+    before starting anything if ``host`` is not loopback and there is no ``token``."""
+    auth.require_token_for(host, token)
     async with SandboxPool(pool_config) as pool:
-        app = build_app(pool, max_batch=max_batch)
+        app = build_app(pool, max_batch=max_batch, token=token)
         state = app[STATE_KEY]
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
@@ -185,7 +197,8 @@ async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_g
             await site.start()
             addr = runner.addresses[0]
             line = (f"sandbox serving on http://{addr[0]}:{addr[1]} "
-                    f"isolation={pool.isolation} workers={pool_config.workers}")
+                    f"isolation={pool.isolation} workers={pool_config.workers} "
+                    f"auth={'token' if token else 'none'}")
             print(line, file=ready_file or sys.stdout, flush=True)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
