@@ -25,8 +25,10 @@ import argparse
 import asyncio
 import functools
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
@@ -71,7 +73,8 @@ def _error(status: int, kind: str, reason: str, content_type: str | None) -> web
 
 
 def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int = 256 << 20,
-              token: str | None = None) -> web.Application:
+              token: str | None = None, front_end: tuple[int, int] = (0, 1)
+              ) -> web.Application:
     """The aiohttp application serving ``pool`` (started and closed by the caller). With a
     ``token``, requests are authenticated as ``sandbox.auth`` states; without, all pass."""
     state = ServerState(max_batch)
@@ -120,6 +123,7 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int =
         info.update(status="draining" if state.draining else ("broken" if info["broken"]
                                                                  else "ok"),
                     inflight_batches=state.inflight_batches, auth="token" if token else "none",
+                    front_end=front_end[0], front_ends=front_end[1],
                     uptime_s=round(time.monotonic() - state.started, 1))
         code = 200 if info["status"] == "ok" else 503
         if request.get(auth.AUTH_RESULT_KEY) == "missing":  # an anonymous probe
@@ -133,6 +137,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int =
             "sandbox_capacity_calls": pool.capacity,
             "sandbox_workers_ready": sum(1 for w in pool.describe()["workers"] if w["ready"]),
             "sandbox_http_inflight_batches": state.inflight_batches,
+            "sandbox_front_end_index": front_end[0],
+            "sandbox_front_ends": front_end[1],
         }
         extra: dict[str, float] = {"sandbox_http_batches_total": state.batches}
         for kind, n in state.rejected.items():
@@ -183,23 +189,34 @@ async def _stream_results(request: web.Request, pool: SandboxPool,
 
 
 async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,
-                token: str | None = None, ready_file=None) -> int:
+                token: str | None = None, sock: socket.socket | None = None,
+                front_end: tuple[int, int] = (0, 1),
+                on_ready: Callable[[str], None] | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code. Raises SandboxConfigError
-    before starting anything if ``host`` is not loopback and there is no ``token``."""
+    before starting anything if ``host`` is not loopback and there is no ``token``.
+
+    ``sock``: an already listening socket to serve on (``host``/``port`` then only name it);
+    ``front_end``: (index, count) of this process among the node's front ends
+    (``sandbox.frontends``); ``on_ready(line)`` replaces printing the ready line."""
     auth.require_token_for(host, token)
     async with SandboxPool(pool_config) as pool:
-        app = build_app(pool, max_batch=max_batch, token=token)
+        app = build_app(pool, max_batch=max_batch, token=token, front_end=front_end)
         state = app[STATE_KEY]
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
+            site: web.BaseSite = (web.SockSite(runner, sock) if sock is not None else
+                                  web.TCPSite(runner, host, port, backlog=2048,
+                                              reuse_address=True))
             await site.start()
             addr = runner.addresses[0]
             line = (f"sandbox serving on http://{addr[0]}:{addr[1]} "
                     f"isolation={pool.isolation} workers={pool_config.workers} "
                     f"auth={'token' if token else 'none'}")
-            print(line, file=ready_file or sys.stdout, flush=True)
+            if on_ready is None:
+                print(line, flush=True)
+            else:
+                on_ready(line)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
