@@ -84,7 +84,7 @@ def _run(coro):
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server from parsed ``add_serve_arguments`` args; returns an exit code."""
-    from .frontends import supervise
+    from .frontends import FrontEnd, supervise
     from .server import serve
 
     _configure_logging()
@@ -98,7 +98,8 @@ def run_serve(args: argparse.Namespace) -> int:
             return _run(serve(cfg, host=args.host, port=args.port, max_batch=args.max_batch,
                               shutdown_grace_s=args.shutdown_grace, token=token))
 
-        def front_end(cfg_i: PoolConfig, sock: socket.socket, index: int, ready_fd: int) -> int:
+        def front_end(cfg_i: PoolConfig, socks: list[socket.socket], fe: FrontEnd,
+                      ready_fd: int) -> int:
             ready = os.fdopen(ready_fd, "w")
 
             def on_ready(line: str) -> None:
@@ -106,8 +107,8 @@ def run_serve(args: argparse.Namespace) -> int:
                 ready.close()  # the supervisor counts closed pipes as "done starting"
 
             return _run(serve(cfg_i, host=args.host, port=args.port, max_batch=args.max_batch,
-                              shutdown_grace_s=args.shutdown_grace, token=token, sock=sock,
-                              front_end=(index, args.front_ends), on_ready=on_ready))
+                              shutdown_grace_s=args.shutdown_grace, token=token, socks=socks,
+                              front_end=fe, on_ready=on_ready))
 
         return supervise(cfg, args.front_ends, args.host, args.port, front_end)
     except SandboxError as exc:

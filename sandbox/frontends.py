@@ -1,24 +1,31 @@
 """Several HTTP front ends on one port: ``sandbox serve --front-ends N``.
 
-Owns the supervisor: it binds the listening socket once, forks N front-end processes that
-each run ``server.serve`` on that same socket with their own ``SandboxPool`` (the node's
-``--workers`` split between them), prints one ready line when all are serving, forwards
+Owns the supervisor: it binds the node's listening socket once, plus one private socket per
+front end on a free port, then forks N front-end processes that each run ``server.serve`` on
+the shared socket and on its own private one, with its own ``SandboxPool`` (the node's
+``--workers`` split between them); it prints one ready line when all are serving, forwards
 SIGTERM/SIGINT to them and waits. Does not own HTTP handling or the pool.
 
 Why: one server process does every request's HTTP parsing, msgpack and pool bookkeeping on
 one event loop, one core. On a node with many cores that loop, not the zygotes, caps the calls
 per second (16 cores: HTTP 81% of the in-process pool). N processes sharing one listening
 socket scale that part with the cores, with no new IPC: each front end is a whole node in
-miniature, and the kernel hands each new connection to whichever front end accepts first (an
-idle one is already waiting in ``accept``). A connection then stays with its front end
-(keep-alive), so the client should use at least as many connections as there are front ends
-(``HttpSandboxClient`` opens one per batch in flight).
+miniature.
+
+Balance: on the shared port the kernel gives each new connection to whichever front end
+accepts first, and a keep-alive connection then stays with it, so a client with few
+connections can pile its calls on one front end while another idles (measured: 64 W7 calls,
+each holding a slot for 4 s, took four 4 s waves instead of two). Hence the private ports: the
+full ``/health`` body lists them (``front_end_ports``, by index), and ``HttpSandboxClient``
+treats each front end as a node of its own, sending each batch to the one with the fewest
+calls outstanding. The shared port stays for probes, load balancers and simple clients.
 
 Contract and limits:
 - Every front end enforces the same token and reports the same isolation level (each pool
   resolves it on the same host; a front end that cannot start makes the node fail to start).
 - ``/health`` and ``/metrics`` describe the front end that answered (``front_end`` index in
-  the health body, ``sandbox_front_end_index`` gauge): scrape each process, or sum per node.
+  the health body, ``sandbox_front_end_index`` gauge): scrape each front end on its private
+  port and sum per node.
 - If a front end dies, the supervisor stops the others and exits 1: the node's supervisor
   (systemd, Kubernetes) restarts it whole rather than run with a silently smaller pool.
 - Front ends die with the supervisor (PR_SET_PDEATHSIG), so a killed node leaves no orphans.
@@ -32,11 +39,28 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .config import PoolConfig
 from .errors import SandboxConfigError
 
 PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class FrontEnd:
+    """This process's place among its node's front ends."""
+
+    index: int = 0
+    ports: tuple[int, ...] = ()
+    """Every front end's private port, by index; empty when the node has one process."""
+
+    @property
+    def count(self) -> int:
+        return max(1, len(self.ports))
+
+
+SINGLE = FrontEnd()
 
 
 def split_workers(workers: int, front_ends: int) -> list[int]:
@@ -59,13 +83,18 @@ def _die_with_parent() -> None:
 
 
 def supervise(cfg: PoolConfig, front_ends: int, host: str, port: int,
-              run_front_end: Callable[[PoolConfig, socket.socket, int, int], int]) -> int:
-    """Bind ``host:port``, fork ``front_ends`` processes running
-    ``run_front_end(cfg_i, sock, index, ready_fd)`` and supervise them; returns the exit code.
-    ``run_front_end`` must write its ready line to ``ready_fd`` once it serves."""
+              run_front_end: Callable[[PoolConfig, list[socket.socket], FrontEnd, int], int]
+              ) -> int:
+    """Bind ``host:port`` and a private port per front end, fork ``front_ends`` processes
+    running ``run_front_end(cfg_i, [shared, private], front_end, ready_fd)`` and supervise
+    them; returns the exit code. ``run_front_end`` writes its ready line to ``ready_fd`` and
+    closes it once it serves."""
     shares = split_workers(cfg.workers, front_ends)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=2048)
+    private = [socket.create_server((host, 0), family=family, backlog=2048)
+               for _ in range(front_ends)]
+    ports = tuple(s.getsockname()[1] for s in private)
     read_fd, write_fd = os.pipe()
     children: dict[int, int] = {}
     for index, workers in enumerate(shares):
@@ -76,8 +105,11 @@ def supervise(cfg: PoolConfig, front_ends: int, host: str, port: int,
                 os.close(read_fd)
                 _die_with_parent()
                 import msgspec
-                code = run_front_end(msgspec.structs.replace(cfg, workers=workers), sock,
-                                     index, write_fd)
+                for j, other in enumerate(private):
+                    if j != index:
+                        other.close()
+                code = run_front_end(msgspec.structs.replace(cfg, workers=workers),
+                                     [sock, private[index]], FrontEnd(index, ports), write_fd)
             except BaseException as exc:  # broad: report, then leave without unwinding
                 print(f"sandbox front end {index}: {type(exc).__name__}: {exc}",
                       file=sys.stderr, flush=True)
@@ -86,7 +118,8 @@ def supervise(cfg: PoolConfig, front_ends: int, host: str, port: int,
                 os._exit(code)
         children[pid] = index
     os.close(write_fd)
-    sock.close()  # the front ends hold it
+    for s in (sock, *private):  # the front ends hold them
+        s.close()
 
     stopping = False
 
@@ -108,7 +141,8 @@ def supervise(cfg: PoolConfig, front_ends: int, host: str, port: int,
         addr = lines[0].split()[3]
         rest = " ".join(w for w in lines[0].split()[4:] if not w.startswith("workers="))
         print(f"sandbox serving on {addr} {rest} workers={cfg.workers} "
-              f"front_ends={front_ends}", flush=True)
+              f"front_ends={front_ends} front_end_ports={','.join(map(str, ports))}",
+              flush=True)
     code = 0 if len(lines) == front_ends else 2
     while children:
         try:

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from . import auth
 from .errors import Overloaded, PoolClosed
+from .frontends import SINGLE, FrontEnd
 from .metrics import render
 from .pool import SandboxPool
 from .records import ExecResult
@@ -73,8 +74,7 @@ def _error(status: int, kind: str, reason: str, content_type: str | None) -> web
 
 
 def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int = 256 << 20,
-              token: str | None = None, front_end: tuple[int, int] = (0, 1)
-              ) -> web.Application:
+              token: str | None = None, front_end: FrontEnd = SINGLE) -> web.Application:
     """The aiohttp application serving ``pool`` (started and closed by the caller). With a
     ``token``, requests are authenticated as ``sandbox.auth`` states; without, all pass."""
     state = ServerState(max_batch)
@@ -123,7 +123,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int =
         info.update(status="draining" if state.draining else ("broken" if info["broken"]
                                                                  else "ok"),
                     inflight_batches=state.inflight_batches, auth="token" if token else "none",
-                    front_end=front_end[0], front_ends=front_end[1],
+                    front_end=front_end.index, front_ends=front_end.count,
+                    front_end_ports=list(front_end.ports),
                     uptime_s=round(time.monotonic() - state.started, 1))
         code = 200 if info["status"] == "ok" else 503
         if request.get(auth.AUTH_RESULT_KEY) == "missing":  # an anonymous probe
@@ -137,8 +138,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int =
             "sandbox_capacity_calls": pool.capacity,
             "sandbox_workers_ready": sum(1 for w in pool.describe()["workers"] if w["ready"]),
             "sandbox_http_inflight_batches": state.inflight_batches,
-            "sandbox_front_end_index": front_end[0],
-            "sandbox_front_ends": front_end[1],
+            "sandbox_front_end_index": front_end.index,
+            "sandbox_front_ends": front_end.count,
         }
         extra: dict[str, float] = {"sandbox_http_batches_total": state.batches}
         for kind, n in state.rejected.items():
@@ -189,15 +190,15 @@ async def _stream_results(request: web.Request, pool: SandboxPool,
 
 
 async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,
-                token: str | None = None, sock: socket.socket | None = None,
-                front_end: tuple[int, int] = (0, 1),
+                token: str | None = None, socks: list[socket.socket] | None = None,
+                front_end: FrontEnd = SINGLE,
                 on_ready: Callable[[str], None] | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit code. Raises SandboxConfigError
     before starting anything if ``host`` is not loopback and there is no ``token``.
 
-    ``sock``: an already listening socket to serve on (``host``/``port`` then only name it);
-    ``front_end``: (index, count) of this process among the node's front ends
-    (``sandbox.frontends``); ``on_ready(line)`` replaces printing the ready line."""
+    ``socks``: already listening sockets to serve on (``host``/``port`` then only name them);
+    ``front_end``: this process's place among the node's front ends (``sandbox.frontends``);
+    ``on_ready(line)`` replaces printing the ready line."""
     auth.require_token_for(host, token)
     async with SandboxPool(pool_config) as pool:
         app = build_app(pool, max_batch=max_batch, token=token, front_end=front_end)
@@ -205,10 +206,11 @@ async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_g
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
-            site: web.BaseSite = (web.SockSite(runner, sock) if sock is not None else
-                                  web.TCPSite(runner, host, port, backlog=2048,
-                                              reuse_address=True))
-            await site.start()
+            sites: list[web.BaseSite] = (
+                [web.SockSite(runner, sock) for sock in socks] if socks else
+                [web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)])
+            for site in sites:
+                await site.start()
             addr = runner.addresses[0]
             line = (f"sandbox serving on http://{addr[0]}:{addr[1]} "
                     f"isolation={pool.isolation} workers={pool_config.workers} "

@@ -78,6 +78,7 @@ async def test_both_front_ends_serve_on_one_port_and_stop_on_sigterm():
                 break
         assert seen == {0, 1}
         async with HttpSandboxClient([url], batch_size=8) as client:
+            assert len(client.nodes) == 2  # one per front end, on its private port
             results = await client.execute_many(
                 [ExecRequest(f"print({i}*{i})") for i in range(200)])
         assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(200)]
@@ -109,3 +110,21 @@ async def test_front_ends_die_with_a_killed_supervisor():
                 break
             await asyncio.sleep(0.1)
         assert not any(_alive(p) for p in front_ends)
+
+
+async def test_the_client_spreads_calls_over_the_front_ends():
+    """Batches go to each front end's private port by outstanding calls, not wherever one
+    keep-alive connection happened to land: both front ends serve a share."""
+    async with node() as (proc, url), HttpSandboxClient([url], batch_size=4) as client:
+        results = await client.execute_many(
+            [ExecRequest("import time; time.sleep(0.2); print('ok')") for _ in range(32)])
+        assert all(r.stdout == "ok\n" for r in results), results
+        served = []
+        async with aiohttp.ClientSession() as http:
+            for n in client.nodes:
+                async with http.get(n.url + "/metrics") as resp:
+                    text = await resp.text()
+                line = next(ln for ln in text.splitlines()
+                            if ln.startswith('sandbox_calls_total{kind="exec",status="ok"}'))
+                served.append(int(float(line.split()[-1])))
+        assert sum(served) == 32 and min(served) >= 8, served
