@@ -8,7 +8,8 @@ Routes:
 
 Authentication (``sandbox.auth`` states the policy): with a token configured, ``/v1/execute``
 and ``/metrics`` need ``Authorization: Bearer <token>`` (else 401, nothing decoded or run,
-the refusal counted); ``/health`` without credentials answers only status and isolation.
+the refusal counted); ``/health`` without credentials answers only status, isolation and
+whether a token is required.
 
 Overload is answered, not buffered: a batch that does not fit in the pool's bounded queue gets
 HTTP 503 with ``{"error": "overloaded", "reason": ...}`` and nothing of it runs. Shutdown

@@ -115,7 +115,7 @@ async def test_front_ends_die_with_a_killed_supervisor():
 async def test_the_client_spreads_calls_over_the_front_ends():
     """Batches go to each front end's private port by outstanding calls, not wherever one
     keep-alive connection happened to land: both front ends serve a share."""
-    async with node() as (proc, url), HttpSandboxClient([url], batch_size=4) as client:
+    async with node() as (_, url), HttpSandboxClient([url], batch_size=4) as client:
         results = await client.execute_many(
             [ExecRequest("import time; time.sleep(0.2); print('ok')") for _ in range(32)])
         assert all(r.stdout == "ok\n" for r in results), results
