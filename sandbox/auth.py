@@ -32,6 +32,7 @@ import ipaddress
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -113,7 +114,10 @@ def check(header: str | None, token_bytes: bytes) -> str:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-AUTH_RESULT_KEY = "sandbox_auth"  # request[...]: "ok" | "missing" | "none" (no token set)
+# request[AUTH_RESULT_KEY]: "ok" | "missing" | "none" (no token set); a typed key where this
+# aiohttp has them (3.12+), a plain string before
+AUTH_RESULT_KEY: Any = (web.RequestKey("sandbox_auth", str) if hasattr(web, "RequestKey")
+                        else "sandbox_auth")
 
 
 def middleware(token: str | None, on_reject: Callable[[str], None],
