@@ -28,7 +28,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
            "is never taken from the command line")
     a("--token-env", default=DEFAULT_TOKEN_ENV,
       help="environment variable holding the token when no --token-file is given "
-           f"(default {DEFAULT_TOKEN_ENV}); it is removed from this process's environment")
+           f"(default {DEFAULT_TOKEN_ENV}); removed from the environment once read, so nothing "
+           "started from here inherits it")
     a("--port", type=int, default=8787, help="port (0 = any free port, printed at start)")
     a("--workers", type=int, default=d.workers, help="zygote worker processes")
     a("--isolation", default=d.isolation.value, choices=[v.value for v in IsolationLevel],
