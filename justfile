@@ -36,6 +36,7 @@ lint:
 # Benchmarks: each prints a table and writes JSON under bench/results/ (CPU, minutes).
 bench:
     {{python}} bench/tool_latency.py
+    {{python}} bench/frontend_scaling.py
     {{python}} bench/tool_fire.py
     {{python}} bench/loop_capacity.py
     {{python}} bench/scheduler_sim.py

@@ -323,6 +323,12 @@ class RemoteSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="remote", tag_
     """Wall-clock limit of one tool call."""
     call_timeout_s: PosFloat = 30.0
     """Client-side deadline for one call, transport included."""
+    token_file: str = ""
+    """File holding the nodes' shared auth token (sent as `Authorization: Bearer`). Empty:
+    use `token_env`. The token itself never goes in the config or on a command line."""
+    token_env: str = "SANDBOX_TOKEN"
+    """Environment variable holding the token when `token_file` is empty; unset or empty
+    variable: no token (accepted only by nodes bound to loopback, which need none)."""
 
     def __post_init__(self) -> None:
         if not self.urls:

@@ -86,6 +86,17 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
                             light_preload=(),
                             python_paths=host_python_paths())
     sb = cfg.sandbox
+    token = None
+    if not isinstance(sb, LocalSandboxConfig):  # read before anything starts: fail fast
+        from asyncrl.errors import ConfigError
+        from sandbox.auth import load_token
+        from sandbox.errors import SandboxConfigError
+
+        try:
+            token = load_token(sb.token_file or None, sb.token_env or None)
+        except SandboxConfigError as exc:
+            raise ConfigError("sandbox.token_file" if sb.token_file else "sandbox.token_env",
+                              str(exc)) from None
     async with contextlib.AsyncExitStack() as stack:
         reward_pool = await stack.enter_async_context(SandboxPool(reward_cfg))
         client: LocalSandboxClient | HttpSandboxClient
@@ -98,7 +109,7 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
         else:
             client = await stack.enter_async_context(HttpSandboxClient(
                 sb.urls, batch_size=sb.batch_size, batch_window_ms=sb.batch_window_ms,
-                call_timeout_s=sb.call_timeout_s))
+                call_timeout_s=sb.call_timeout_s, token=token))
         yield client, reward_pool
 
 

@@ -12,9 +12,22 @@ when the previous one is answered), against
 Plus the W7 measurement: how long until W7's (timeout) result arrives, and the latency of W1
 calls sent while it runs, next to W1 alone at the same concurrency.
 
-    python bench/tool_latency.py [--quick] [--modes pool,http,naive] [--workloads PATH]
+``http:N`` (e.g. ``--modes pool,http,http:2``) is the server with N front-end processes on one
+port (``sandbox serve --front-ends N``), the node's workers split between them.
 
-Prints a table and writes ``bench/results/tool_latency.json``. Latency is per call as the
+Open loop (``--open-loop 0.25,0.5,0.75,0.9``): a closed loop cannot show latency under a given
+load (by Little's law its latency is concurrency / rate). Here each mode's capacity for a
+workload is first measured closed-loop (``--capacity-concurrency`` callers), then calls
+arrive as a Poisson process at each given fraction of it for ``--open-seconds``, each sent
+when it arrives, whatever is still outstanding. Latency is counted from the scheduled arrival
+(so a late sender is no excuse: no coordinated omission); ``served/s`` is calls answered per
+second from the first arrival to the last answer, ``offered/s`` the arrivals per second.
+
+    python bench/tool_latency.py [--quick] [--modes pool,http,naive] [--workloads PATH]
+    python bench/tool_latency.py --open-loop 0.25,0.5,0.75,0.9 --modes pool,http,http:2
+
+Prints a table and writes ``bench/results/tool_latency.json`` (open loop only:
+``tool_latency_open.json``). Latency is per call as the
 caller sees it (queueing included); ``sbx_p99`` is the p99 of the sandbox's own fork-to-exit
 ``duration_s``. A closed loop obeys Little's law: at concurrency C, mean latency = C / rate,
 so at C = 64 no system under ~3,200 calls/s can show a 20 ms p99.
@@ -34,6 +47,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import random
 import signal
 import subprocess
 import sys
@@ -54,6 +68,7 @@ from sandbox import (  # noqa: E402
 
 DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tool-workloads.json"
 RESULTS = ROOT / "bench" / "results" / "tool_latency.json"
+RESULTS_OPEN = ROOT / "bench" / "results" / "tool_latency_open.json"
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -168,10 +183,89 @@ async def w7_probe(client, w7: dict, w1: dict, limit: float, concurrency: int) -
     }
 
 
-async def start_server(workers: int) -> tuple[asyncio.subprocess.Process, str]:
+async def open_loop(client, req: ExecRequest, rate: float, seconds: float, seed: int):
+    """Poisson arrivals at ``rate`` calls/s for ``seconds``; returns (latencies, results,
+    arrivals, span_s): latency from each call's scheduled arrival to its answer."""
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    results: list[ExecResult] = []
+    tasks: set[asyncio.Task] = set()
+
+    async def one(due: float) -> None:
+        r = await client.execute(req)
+        latencies.append(time.perf_counter() - due)
+        results.append(r)
+
+    start = time.perf_counter()
+    due = start
+    arrivals = 0
+    while True:
+        due += rng.expovariate(rate)
+        if due - start > seconds:
+            break
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(one(due))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        arrivals += 1
+    await asyncio.gather(*list(tasks))
+    return latencies, results, arrivals, time.perf_counter() - start
+
+
+async def open_loop_rows(mode: str, client, spec: dict, args) -> list[dict]:
+    limit = float(spec["time_limit_s"])
+    workloads = {w["id"]: w for w in spec["workloads"]}
+    rows: list[dict] = []
+    for wid in args.open_workloads:
+        w = workloads[wid]
+        req = ExecRequest(w["code"], w["input"], limit)
+        _, res, wall = await closed_loop(client, req, args.capacity_calls,
+                                         args.capacity_concurrency)
+        capacity = len(res) / wall
+        for i, frac in enumerate(args.open_loop):
+            lat, results, arrivals, span = await open_loop(client, req, frac * capacity,
+                                                           args.open_seconds, seed=i)
+            lat.sort()
+            r = {"mode": mode, "workload": wid, "fraction": frac,
+                 "capacity_calls_per_s": capacity, "target_calls_per_s": frac * capacity,
+                 "offered_calls_per_s": arrivals / args.open_seconds,
+                 "served_calls_per_s": len(results) / span if span else float("nan"),
+                 "calls": len(results), "p50_ms": percentile(lat, 0.5) * 1e3,
+                 "p90_ms": percentile(lat, 0.9) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
+                 "max_ms": lat[-1] * 1e3 if lat else float("nan"),
+                 "wrong": sum(1 for x in results if x.status != w["expect"]),
+                 "load": os.getloadavg()[0]}
+            rows.append(r)
+            print_open_row(r)
+    return rows
+
+
+OPEN_HEADER = (f"{'mode':8} {'workload':11} {'frac':>4} {'capacity':>8} {'offered':>8} "
+               f"{'served':>8} {'calls':>6} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
+               f"{'wrong':>5} {'load1':>5}")
+
+
+def print_open_row(r: dict) -> None:
+    print(f"{r['mode']:8} {r['workload']:11} {r['fraction']:>4.2f} "
+          f"{r['capacity_calls_per_s']:>8.1f} {r['offered_calls_per_s']:>8.1f} "
+          f"{r['served_calls_per_s']:>8.1f} {r['calls']:>6} {r['p50_ms']:>7.1f} "
+          f"{r['p90_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} {r['wrong']:>5} "
+          f"{r['load']:>5.1f}", flush=True)
+
+
+def parse_mode(mode: str) -> tuple[str, int]:
+    """``http:N`` -> ("http", N); anything else -> (mode, 1)."""
+    kind, _, n = mode.partition(":")
+    return kind, int(n or 1)
+
+
+async def start_server(workers: int, front_ends: int = 1
+                       ) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sandbox", "serve", "--port", "0", "--workers", str(workers),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+        "--front-ends", str(front_ends), cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
     if not line.startswith("sandbox serving on "):
         proc.kill()
@@ -183,21 +277,27 @@ async def run_mode(mode: str, spec: dict, args) -> tuple[list[dict], dict, dict]
     limit = float(spec["time_limit_s"])
     workloads = {w["id"]: w for w in spec["workloads"]}
     server = None
-    if mode == "pool":
+    kind, front_ends = parse_mode(mode)
+    client: LocalSandboxClient | HttpSandboxClient | NaiveClient
+    if kind == "pool":
         client = LocalSandboxClient(PoolConfig(workers=args.workers))
-    elif mode == "http":
-        server, url = await start_server(args.workers)
+    elif kind == "http":
+        server, url = await start_server(args.workers, front_ends)
         client = HttpSandboxClient([url], batch_size=64, batch_window_ms=2.0)
     else:
         client = NaiveClient(limit)
-    meta = {"load_before": os.getloadavg()}
+    meta: dict = {"load_before": os.getloadavg(), "front_ends": front_ends}
     rows: list[dict] = []
+    probe: dict = {}
     try:
-        if hasattr(client, "__aenter__"):
+        if not isinstance(client, NaiveClient):
             await client.__aenter__()
         meta["isolation"] = client.isolation
         warm = ExecRequest(workloads["W1-trivial"]["code"], "", limit)
         await closed_loop(client, warm, 20 if mode != "naive" else 2, 4)
+        if args.open_loop:
+            meta["open_rows"] = await open_loop_rows(mode, client, spec, args)
+            return rows, probe, meta
         for point in spec["points"]:
             for wid, w in workloads.items():
                 calls = point["calls"] if not args.quick else args.quick_calls[point["name"]]
@@ -209,7 +309,6 @@ async def run_mode(mode: str, spec: dict, args) -> tuple[list[dict], dict, dict]
                 lat, results, wall = await closed_loop(client, req, calls, point["concurrency"])
                 rows.append(row(mode, wid, point, w["expect"], lat, results, wall))
                 print_row(rows[-1])
-        probe = {}
         if mode != "naive" or not args.quick:
             probe = await w7_probe(client, workloads["W7-timeout"], workloads["W1-trivial"],
                                    limit, args.w7_concurrency)
@@ -223,7 +322,7 @@ async def run_mode(mode: str, spec: dict, args) -> tuple[list[dict], dict, dict]
         if server is not None:
             server.send_signal(signal.SIGTERM)
             await asyncio.wait_for(server.wait(), 60)
-    meta["load_after"] = os.getloadavg()
+        meta["load_after"] = os.getloadavg()
     return rows, probe, meta
 
 
@@ -241,23 +340,31 @@ def print_row(r: dict) -> None:
 async def main_async(args, spec: dict) -> dict:
     print(f"workloads: {args.workloads}  time limit {spec['time_limit_s']}s  "
           f"cpus {os.cpu_count()}  load {os.getloadavg()}  quick={args.quick}")
-    print("latencies in ms, per call as the caller sees it; sbx_p99 = sandbox fork-to-exit")
-    print(HEADER)
+    if args.open_loop:
+        print(f"open loop: Poisson arrivals at {args.open_loop} of each mode's closed-loop "
+              f"capacity ({args.capacity_concurrency} callers, {args.capacity_calls} calls), "
+              f"{args.open_seconds:g} s per point; latency in ms from scheduled arrival")
+        print(OPEN_HEADER)
+    else:
+        print("latencies in ms, per call as the caller sees it; sbx_p99 = sandbox fork-to-exit")
+        print(HEADER)
     out = {"workloads_file": str(args.workloads), "quick": args.quick,
            "python": sys.version.split()[0], "machine": platform.platform(),
-           "cpus": os.cpu_count(), "rows": [], "w7_probe": {}, "modes": {}}
+           "cpus": os.cpu_count(), "workers": args.workers, "rows": [], "open_rows": [],
+           "w7_probe": {}, "modes": {}, "argv": sys.argv[1:]}
     for mode in args.modes:
         rows, probe, meta = await run_mode(mode, spec, args)
         out["rows"] += rows
+        out["open_rows"] += meta.pop("open_rows", [])
         out["w7_probe"][mode] = probe
         out["modes"][mode] = meta
-        write_results(out)  # after each mode, so a later failure loses nothing
+        write_results(out, args.out)  # after each mode, so a later failure loses nothing
     return out
 
 
-def write_results(out: dict) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=1))
+def write_results(out: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,8 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w7-calls", type=int, default=64, help="W7 calls at concurrency > 1")
     p.add_argument("--w7-concurrency", type=int, default=16,
                    help="W1 callers running while W7 runs in the W7 probe")
+    p.add_argument("--open-loop", default="",
+                   help="open loop instead: comma-separated fractions of capacity, "
+                        "e.g. 0.25,0.5,0.75,0.9")
+    p.add_argument("--open-workloads", default="W1-trivial,W3-sympy")
+    p.add_argument("--open-seconds", type=float, default=10.0, help="duration of each point")
+    p.add_argument("--capacity-concurrency", type=int, default=64)
+    p.add_argument("--capacity-calls", type=int, default=2000)
+    p.add_argument("--out", default=None, help="JSON path (default bench/results/"
+                                               "tool_latency.json, or _open.json)")
     args = p.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
+    args.open_loop = [float(f) for f in args.open_loop.split(",") if f]
+    args.open_workloads = [w for w in args.open_workloads.split(",") if w]
+    if args.open_loop and "naive" in args.modes:
+        p.error("the open loop is for pool and http modes")
+    args.out = Path(args.out) if args.out else (RESULTS_OPEN if args.open_loop else RESULTS)
     args.quick_calls = {"latency-floor": 40, "saturated": 300}
     args.naive_calls = ({"latency-floor": 8, "saturated": 24} if args.quick
                         else {"latency-floor": 30, "saturated": 128})
@@ -283,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                                            capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
-    write_results(out)
-    print(f"\nwrote {RESULTS}; load averages: "
+    write_results(out, args.out)
+    print(f"\nwrote {args.out}; load averages: "
           + ", ".join(f"{m}: {v['load_before'][0]:.1f} -> {v['load_after'][0]:.1f}"
                       for m, v in out["modes"].items()))
     return 0

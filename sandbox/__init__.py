@@ -3,7 +3,9 @@
 Standalone: deployable on CPU nodes without the rest of asyncrl (never imports it).
 
 - ``SandboxPool`` -- zygote workers forking one contained child per call (in-process use).
-- ``sandbox serve`` (``sandbox.server``) -- the pool behind an aiohttp endpoint.
+- ``sandbox serve`` (``sandbox.server``) -- the pool behind an aiohttp endpoint; a shared
+  bearer token (``sandbox.auth``) is required off loopback; ``--front-ends N`` runs N HTTP
+  processes on one port (``sandbox.frontends``).
 - ``LocalSandboxClient`` / ``HttpSandboxClient`` -- one ``SandboxClient`` interface for both.
 
 See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the exception tree.
@@ -12,6 +14,7 @@ See ``sandbox.isolation`` for the threat model and ``sandbox.errors`` for the ex
 from .client import HttpSandboxClient, LocalSandboxClient, SandboxClient
 from .config import IsolationLevel, PoolConfig
 from .errors import (
+                     AuthError,
                      FunctionError,
                      FunctionTimeout,
                      IsolationUnavailable,
@@ -24,6 +27,7 @@ from .pool import SandboxPool
 from .records import ExecRequest, ExecResult, ExecStatus, FunctionResult, FunctionStatus
 
 __all__ = [
+                     "AuthError",
                      "ExecRequest",
                      "ExecResult",
                      "ExecStatus",

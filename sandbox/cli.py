@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import socket
 import sys
 
+from .auth import DEFAULT_TOKEN_ENV, load_token, require_token_for
 from .config import DEFAULT_PRELOAD, IsolationLevel, PoolConfig
 from .errors import SandboxError
 
@@ -19,7 +22,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     d = PoolConfig()
     a = parser.add_argument
     a("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; the endpoint "
-                                          "runs arbitrary code: keep it on a private network)")
+                                          "runs arbitrary code: any other address needs a token)")
+    a("--token-file", default=None,
+      help="file holding the shared auth token (clients send it as a bearer token); the token "
+           "is never taken from the command line")
+    a("--token-env", default=DEFAULT_TOKEN_ENV,
+      help="environment variable holding the token when no --token-file is given "
+           f"(default {DEFAULT_TOKEN_ENV}); removed from the environment once read, so nothing "
+           "started from here inherits it")
     a("--port", type=int, default=8787, help="port (0 = any free port, printed at start)")
     a("--workers", type=int, default=d.workers, help="zygote worker processes")
     a("--isolation", default=d.isolation.value, choices=[v.value for v in IsolationLevel],
@@ -36,6 +46,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     a("--queue-limit", type=int, default=d.queue_limit)
     a("--max-inflight-per-worker", type=int, default=d.max_inflight_per_worker)
     a("--max-batch", type=int, default=1024, help="largest batch one request may carry")
+    a("--front-ends", type=int, default=1,
+      help="HTTP front-end processes sharing the port, each with its own share of --workers "
+           "(see sandbox.frontends); 1 = this process serves")
     a("--preload", default=",".join(DEFAULT_PRELOAD),
       help="comma-separated modules the zygotes import (prefix with + to add to the default)")
     a("--python-path", action="append", default=[],
@@ -72,15 +85,38 @@ def _run(coro):
 
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server from parsed ``add_serve_arguments`` args; returns an exit code."""
+    from .frontends import FrontEnd, supervise
     from .server import serve
 
     _configure_logging()
     try:
         cfg = config_from_args(args)
-        return _run(serve(cfg, host=args.host, port=args.port, max_batch=args.max_batch,
-                          shutdown_grace_s=args.shutdown_grace))
+        token = load_token(args.token_file, args.token_env)
+        if args.token_env:  # nothing started from here (workers, jails) should inherit it
+            os.environ.pop(args.token_env, None)
+        require_token_for(args.host, token)
+        if args.front_ends == 1:
+            return _run(serve(cfg, host=args.host, port=args.port, max_batch=args.max_batch,
+                              shutdown_grace_s=args.shutdown_grace, token=token))
+
+        def front_end(cfg_i: PoolConfig, socks: list[socket.socket], fe: FrontEnd,
+                      ready_fd: int) -> int:
+            ready = os.fdopen(ready_fd, "w")
+
+            def on_ready(line: str) -> None:
+                ready.write(line + "\n")
+                ready.close()  # the supervisor counts closed pipes as "done starting"
+
+            return _run(serve(cfg_i, host=args.host, port=args.port, max_batch=args.max_batch,
+                              shutdown_grace_s=args.shutdown_grace, token=token, socks=socks,
+                              front_end=fe, on_ready=on_ready))
+
+        return supervise(cfg, args.front_ends, args.host, args.port, front_end)
     except SandboxError as exc:
         print(f"sandbox serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the address: in use, not ours, unresolvable
+        print(f"sandbox serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -8,7 +8,10 @@ did not get an answer: a transport failure (connection refused/reset, node gone 
 undecodable answer) or a 503 (overloaded / shutting down: nothing was run). Every call gets
 exactly one ``ExecResult``; a call that cannot be served within ``call_timeout_s`` or after
 ``max_attempts`` becomes ``sandbox_failure`` with a ``detail``. Clients are opened with
-``async with``.
+``async with``. A node running several front ends (``sandbox serve --front-ends N``) is
+addressed as N nodes, one per front end's private port, when those are reachable. Given a
+``token``, the HTTP client sends it as a bearer token on every request;
+a node that refuses it (401) fails ``__aenter__`` with ``AuthError`` (nothing ran).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Protocol, runtime_checkable
 import aiohttp
 import msgspec
 import structlog
+from yarl import URL
 
+from .auth import bearer
 from .config import IsolationLevel, PoolConfig
-from .errors import IsolationUnavailable, Overloaded, PoolClosed, TransportError
+from .errors import AuthError, IsolationUnavailable, Overloaded, PoolClosed, TransportError
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult
 from .wire import FRAME, MSGPACK, STREAM, ExecBatch, codec_for
@@ -134,6 +139,7 @@ class HttpSandboxClient:
                  batch_window_ms: float = 2.0, call_timeout_s: float = 120.0,
                  connect_timeout_s: float = 3.0, max_attempts: int = 3,
                  backoff_s: float = 0.05, require_isolation: str | None = None,
+                 token: str | None = None,
                  session: aiohttp.ClientSession | None = None) -> None:
         if not urls:
             raise ValueError("HttpSandboxClient needs at least one node URL")
@@ -147,6 +153,7 @@ class HttpSandboxClient:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self._require = require_isolation
+        self._auth = bearer(token) if token else {}
         if session is not None:
             self._session = session
         self._owns_session = session is None
@@ -180,18 +187,42 @@ class HttpSandboxClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _check_nodes(self) -> None:
-        async def one(node: _Node) -> None:
-            try:
-                timeout = aiohttp.ClientTimeout(total=max(5.0, self.connect_timeout_s))
-                async with self._session.get(node.url + "/health", timeout=timeout) as resp:
-                    info = await resp.json(content_type=None)
-                node.isolation = info.get("isolation", "")
-            except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-                node.down_until = time.monotonic() + 1.0
-                log.warning("sandbox_node_unreachable", url=node.url, error=repr(exc))
+    async def _health(self, node: _Node) -> dict | None:
+        """The node's /health body (isolation noted on ``node``), or None if unreachable."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=max(5.0, self.connect_timeout_s))
+            async with self._session.get(node.url + "/health", timeout=timeout,
+                                         headers=self._auth) as resp:
+                if resp.status == 401:
+                    raise AuthError(f"sandbox node {node.url} refused this client's token")
+                info = await resp.json(content_type=None)
+            if info.get("auth") == "token" and not self._auth:
+                raise AuthError(f"sandbox node {node.url} requires a token; this client "
+                                "has none")
+            node.isolation = info.get("isolation", "")
+            return info
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            node.down_until = time.monotonic() + 1.0
+            log.warning("sandbox_node_unreachable", url=node.url, error=repr(exc))
+            return None
 
-        await asyncio.gather(*(one(n) for n in self.nodes))
+    async def _check_nodes(self) -> None:
+        async def one(node: _Node) -> list[_Node]:
+            info = await self._health(node)
+            ports = (info or {}).get("front_end_ports") or []
+            if len(ports) < 2:
+                return [node]
+            # several front ends: address each on its private port (``sandbox.frontends``),
+            # so that batches are spread by outstanding calls, not by which front end
+            # happened to accept a connection; those not reachable (a port not forwarded)
+            # leave the node as it was given
+            subs = [_Node(str(URL(node.url).with_port(int(p)))) for p in ports]
+            infos = await asyncio.gather(*(self._health(sub) for sub in subs))
+            reachable = [sub for sub, i in zip(subs, infos, strict=True) if i is not None]
+            return reachable if len(reachable) == len(subs) else [node]
+
+        groups = await asyncio.gather(*(one(n) for n in self.nodes))
+        self.nodes = [n for group in groups for n in group]
         levels = [n.isolation for n in self.nodes if n.isolation]
         if not levels:
             raise TransportError("no sandbox node answered /health: "
@@ -303,7 +334,7 @@ class HttpSandboxClient:
         node.sent += 1
         self.stats["batches"] += 1
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
-        headers = {"Content-Type": MSGPACK, "Accept": STREAM}
+        headers = {"Content-Type": MSGPACK, "Accept": STREAM, **self._auth}
         try:
             async with self._session.post(node.url + "/v1/execute", data=body, timeout=timeout,
                                           headers=headers) as resp:

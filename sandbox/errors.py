@@ -9,6 +9,7 @@ The tree (every class is importable from ``sandbox.errors``)::
     ├── PoolClosed                 the pool or client was used after ``aclose()``
     ├── Overloaded                 the bounded queue is full; nothing was executed
     ├── TransportError             an HTTP sandbox node could not be reached or broke mid-request
+    │   └── AuthError              a node refused the client's token (HTTP 401)
     ├── ProtocolError              a node or worker answered something that does not decode
     └── FunctionCallError          ``FunctionResult.unwrap()`` on a non-ok result
         ├── FunctionTimeout        the hosted function ran past its deadline and was killed
@@ -49,6 +50,10 @@ class Overloaded(SandboxError):
 
 class TransportError(SandboxError):
     """An HTTP sandbox node could not be reached, or the connection broke mid-request."""
+
+
+class AuthError(TransportError):
+    """A node answered 401: the client's token is missing or not the node's."""
 
 
 class ProtocolError(SandboxError):

@@ -169,7 +169,40 @@ def jail_spec(cfg: PoolConfig) -> JailSpec:
     spec.ro_binds.append(("/dev/urandom", "/dev/urandom"))
     spec.ro_binds.append(("/dev/random", "/dev/random"))
     spec.rw_dev_binds += ["/dev/null", "/dev/zero"]
+    spec.ro_binds = nest_binds(spec.ro_binds)
     return spec
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def nest_binds(binds: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Order read-only binds parent-first and drop those another bind already shows.
+
+    A jail applies its binds in order and then remounts each destination read-only. A bind
+    made *before* one of its parent directories is bound is hidden under the parent's bind: its
+    destination is no longer a mount point, and nsjail's read-only remount of it fails with
+    EINVAL ("remountPt(): mount('/usr/lib', flags=MS_RDONLY|MS_REMOUNT|MS_BIND|...): Invalid
+    argument", then "Launching child process failed"). That is what happens wherever Python
+    lives under /usr (a distribution's or a VM image's interpreter: sys.prefix is /usr, bound
+    after the system library directories). A bind whose content its parent's bind already shows
+    (same source path below the parent's source) adds nothing and is dropped; any other nested
+    bind is kept and made after its parent, so it is a mount point of its own. The set of
+    visible files is unchanged either way."""
+    ordered = sorted(dict.fromkeys(binds), key=lambda b: (b[1].rstrip("/").count("/"), b[1]))
+    out: list[tuple[str, str]] = []
+    for src, dst in ordered:
+        shown = False
+        for psrc, pdst in out:
+            if _under(dst, pdst) and os.path.isdir(psrc):
+                rel = os.path.relpath(dst, pdst)
+                shown = os.path.normpath(os.path.join(psrc, rel)) == os.path.normpath(src)
+                if shown:
+                    break
+        if not shown:
+            out.append((src, dst))
+    return out
 
 
 def find_nsjail() -> str | None:

@@ -6,13 +6,18 @@ Routes:
   while serving, 503 while shutting down or when no worker can be started.
 - ``GET /metrics``: Prometheus text: calls by status, latency histogram, queue depth, ...
 
+Authentication (``sandbox.auth`` states the policy): with a token configured, ``/v1/execute``
+and ``/metrics`` need ``Authorization: Bearer <token>`` (else 401, nothing decoded or run,
+the refusal counted); ``/health`` without credentials answers only status, isolation and
+whether a token is required.
+
 Overload is answered, not buffered: a batch that does not fit in the pool's bounded queue gets
 HTTP 503 with ``{"error": "overloaded", "reason": ...}`` and nothing of it runs. Shutdown
 (SIGTERM/SIGINT) stops accepting batches (503 ``shutting_down``), lets the batches in flight
 finish (up to ``--shutdown-grace``), then closes the listener and the pool.
 
-Binds 127.0.0.1 by default: the endpoint runs arbitrary code by design; expose it only on a
-private network, behind whatever authentication the cluster provides.
+Binds 127.0.0.1 by default: the endpoint runs arbitrary code by design. A node bound to any
+other address refuses to start without a token (from a file or an environment variable).
 """
 
 from __future__ import annotations
@@ -21,13 +26,17 @@ import argparse
 import asyncio
 import functools
 import signal
+import socket
 import sys
 import time
+from collections.abc import Callable
 
 import msgspec
 from aiohttp import web
 
+from . import auth
 from .errors import Overloaded, PoolClosed
+from .frontends import SINGLE, FrontEnd
 from .metrics import render
 from .pool import SandboxPool
 from .records import ExecResult
@@ -59,16 +68,19 @@ STATE_KEY: web.AppKey[ServerState] = web.AppKey("sandbox_state", ServerState)
 
 def _error(status: int, kind: str, reason: str, content_type: str | None) -> web.Response:
     codec = codec_for(content_type)
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = ({"Retry-After": "1"} if status == 503
+               else {"WWW-Authenticate": 'Bearer realm="sandbox"'} if status == 401 else None)
     return web.Response(status=status, body=codec.encode(ErrorBody(kind, reason)),
                         content_type=codec.content_type, headers=headers)
 
 
-def build_app(pool: SandboxPool, *, max_batch: int = 1024,
-              max_body_bytes: int = 256 << 20) -> web.Application:
-    """The aiohttp application serving ``pool`` (started and closed by the caller)."""
+def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int = 256 << 20,
+              token: str | None = None, front_end: FrontEnd = SINGLE) -> web.Application:
+    """The aiohttp application serving ``pool`` (started and closed by the caller). With a
+    ``token``, requests are authenticated as ``sandbox.auth`` states; without, all pass."""
     state = ServerState(max_batch)
-    app = web.Application(client_max_size=max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[auth.middleware(token, state.reject, _error)])
     app[POOL_KEY] = pool
     app[STATE_KEY] = state
 
@@ -111,10 +123,14 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
         info = pool.describe()
         info.update(status="draining" if state.draining else ("broken" if info["broken"]
                                                                  else "ok"),
-                    inflight_batches=state.inflight_batches,
+                    inflight_batches=state.inflight_batches, auth="token" if token else "none",
+                    front_end=front_end.index, front_ends=front_end.count,
+                    front_end_ports=list(front_end.ports),
                     uptime_s=round(time.monotonic() - state.started, 1))
-        return web.Response(status=200 if info["status"] == "ok" else 503,
-                            body=_json.encode(info), content_type=JSON)
+        code = 200 if info["status"] == "ok" else 503
+        if request.get(auth.AUTH_RESULT_KEY) == "missing":  # an anonymous probe
+            info = {k: info[k] for k in auth.PUBLIC_HEALTH_KEYS}
+        return web.Response(status=code, body=_json.encode(info), content_type=JSON)
 
     async def metrics(request: web.Request) -> web.Response:
         gauges: dict[str, float] = {
@@ -123,6 +139,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024,
             "sandbox_capacity_calls": pool.capacity,
             "sandbox_workers_ready": sum(1 for w in pool.describe()["workers"] if w["ready"]),
             "sandbox_http_inflight_batches": state.inflight_batches,
+            "sandbox_front_end_index": front_end.index,
+            "sandbox_front_ends": front_end.count,
         }
         extra: dict[str, float] = {"sandbox_http_batches_total": state.batches}
         for kind, n in state.rejected.items():
@@ -173,20 +191,35 @@ async def _stream_results(request: web.Request, pool: SandboxPool,
 
 
 async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_grace_s: float,
-                ready_file=None) -> int:
-    """Run until SIGTERM/SIGINT; returns the process exit code."""
+                token: str | None = None, socks: list[socket.socket] | None = None,
+                front_end: FrontEnd = SINGLE,
+                on_ready: Callable[[str], None] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code. Raises SandboxConfigError
+    before starting anything if ``host`` is not loopback and there is no ``token``.
+
+    ``socks``: already listening sockets to serve on (``host``/``port`` then only name them);
+    ``front_end``: this process's place among the node's front ends (``sandbox.frontends``);
+    ``on_ready(line)`` replaces printing the ready line."""
+    auth.require_token_for(host, token)
     async with SandboxPool(pool_config) as pool:
-        app = build_app(pool, max_batch=max_batch)
+        app = build_app(pool, max_batch=max_batch, token=token, front_end=front_end)
         state = app[STATE_KEY]
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
-            await site.start()
+            sites: list[web.BaseSite] = (
+                [web.SockSite(runner, sock) for sock in socks] if socks else
+                [web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)])
+            for site in sites:
+                await site.start()
             addr = runner.addresses[0]
             line = (f"sandbox serving on http://{addr[0]}:{addr[1]} "
-                    f"isolation={pool.isolation} workers={pool_config.workers}")
-            print(line, file=ready_file or sys.stdout, flush=True)
+                    f"isolation={pool.isolation} workers={pool_config.workers} "
+                    f"auth={'token' if token else 'none'}")
+            if on_ready is None:
+                print(line, flush=True)
+            else:
+                on_ready(line)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
