@@ -22,8 +22,11 @@ Optimizer, two paths with one interface (`_TorchOptimizer`, `_MegatronOptimizer`
   DP, global-norm clip done inside). Weight decay applies to every parameter, as in the torch
   trainer (megatron's default would skip norms and biases).
 - No CUDA (CPU tests over gloo): megatron's DDP and optimizers hard-code CUDA, so plain torch
-  AdamW over this rank's shards, with one all-reduce of the flattened gradients over DP and a
-  TP-aware global gradient norm (replicated parameters counted once).
+  AdamW over this rank's shards (float32 masters for bf16 weights, as megatron keeps them),
+  with one all-reduce of the flattened gradients over DP and a TP-aware global gradient norm
+  (replicated parameters counted once).
+
+The model itself is in the training dtype, norms included (`model.build_gpt`).
 """
 
 from __future__ import annotations
@@ -311,21 +314,30 @@ class MegatronTrainer:
 
 # ------------------------------------------------------------------------------ optimizers
 class _TorchOptimizer:
-    """torch AdamW over this rank's shards; DP all-reduce and TP-aware clipping by hand."""
+    """torch AdamW over this rank's shards; DP all-reduce and TP-aware clipping by hand.
+
+    Mixed precision as megatron's optimizer does it: a parameter held in bf16 gets a float32
+    master copy that AdamW updates (with the gradient in float32), copied back after each step;
+    float32 parameters are their own masters (`masters[i] is params[i]`)."""
 
     def __init__(self, model: Any, algo: AlgorithmSection) -> None:
         self.module = model
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
+        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone()
+                        for p in self.params]
         # Qwen3's q/k norm weights are replicated over TP, but each rank only sees its own
         # heads: their gradients are partial sums (megatron's finalize_model_grads sums them).
         self._tp_partial = [i for i, (n, _) in enumerate(named)
                             if "q_layernorm" in n or "k_layernorm" in n]
-        self.opt = torch.optim.AdamW(self.params, lr=algo.lr, betas=(algo.betas[0], algo.betas[1]),
+        self.opt = torch.optim.AdamW(self.masters, lr=algo.lr,
+                                     betas=(algo.betas[0], algo.betas[1]),
                                      weight_decay=algo.weight_decay)
 
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
 
     def step(self, lr: float, clip: float) -> float:
         from megatron.core import parallel_state as ps
@@ -333,7 +345,8 @@ class _TorchOptimizer:
 
         # Every parameter of a GPT model takes part in every forward, so a missing gradient
         # only means "zero" (a rank whose share was a dummy micro-batch still has all of them).
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [p.grad.float() if p.grad is not None else torch.zeros_like(m)
+                 for p, m in zip(self.params, self.masters, strict=True)]
         if ps.get_tensor_model_parallel_world_size() > 1 and self._tp_partial:
             _all_reduce_([grads[i] for i in self._tp_partial], ps.get_tensor_model_parallel_group())
         dp = ps.get_data_parallel_world_size()
@@ -342,25 +355,38 @@ class _TorchOptimizer:
         sq = torch.zeros((), dtype=torch.float32, device=grads[0].device)
         for p, g in zip(self.params, grads, strict=True):
             if param_is_not_tensor_parallel_duplicate(p):
-                sq += torch.linalg.vector_norm(g.float()) ** 2
+                sq += torch.linalg.vector_norm(g) ** 2
         if ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
         norm = sq.sqrt()
         coef = torch.clamp(clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
-        for p, g in zip(self.params, grads, strict=True):
+        for m, g in zip(self.masters, grads, strict=True):
             g.mul_(coef)
-            p.grad = g
+            m.grad = g
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self.zero_grad()
+        self._copy_masters()
         return float(norm)
 
-    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
-        return self.opt.state_dict()
+    @torch.no_grad()
+    def _copy_masters(self) -> None:
+        for p, m in zip(self.params, self.masters, strict=True):
+            if m is not p:
+                p.copy_(m)
 
+    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
+        masters = {i: m for i, (p, m) in enumerate(zip(self.params, self.masters, strict=True))
+                   if m is not p}
+        return {"adamw": self.opt.state_dict(), "masters": masters}
+
+    @torch.no_grad()
     def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
-        self.opt.load_state_dict(state)
+        self.opt.load_state_dict(state["adamw"])
+        for i, m in enumerate(self.masters):
+            if m is not self.params[i]:
+                m.copy_(state["masters"][i] if i in state["masters"] else self.params[i])
 
 
 class _MegatronOptimizer:
