@@ -181,9 +181,9 @@ class MegatronTrainer:
             self._opt.zero_grad()
             for mb, old in zip(plan, old_plan, strict=True):
                 t = self._tensors(mb)
-                logits = self._logits(t)
-                ent = vocab_parallel.token_entropy(logits.detach(), temp)
-                lp = vocab_parallel.token_logprobs(logits, t["input_ids"], temp)
+                # log-probs and entropy (a metric) from one chunked pass over the logits
+                lp, ent = vocab_parallel.token_logprobs_and_entropy(self._logits(t),
+                                                                    t["input_ids"], temp)
                 coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
                                                     t["mask"])
                 loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], self.algo.eps_low,
