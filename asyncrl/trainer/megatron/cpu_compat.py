@@ -13,9 +13,12 @@ model we use (`GPTModel`, local layer spec, tensor parallel over gloo):
    and RoPE's `inv_freq`, are placed on `torch.cuda.current_device()`. We make that function
    answer "cpu" — only on a torch without CUDA, where it could otherwise only raise.
 
-Not covered, and not used on CPU by the trainer: megatron's DDP wrapper, its optimizers
-(plain and distributed) and its grad clipping, which hard-code `device="cuda"` in many places;
-the Megatron trainer uses plain torch AdamW with explicit collectives when it runs on CPU.
+3. CUDA-only optimizer path. megatron's DDP wrapper, its optimizers (plain and distributed)
+   and its grad clipping create tensors with `device="cuda"` and accept only parameters whose
+   `Tensor.type()` is a `torch.cuda.*Tensor`. `cuda_as_cpu()` (a torch function mode, entered
+   only by the tests that run that path on CPU) sends those tensors to the CPU and names CPU
+   tensor types as their CUDA twins; everything else runs unchanged. The Megatron trainer
+   itself uses plain torch AdamW with explicit collectives when it runs on CPU.
 Megatron's own `DotProductAttention` (only built on request: `attention="local"`) gets an
 explicit causal mask from `model.causal_mask`, since its default one is built on "cuda"; the
 fused cores need none.
@@ -29,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 def _cpu_tracker_class() -> type:
@@ -89,3 +94,43 @@ def cpu_megatron() -> Iterator[None]:
         mrandom.CudaRNGStatesTracker = saved_class
         mrandom._CUDA_RNG_STATE_TRACKER = None
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+
+
+def _cpu_device(device: Any) -> Any:
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, int):  # a CUDA ordinal
+        return "cpu"
+    return device
+
+
+class _CudaAsCpu(TorchFunctionMode):
+    """CUDA placements become CPU ones; `Tensor.type()` answers with the CUDA type name."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _cpu_device(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple(_cpu_device(a) if isinstance(a, (str, torch.device)) else a
+                         for a in args)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.",
+                                                                            1)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_as_cpu() -> Iterator[None]:
+    """Run megatron's CUDA-only DDP and optimizers on CPU tensors while the block runs (inside
+    `cpu_megatron()`): see point 3 of the module docstring. For tests only."""
+    if torch.cuda.is_available():
+        raise RuntimeError("cpu_compat is for CPU-only torch builds; this torch has CUDA")
+    with _CudaAsCpu():
+        yield

@@ -89,7 +89,7 @@ class MegatronTrainer:
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
-        if torch.cuda.is_available():
+        if use_megatron_optimizer():
             self._opt: _TorchOptimizer | _MegatronOptimizer = _MegatronOptimizer(
                 self.model, algo, cfg, self.dtype)
         else:
@@ -436,11 +436,31 @@ class _MegatronOptimizer:
 
     def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
         self.opt.load_state_dict(state)
-        if self.distributed:
-            self.opt.load_parameter_state(str(self._param_file(path, layout)))
+        # Without TE/Apex megatron runs torch's AdamW, whose per-parameter state holds a
+        # "step". megatron-core 0.16 gives every parameter the *same* step tensor on load (so
+        # torch's in-place `step += 1` would count once per parameter), and its
+        # `load_parameter_state` copies every state key from the file, which has no "step"
+        # (KeyError). Hold the steps aside while the parameter state loads, then give each
+        # parameter its own copy.
+        states = [s for o in getattr(self.opt, "chained_optimizers", [self.opt])
+                  for s in o.optimizer.state.values()]
+        steps = [s.pop("step", None) for s in states]
+        try:
+            if self.distributed:
+                self.opt.load_parameter_state(str(self._param_file(path, layout)))
+        finally:
+            for s, step in zip(states, steps, strict=True):
+                if step is not None:
+                    s["step"] = step.clone() if isinstance(step, torch.Tensor) else step
 
 
 # --------------------------------------------------------------------------------- helpers
+def use_megatron_optimizer() -> bool:
+    """megatron's DDP and optimizers when CUDA is there; they hard-code it. (CPU tests run them
+    under `cpu_compat.cuda_as_cpu()` by patching this to True.)"""
+    return torch.cuda.is_available()
+
+
 def _hf_source(model: Any) -> tuple[Any, Any, str]:
     """(HF config, tensor getter by HF name or None, dtype name) from a HF model, directory or
     config."""
