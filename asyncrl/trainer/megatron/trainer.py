@@ -85,7 +85,8 @@ class MegatronTrainer:
         self.arch = Arch.from_hf(hf_config)
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
-        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=cfg.recompute)
+        self.recompute = self._recompute(cfg)
+        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute)
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
@@ -99,7 +100,22 @@ class MegatronTrainer:
         log.info("trainer_ready", kind="megatron", device=str(self.device),
                  world_size=self.layout.world_size, tp=self.layout.tp_size,
                  dp=self.layout.dp_size, optimizer=type(self._opt).__name__,
-                 params=self.arch.num_params(), dtype=self.dtype)
+                 params=self.arch.num_params(), dtype=self.dtype, recompute=self.recompute,
+                 attention=mmodel.core_attention(self.model))
+
+    def _recompute(self, cfg: MegatronTrainerConfig) -> str:
+        """`cfg.recompute`, with `auto` resolved from this GPU's memory (`memory.py`)."""
+        if cfg.recompute != "auto":
+            return cfg.recompute
+        if not torch.cuda.is_available():
+            return "none"
+        from asyncrl.trainer.megatron import memory
+
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return memory.choose_recompute(
+            self.arch, device_bytes=float(total), micro_batch_tokens=cfg.micro_batch_tokens,
+            bf16=self.dtype == "bfloat16", tp=self.layout.tp_size, dp=self.layout.dp_size,
+            distributed_optimizer=cfg.distributed_optimizer)
 
     # --------------------------------------------------------------------------- planning
     def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
