@@ -59,14 +59,15 @@ class MegatronTrainer:
     `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests), the path
     of a HF directory (each rank reads only the tensors it needs, one at a time), or a HF
     `PretrainedConfig` (random initialisation; benchmarks). `dtype` defaults to the HF
-    model's dtype. `temperature` and `total_steps` as in `TorchTrainer`.
+    model's dtype. `temperature` and `total_steps` as in `TorchTrainer`. `attention` picks the
+    core attention (`model.ATTENTION_KINDS`; `auto`: TE when installed, else torch SDPA).
     Every rank constructs the trainer with the same arguments (see `launch.py`).
     """
 
     def __init__(self, model: Any, cfg: MegatronTrainerConfig, algo: AlgorithmSection,
                  pad_token_id: int, *, temperature: float = 1.0,
-                 total_steps: int | None = None, seed: int = 0, dtype: str | None = None
-                 ) -> None:
+                 total_steps: int | None = None, seed: int = 0, dtype: str | None = None,
+                 attention: str = "auto") -> None:
         if cfg.pipeline_parallel != 1:
             raise TrainerError("trainer.pipeline_parallel: only 1 is implemented so far")
         if algo.lr_schedule == "cosine" and not total_steps:
@@ -86,7 +87,8 @@ class MegatronTrainer:
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
         self.recompute = self._recompute(cfg)
-        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute)
+        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute,
+                                      attention=attention)
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
