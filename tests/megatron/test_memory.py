@@ -49,14 +49,28 @@ def test_recompute_shrinks_activations_in_order():
         memory.estimate(a, micro_batch_tokens=8192, recompute="some", bf16=True)
 
 
-@pytest.mark.parametrize(("size", "tokens", "device", "expect"), [
-    ("0.6b", 16384, H100, "none"),
-    ("1.7b", 8192, H100, "none"),
-    ("1.7b", 16384, H100, "selective"),
-    ("1.7b", 8192, 48 * GIB, "full"),
-    ("4b", 8192, H100, "full"),  # 72 GB of weights and optimizer alone: needs offload or TP
+@pytest.mark.parametrize(("size", "tokens", "device", "expect", "fits"), [
+    ("0.6b", 16384, H100, "none", True),
+    ("1.7b", 8192, H100, "none", True),
+    ("1.7b", 16384, H100, "selective", True),
+    ("1.7b", 8192, 54 * GIB, "selective", True),
+    ("1.7b", 8192, 48 * GIB, "full", True),
+    ("1.7b", 8192, 40 * GIB, "full", False),
+    # 72 GB of weights and optimizer state, 16 GB more at the optimizer step: needs the
+    # optimizer state sharded or offloaded, or TP
+    ("4b", 4096, H100, "full", False),
 ])
-def test_choose_recompute_takes_the_cheapest_that_fits(size, tokens, device, expect):
-    got = memory.choose_recompute(arch(size), device_bytes=device, micro_batch_tokens=tokens,
-                                  bf16=True)
-    assert got == expect
+def test_choose_recompute_takes_the_cheapest_that_fits(size, tokens, device, expect, fits):
+    got, need, ok = memory.choose_recompute(arch(size), device_bytes=device,
+                                            micro_batch_tokens=tokens, bf16=True)
+    assert (got, ok) == (expect, fits)
+    assert ok == (need.total <= device * (1 - memory.HEADROOM))
+
+
+def test_the_optimizer_step_transient_can_set_the_peak():
+    a = arch("4b")
+    e = memory.estimate(a, micro_batch_tokens=4096, recompute="full", bf16=True)
+    assert e.optimizer_step == pytest.approx(4 * a.num_params())
+    assert e.total == pytest.approx(e.weights_and_optimizer + e.optimizer_step)
+    two = memory.estimate(a, micro_batch_tokens=4096, recompute="full", bf16=True, dp=2)
+    assert two.optimizer_step == pytest.approx(2 * a.num_params())

@@ -22,6 +22,12 @@ each split over TP except the norms' h:
 Plus the vocabulary path of one micro-batch: the [tokens, V / tp] logits, their transposed
 copy and their gradient, in the training dtype.
 
+The optimizer step, after the activations are gone, adds a transient: without TE/Apex megatron
+runs torch's foreach AdamW, whose `_foreach_sqrt` of the second moments allocates a float32
+copy of them (4 B per parameter on this rank). So a 4B model in bf16 on one 80 GB GPU
+(72 GB of state, 16 GB at the step) does not fit at any recompute setting: it needs its
+optimizer state sharded (DP) or offloaded, or TP.
+
 These are estimates (allocator fragmentation, collective buffers and torch.compile workspaces
 come on top), so `choose_recompute` leaves `HEADROOM` of the device free.
 """
@@ -46,10 +52,13 @@ class MemoryEstimate:
     weights_and_optimizer: float
     activations: float
     logits: float
+    optimizer_step: float
 
     @property
     def total(self) -> float:
-        return self.weights_and_optimizer + self.activations + self.logits
+        """The peak: the larger of the micro-batch's and the optimizer step's."""
+        return self.weights_and_optimizer + max(self.activations + self.logits,
+                                                self.optimizer_step)
 
 
 def estimate(arch: Arch, *, micro_batch_tokens: int, recompute: str, bf16: bool, tp: int = 1,
@@ -59,10 +68,11 @@ def estimate(arch: Arch, *, micro_batch_tokens: int, recompute: str, bf16: bool,
         raise ValueError(f"recompute: {recompute!r} is not one of {RECOMPUTE_ORDER}")
     width = 2 if bf16 else 4
     params = arch.num_params() / tp
-    opt = (12.0 if bf16 else 8.0) / (dp if distributed_optimizer else 1)
+    shards = dp if distributed_optimizer else 1
+    opt = (12.0 if bf16 else 8.0) / shards
     static = params * (width + 4 + opt)
 
-    h = arch.hidden_size
+    h = float(arch.hidden_size)
     q = arch.num_heads * arch.head_dim / tp
     kv = max(1, arch.num_kv_heads // tp) * arch.head_dim
     f = arch.ffn_hidden_size / tp
@@ -74,17 +84,21 @@ def estimate(arch: Arch, *, micro_batch_tokens: int, recompute: str, bf16: bool,
             per_layer += h + 3 * f
     activations = per_layer * arch.num_layers * micro_batch_tokens * width
     logits = 3.0 * micro_batch_tokens * arch.vocab_size / tp * width
-    return MemoryEstimate(static, activations, logits)
+    return MemoryEstimate(static, activations, logits, optimizer_step=4.0 * params / shards)
 
 
 def choose_recompute(arch: Arch, *, device_bytes: float, micro_batch_tokens: int, bf16: bool,
-                     tp: int = 1, dp: int = 1, distributed_optimizer: bool = True) -> str:
-    """The cheapest recompute whose estimate fits in `device_bytes` less `HEADROOM`; `full`
-    when none does (the run may still not fit: the model and optimizer alone may be too big)."""
+                     tp: int = 1, dp: int = 1, distributed_optimizer: bool = True
+                     ) -> tuple[str, MemoryEstimate, bool]:
+    """(recompute, its estimate, whether it fits): the cheapest recompute whose estimate fits in
+    `device_bytes` less `HEADROOM`, else `full`, which may not fit either (the model and its
+    optimizer state alone may be too big)."""
     budget = device_bytes * (1.0 - HEADROOM)
+    need = None
     for kind in RECOMPUTE_ORDER:
         need = estimate(arch, micro_batch_tokens=micro_batch_tokens, recompute=kind, bf16=bf16,
                         tp=tp, dp=dp, distributed_optimizer=distributed_optimizer)
         if need.total <= budget:
-            return kind
-    return "full"
+            return kind, need, True
+    assert need is not None
+    return "full", need, False

@@ -114,10 +114,15 @@ class MegatronTrainer:
         from asyncrl.trainer.megatron import memory
 
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        return memory.choose_recompute(
+        kind, need, fits = memory.choose_recompute(
             self.arch, device_bytes=float(total), micro_batch_tokens=cfg.micro_batch_tokens,
             bf16=self.dtype == "bfloat16", tp=self.layout.tp_size, dp=self.layout.dp_size,
             distributed_optimizer=cfg.distributed_optimizer)
+        if not fits:
+            log.warning("memory_estimate_exceeds_device", recompute=kind,
+                        estimate_gib=round(need.total / 2**30, 1),
+                        device_gib=round(total / 2**30, 1))
+        return kind
 
     # --------------------------------------------------------------------------- planning
     def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
