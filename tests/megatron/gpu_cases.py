@@ -28,7 +28,8 @@ def cpu_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def fp32_update_matches_the_torch_trainer(device: str) -> None:
     """One fp32 RL step (two optimizer steps) of the Megatron trainer on megatron's distributed
     optimizer gives the torch trainer's metrics and weights."""
-    from asyncrl.trainer.megatron.trainer import MegatronTrainer, _MegatronOptimizer
+    from asyncrl.trainer.megatron.optimizer import MegatronOptimizer
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
     from asyncrl.trainer.torch_trainer import TorchTrainer
 
     hf = hf_model("qwen3")
@@ -38,7 +39,7 @@ def fp32_update_matches_the_torch_trainer(device: str) -> None:
                       algo, pad_token_id=0, temperature=0.8)
     mt = MegatronTrainer(copy.deepcopy(hf), MegatronTrainerConfig(micro_batch_tokens=64),
                          algo, pad_token_id=0, temperature=0.8)
-    assert isinstance(mt._opt, _MegatronOptimizer)
+    assert isinstance(mt._opt, MegatronOptimizer)
     assert mt._opt.distributed  # the default configuration
     ref, mine = tt.train_step(rl_batch(0)), mt.train_step(rl_batch(0))
     # (no clip fractions: a count that one token near the clip boundary may flip on a GPU)
@@ -65,7 +66,8 @@ def bf16_distributed_optimizer_trains_and_exports(tmp_path: Path, device: str) -
     from asyncrl.algo.loss import token_logprobs
     from asyncrl.trainer.megatron import model as mm
     from asyncrl.trainer.megatron import vocab_parallel
-    from asyncrl.trainer.megatron.trainer import MegatronTrainer, _MegatronOptimizer
+    from asyncrl.trainer.megatron.optimizer import MegatronOptimizer
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
 
     def make(seed: int = 0) -> MegatronTrainer:
         return MegatronTrainer(hf_model("qwen3", seed=seed).to(torch.bfloat16),
@@ -74,7 +76,7 @@ def bf16_distributed_optimizer_trains_and_exports(tmp_path: Path, device: str) -
                                AlgorithmSection(lr=1e-3), pad_token_id=0)
 
     mt = make()
-    assert isinstance(mt._opt, _MegatronOptimizer)
+    assert isinstance(mt._opt, MegatronOptimizer)
     # norms too: no float32 weight beside bf16 activations (their masters are the optimizer's)
     assert {p.dtype for p in mt.model.parameters()} == {torch.bfloat16}
     before = mt.state_dict_for_sync()
