@@ -285,8 +285,10 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     """Token budget of one micro-batch, counted padded: rows x longest row."""
     distributed_optimizer: bool = True
     """Shard optimizer state over data-parallel ranks."""
-    recompute: Literal["none", "selective", "full"] = "selective"
-    """Activation recomputation."""
+    recompute: Literal["auto", "none", "selective", "full"] = "auto"
+    """Activation recomputation: `selective` recomputes the MLP (the attention itself when
+    megatron's unfused core is used), `full` whole layers; `auto` takes the cheapest whose
+    memory estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`), `none` on CPU."""
     checkpoint_format: Literal["hf", "torch_dist"] = "hf"
     """Format of exported weights for the engines."""
 

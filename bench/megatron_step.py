@@ -1,21 +1,35 @@
-"""Megatron trainer update-step throughput and MFU on one GPU, for a config-initialised Qwen3.
+"""Megatron trainer update-step throughput and MFU on one GPU, for a config-initialised Qwen3,
+optionally beside the torch trainer on the same batch in the same run (`--compare-torch`).
 
-One `MegatronTrainer.train_step` is what an RL step costs the trainer: a no-grad forward over
-the batch (old logprobs), then forward + backward + AdamW step per mini-batch. The batch is
-synthetic (prompt + response tokens, tool-output spans masked), the model a randomly
-initialised Qwen3 of the chosen size built straight from its HF config (no download).
+One `train_step` is what an RL step costs the trainer: a no-grad forward over the batch (old
+logprobs), then forward + backward + AdamW step per mini-batch. The batch is synthetic (prompt
++ response tokens, tool-output spans masked), the model a randomly initialised Qwen3 of the
+chosen size built straight from its HF config (no download). `--compare-torch` then builds the
+same config as a HF model (`attn_implementation="sdpa"`) for `TorchTrainer` and times it on the
+same batch: Megatron first, released, then torch, each with its own peak-memory reading.
 
 Model FLOPs per trained token (dense, causal attention counted once, no recompute):
 forward = 2 * P_matmul + 2 * layers * seq * q_dim, where P_matmul counts every matmul weight
 including the LM head; an RL step costs 4 forwards per token (1 for the old logprobs, 3 for
-forward + backward). MFU = model FLOPs per second / the GPU's dense bf16 peak.
+forward + backward). MFU = model FLOPs per second / the GPU's dense bf16 peak. Recomputation
+is work the MFU does not count.
+
+Recompute: `--recompute auto` (the trainer's default) takes the cheapest of none / selective
+(the MLP) / full whose estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`); name one to
+force it. The CUDA allocator runs with `expandable_segments:True` unless
+PYTORCH_CUDA_ALLOC_CONF is set; `num_alloc_retries` (each a synchronising free-and-retry) is
+reported.
 
     python bench/megatron_step.py [--size 1.7b] [--seq-len 4096] [--seqs 16] [--steps 5]
-    python bench/megatron_step.py --export-sglang      # also: the HF export loads in SGLang
-    python bench/megatron_step.py --cpu-smoke          # tiny model on CPU (cpu_compat), no GPU
+    python bench/megatron_step.py --size 1.7b --compare-torch     # both trainers, one table
+    python bench/megatron_step.py --attention local               # megatron's unfused core
+    python bench/megatron_step.py --profile bench/results/trace   # + one profiled step
+    python bench/megatron_step.py --export-sglang                 # also: the export loads
+    python bench/megatron_step.py --size tiny --compare-torch     # CPU: a smoke check only
 
-Prints a table, writes bench/results/megatron_step.json. Single process (TP = DP = 1); run
-under torchrun with `--tp N` for tensor parallel.
+Without CUDA it runs on the CPU through `cpu_compat` (fp32; figures check the script, not
+speed). Prints a table, writes bench/results/megatron_step.json (`--out` elsewhere). Single
+process (TP = DP = 1); run under torchrun with `--tp N` for tensor parallel.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import sys
 import time
@@ -121,6 +136,111 @@ def export_and_load_in_sglang(trainer: Any, out_dir: Path, tokenizer_dir: Path |
         engine.shutdown()
 
 
+def measure(step: Any, batch: Any, steps: int) -> dict[str, Any]:
+    """Warm up once, then time `steps` calls of `step(batch)`; peak memory over the timed steps."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step(batch)  # warm-up: allocator, kernels, torch.compile
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        retries0 = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    times, metrics = [], {}
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        metrics = step(batch)
+        sync()
+        times.append(time.perf_counter() - t0)
+    out: dict[str, Any] = {"step_s_median": sorted(times)[len(times) // 2], "step_s_all": times,
+                           "loss": metrics.get("train/loss"),
+                           "grad_norm": metrics.get("train/grad_norm"),
+                           "entropy": metrics.get("train/entropy")}
+    if cuda:
+        stats = torch.cuda.memory_stats()
+        out.update(peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30,
+                   peak_reserved_gib=torch.cuda.max_memory_reserved() / 2**30,
+                   alloc_retries=stats.get("num_alloc_retries", 0) - retries0)
+    return out
+
+
+def throughput(run: dict[str, Any], flops: float, tokens: int, world: int,
+               peak: float | None) -> dict[str, Any]:
+    step_s = run["step_s_median"]
+    tflops = flops / step_s / 1e12 / world
+    return {"tokens_per_s": tokens / step_s, "tokens_per_s_per_gpu": tokens / step_s / world,
+            "model_tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None}
+
+
+def profile_step(step: Any, batch: Any, out_dir: Path) -> list[str]:
+    """One step under torch.profiler: a Chrome trace in `out_dir`, the top ops as text."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
+                                     else [])
+    with profile(activities=acts) as prof:
+        step(batch)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out_dir / "megatron_step_trace.json"))
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=20)
+    (out_dir / "megatron_step_top_ops.txt").write_text(table)
+    return table.splitlines()
+
+
+def torch_trainer(cfg: Any, args: argparse.Namespace) -> Any:
+    """`TorchTrainer` on the same config as a HF model with SDPA attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+    from asyncrl.trainer.torch_trainer import TorchTrainer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, args.dtype),
+                                             attn_implementation="sdpa")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return TorchTrainer(model, TorchTrainerConfig(
+        device=device, micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.torch_checkpointing), AlgorithmSection(lr=1e-6),
+        pad_token_id=0)
+
+
+def print_table(res: dict[str, Any]) -> None:
+    runs = [("megatron", res["megatron"])] + ([("torch", res["torch"])] if "torch" in res else [])
+
+    def cell(r: dict[str, Any], key: str, fmt: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None else format(v, fmt)
+
+    rows = [("step (median) s", "step_s_median", ".3f"),
+            ("tokens/s/GPU", "tokens_per_s_per_gpu", ",.0f"),
+            ("model TFLOP/s/GPU", "model_tflops_per_gpu", ".1f"),
+            ("MFU", "mfu", ".1%"),
+            ("peak memory GiB", "peak_mem_gib", ".1f"),
+            ("peak reserved GiB", "peak_reserved_gib", ".1f"),
+            ("alloc retries", "alloc_retries", "d"),
+            ("loss", "loss", ".4f"),
+            ("entropy", "entropy", ".3f")]
+    print(f"model   qwen3-{res['size']} ({res['params'] / 1e9:.2f}B), {res['dtype']}, "
+          f"{res['seqs']} x {res['seq_len']} tokens, micro-batch {res['micro_batch_tokens']}")
+    print(f"device  {res['device']} x{res['gpus']} (tp={res['tp']}); megatron: attention "
+          f"{res['megatron']['attention']}, recompute {res['megatron']['recompute']}, "
+          f"{res['megatron']['optimizer']}"
+          + (f"; torch: gradient checkpointing {res['torch']['gradient_checkpointing']}"
+             if "torch" in res else ""))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'':<{width}}  " + "".join(f"{name:>14}" for name, _ in runs))
+    for label, key, fmt in rows:
+        print(f"{label:<{width}}  " + "".join(f"{cell(r, key, fmt):>14}" for _, r in runs))
+    if "torch_speedup" in res:
+        print(f"{'megatron / torch':<{width}}  {res['torch_speedup']:>13.2f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=list(SIZES), default="1.7b")
@@ -128,98 +248,107 @@ def main() -> int:
     ap.add_argument("--seqs", type=int, default=16, help="sequences per RL step")
     ap.add_argument("--steps", type=int, default=5, help="timed RL steps (after 1 warm-up)")
     ap.add_argument("--micro-batch-tokens", type=int, default=8192)
-    ap.add_argument("--recompute", choices=["none", "selective", "full"], default="selective")
+    ap.add_argument("--recompute", choices=["auto", "none", "selective", "full"], default="auto")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "local", "te"], default="auto",
+                    help="megatron core attention (auto: TE if installed, else torch SDPA)")
+    ap.add_argument("--sdpa-backends", default=None,
+                    help="comma-separated SDPA kernels in priority order, e.g. cudnn,flash "
+                         "(torch.nn.attention.SDPBackend names); default: torch's choice")
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default=None, help="default bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--compare-torch", action="store_true",
+                    help="also time TorchTrainer on the same batch, in this run")
+    ap.add_argument("--no-torch-checkpointing", dest="torch_checkpointing",
+                    action="store_false",
+                    help="TorchTrainer without gradient checkpointing (default: with)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="profile one extra Megatron step: trace and top ops into this dir")
     ap.add_argument("--export-sglang", action="store_true")
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer dir for --export-sglang")
     ap.add_argument("--cpu-smoke", action="store_true",
-                    help="tiny model, fp32, CPU via cpu_compat: checks the script, not speed")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="JSON results (default bench/results/megatron_step.json; none for "
-                         "--cpu-smoke)")
+                    help="shorthand: --size tiny --seq-len 128 --seqs 8 --steps 2 "
+                         "--micro-batch-tokens 512 (on CPU)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "megatron_step.json")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", module="megatron")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
     import torch
 
     from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
+    from asyncrl.trainer.megatron.model import core_attention
     from asyncrl.trainer.megatron.trainer import MegatronTrainer
 
-    ctx: Any = contextlib.nullcontext()
     if args.cpu_smoke:
+        args.size, args.seq_len, args.seqs, args.steps = "tiny", 128, 8, 2
+        args.micro_batch_tokens = 512
+    cuda = torch.cuda.is_available()
+    args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    ctx: Any = contextlib.nullcontext()
+    if not cuda:
         from asyncrl.trainer.megatron.cpu_compat import cpu_megatron
 
-        args.size, args.seq_len, args.seqs, args.steps = "tiny", 128, 8, 2
-        args.dtype, args.recompute, args.micro_batch_tokens = "float32", "none", 512
+        print("no CUDA: running on the CPU (cpu_compat); the figures check the script, "
+              "not speed", file=sys.stderr)
         ctx = cpu_megatron()
-    elif not torch.cuda.is_available():
-        print("no CUDA device: run on a GPU machine, or pass --cpu-smoke", file=sys.stderr)
-        return 2
+    kernels: Any = contextlib.nullcontext()
+    if args.sdpa_backends:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with ctx:
+        order = [getattr(SDPBackend, n.strip().upper() if n.strip() != "cudnn"
+                         else "CUDNN_ATTENTION") for n in args.sdpa_backends.split(",")]
+        kernels = sdpa_kernel(order, set_priority=True)
+
+    with ctx, kernels:
         cfg = hf_config(args.size, args.dtype)
         trainer = MegatronTrainer(
             cfg, MegatronTrainerConfig(tensor_parallel=args.tp, recompute=args.recompute,
                                        micro_batch_tokens=args.micro_batch_tokens),
-            AlgorithmSection(lr=1e-6), pad_token_id=0, dtype=args.dtype)
+            AlgorithmSection(lr=1e-6), pad_token_id=0, dtype=args.dtype,
+            attention=args.attention)
         batch = synthetic_batch(args.seqs, args.seq_len, cfg.vocab_size)
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-        trainer.train_step(batch)  # warm-up: allocator, kernels
-        sync()
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        times, metrics = [], {}
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            metrics = trainer.train_step(batch)
-            sync()
-            times.append(time.perf_counter() - t0)
-
-        arch = trainer.arch
+        arch, world = trainer.arch, trainer.layout.world_size
         tokens = args.seqs * args.seq_len
-        step_s = sorted(times)[len(times) // 2]
         flops = 4.0 * forward_flops_per_token(arch, args.seq_len) * tokens
-        world = trainer.layout.world_size
-        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        device = torch.cuda.get_device_name() if cuda else "cpu"
         peak = peak_tflops(device)
-        tflops = flops / step_s / 1e12 / world
+        mg = measure(trainer.train_step, batch, args.steps)
+        mg.update(throughput(mg, flops, tokens, world, peak),
+                  attention=core_attention(trainer.model), recompute=trainer.recompute,
+                  optimizer=type(trainer._opt).__name__)
         res: dict[str, Any] = {
             "bench": "megatron_step", "device": device, "gpus": world, "size": args.size,
             "params": arch.num_params(), "dtype": args.dtype, "tp": args.tp,
-            "recompute": args.recompute, "seq_len": args.seq_len, "seqs": args.seqs,
-            "micro_batch_tokens": args.micro_batch_tokens,
-            "optimizer": type(trainer._opt).__name__,
-            "step_s_median": step_s, "step_s_all": times,
-            "tokens_per_s": tokens / step_s, "tokens_per_s_per_gpu": tokens / step_s / world,
-            "model_tflops_per_gpu": tflops, "mfu": tflops / peak if peak else None,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30
-            if torch.cuda.is_available() else None,
-            "loss": metrics.get("train/loss"), "grad_norm": metrics.get("train/grad_norm"),
-            "torch": torch.__version__, "cmd": " ".join(sys.argv),
+            "seq_len": args.seq_len, "seqs": args.seqs,
+            "micro_batch_tokens": args.micro_batch_tokens, "sdpa_backends": args.sdpa_backends,
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "model_flops_per_step": flops, "megatron": mg,
+            "torch_version": torch.__version__, "cmd": " ".join(sys.argv),
         }
+        if args.profile is not None and trainer.layout.rank == 0:
+            res["profile_top_ops"] = profile_step(trainer.train_step, batch, args.profile)
         if args.export_sglang:
             res.update(export_and_load_in_sglang(trainer, RESULTS / "megatron_export",
                                                  args.tokenizer))
-        if trainer.layout.rank == 0:
-            rows = [("model", f"qwen3-{args.size} ({arch.num_params() / 1e9:.2f}B), {args.dtype}"),
-                    ("device", f"{device} x{world} (tp={args.tp})"),
-                    ("batch", f"{args.seqs} x {args.seq_len} tokens"),
-                    ("step (median)", f"{step_s:.3f} s"),
-                    ("throughput", f"{res['tokens_per_s_per_gpu']:.0f} tokens/s/GPU"),
-                    ("model TFLOP/s/GPU", f"{tflops:.1f}"),
-                    ("MFU", f"{res['mfu']:.1%}" if res["mfu"] else "n/a (unknown peak)"),
-                    ("peak memory", f"{res['peak_mem_gib']:.1f} GiB"
-                     if res["peak_mem_gib"] else "n/a")]
-            width = max(len(k) for k, _ in rows)
-            for k, v in rows:
-                print(f"{k:<{width}}  {v}")
-            out = args.out or (None if args.cpu_smoke else RESULTS / "megatron_step.json")
-            if out is not None:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(res, indent=2) + "\n")
-                print(f"wrote {out}")
+        rank = trainer.layout.rank
         trainer.close()
+        del trainer
+        if args.compare_torch and world == 1:
+            if cuda:
+                torch.cuda.empty_cache()
+            tt = torch_trainer(cfg, args)
+            tr = measure(tt.train_step, batch, args.steps)
+            tr.update(throughput(tr, flops, tokens, world, peak),
+                      gradient_checkpointing=args.torch_checkpointing)
+            res["torch"] = tr
+            res["torch_speedup"] = tr["step_s_median"] / mg["step_s_median"]
+        if rank == 0:
+            print_table(res)
+            if "profile_top_ops" in res:
+                print("\n".join(res["profile_top_ops"]))
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(res, indent=2) + "\n")
+            print(f"wrote {args.out}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """The GRPO policy loss and its metrics, in torch, shared by every trainer.
 
-Owns: per-token logprobs and entropy from logits, the clipped-ratio loss with clip-higher and
+Owns: per-token logprobs and entropy from logits (one chunked pass, no float32 copy of the
+whole `[B, T, V]` logits), the clipped-ratio loss with clip-higher and
 dual-clip (`grpo_loss`), the masked cross-entropy of the SFT cold start (`sft_loss`), the
 trainer/sampler mismatch metrics, and `StepStats`, which sums metrics over micro-batches and
 data-parallel ranks. Does not own: models, optimizers or how sequences are packed.
@@ -50,13 +51,33 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor,
     151,936-token vocabulary that copy (and the log-softmax and gradient beside it) was the
     largest tensor of a step.
     """
+    return _chunked(logits, input_ids, temperature, chunk, entropy=False)[0]
+
+
+def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor,
+                               temperature: float = 1.0, chunk: int | None = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` and, from the same chunked pass over the logits, the entropy of the
+    (tempered) distribution that predicted token t, at position t (0 at position 0).
+
+    Both `[B, T]` float32. The log-probs carry the gradient; the entropy is a metric only (the
+    loss has no entropy bonus) and carries none. Costs one more multiply-sum per chunk instead
+    of a second pass with its own float32 copies of the logits.
+    """
+    return _chunked(logits, input_ids, temperature, chunk, entropy=True)
+
+
+def _chunked(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
+             chunk: int | None, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     t = logits.shape[1]
     if t < 2:  # nothing to predict; still a graph node, so a dummy micro-batch can backward
-        return logits[..., 0].float() * 0.0
+        zero = logits[..., 0].float() * 0.0
+        return zero, zero.detach().clone()
     if chunk is None:
         chunk = max(1, CHUNK_ELEMENTS // logits.shape[-1])
-    lp = _ChunkedLogprob.apply(logits, input_ids[:, 1:], float(temperature), chunk)
-    return F.pad(lp, (1, 0))
+    lp, ent = _ChunkedLogprob.apply(logits, input_ids[:, 1:], float(temperature), chunk,
+                                    entropy)
+    return F.pad(lp, (1, 0)), (F.pad(ent, (1, 0)) if entropy else ent)
 
 
 def position_spans(b: int, t: int, chunk: int) -> list[tuple[int, int, int]]:
@@ -64,31 +85,55 @@ def position_spans(b: int, t: int, chunk: int) -> list[tuple[int, int, int]]:
     return [(i, s, min(s + chunk, t)) for i in range(b) for s in range(0, t, chunk)]
 
 
+def chunk_softmax_stats(lg: torch.Tensor, entropy: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """For float32 logits `lg` `[n, V]` (not modified): (shifted logits `lg - max`, the max,
+    the sum of exp of the shifted logits, and when asked the sum of `exp(z) * z`), the pieces
+    from which log-sum-exp (`max + log sum`), a target's log-prob (`z[target] - log sum`) and the
+    entropy (`log sum - sum(exp(z) z) / sum`) follow; over a vocabulary split across ranks the
+    sums are first rescaled to a common max and added up."""
+    m = lg.amax(dim=-1)
+    z = lg - m.unsqueeze(1)
+    e = z.exp()
+    total = e.sum(dim=-1)
+    ez = e.mul_(z).sum(dim=-1) if entropy else None
+    return z, m, total, ez
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     """log softmax(x / temperature)[target] for the first T - 1 positions of `[B, T, V]`
     logits (the last position predicts nothing), a chunk of positions of one row at a time in
-    float32 (each a contiguous slice: nothing of the whole tensor is copied). Backward
-    recomputes each chunk's softmax from the saved log-sum-exp and writes the gradient in the
-    logits' own dtype."""
+    float32 (each a contiguous slice: nothing of the whole tensor is copied), and, when asked,
+    the entropy of the same softmax from the same chunk (a second, non-differentiable output;
+    empty when not asked). Backward recomputes each chunk's softmax from the saved log-sum-exp
+    and writes the gradient in the logits' own dtype."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int) -> torch.Tensor:
+                chunk: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
         b, t = targets.shape
-        lse = torch.empty(b, t, dtype=torch.float32, device=logits.device)
-        out = torch.empty(b, t, dtype=torch.float32, device=logits.device)
+        dev = logits.device
+        lse = torch.empty(b, t, dtype=torch.float32, device=dev)
+        out = torch.empty(b, t, dtype=torch.float32, device=dev)
+        ent = torch.empty(b, t if entropy else 0, dtype=torch.float32, device=dev)
         for i, s, e in position_spans(b, t, chunk):
             lg = logits[i, s:e].float()
             if temperature != 1.0:
                 lg = lg / temperature
-            lse[i, s:e] = torch.logsumexp(lg, dim=-1)
-            out[i, s:e] = lg.gather(1, targets[i, s:e].unsqueeze(1)).squeeze(1) - lse[i, s:e]
+            z, m, total, ez = chunk_softmax_stats(lg, entropy)
+            log_total = total.log()
+            lse[i, s:e] = m + log_total
+            out[i, s:e] = z.gather(1, targets[i, s:e].unsqueeze(1)).squeeze(1) - log_total
+            if ez is not None:
+                ent[i, s:e] = log_total - ez / total
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return out
+        ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor, _grad_ent: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
         logits, targets, lse = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
         b, t = targets.shape
@@ -103,20 +148,16 @@ class _ChunkedLogprob(torch.autograd.Function):
             soft = (lg - lse[i, s:e].unsqueeze(1)).exp_().mul_(-gi)
             soft.scatter_add_(1, targets[i, s:e].unsqueeze(1), gi)
             grad[i, s:e] = soft
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 @torch.no_grad()
-def token_entropy(logits: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+def token_entropy(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """Entropy of the distribution that predicted token t, at position t (0 at position 0).
-    `[B, T]`, float32, no gradient; computed in chunks of `chunk` positions to bound memory."""
-    b, t, _ = logits.shape
-    out = torch.zeros(b, t, dtype=torch.float32, device=logits.device)
-    for s in range(0, t - 1, chunk):
-        lg = logits[:, s:min(s + chunk, t - 1)].float()
-        logp = torch.log_softmax(lg, dim=-1)
-        out[:, s + 1:s + 1 + lg.shape[1]] = -(logp.exp() * logp).sum(-1)
-    return out
+    `[B, T]`, float32, no gradient; the entropy half of `token_logprobs_and_entropy` (same
+    chunks). Trainers take both from one pass; this serves callers that need only entropy."""
+    targets = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    return token_logprobs_and_entropy(logits, targets, 1.0, chunk)[1]
 
 
 def _normalizer(mask: torch.Tensor, normalizer: float | torch.Tensor | None) -> torch.Tensor:

@@ -36,8 +36,8 @@ from asyncrl.algo.loss import (
     StepStats,
     grpo_loss,
     sft_loss,
-    token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
@@ -235,8 +235,9 @@ class TorchTrainer:
             for i, (mb, old) in enumerate(zip(plan, old_plan, strict=True)):
                 t = self._tensors(mb)
                 with self._no_sync(last=i == len(plan) - 1):
-                    logits = self._logits(t)
-                    lp = token_logprobs(logits, t["input_ids"], self.temperature)
+                    # log-probs and entropy (a metric) from one chunked pass over the logits
+                    lp, ent = token_logprobs_and_entropy(self._logits(t), t["input_ids"],
+                                                         self.temperature)
                     coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
                                                         t["mask"])
                     loss, m = grpo_loss(lp, old, t["advantages"], t["mask"],
@@ -245,7 +246,6 @@ class TorchTrainer:
                     (loss * self.world_size).backward()
                 stats.add(m)
                 stats.add(cm)
-                ent = token_entropy(logits.detach() / self.temperature)
                 stats.add({"entropy_sum": (ent * t["mask"]).sum()})
             norm, lr = self._optimizer_step(lr_scale)
             norms.append(norm)

@@ -14,6 +14,7 @@ from asyncrl.algo.loss import (
     sft_loss,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 
 EPS_LOW, EPS_HIGH, DUAL = 0.2, 0.28, 3.0
@@ -193,3 +194,45 @@ def test_chunked_token_logprobs_keep_the_logits_dtype_for_the_gradient():
     lp.sum().backward()
     assert x.grad.dtype == torch.bfloat16 and x.grad[:, -1].eq(0).all()
     torch.testing.assert_close(lp, _reference_logprobs(x.detach(), ids), atol=1e-5, rtol=0)
+
+
+def _reference_entropy(logits, temperature=1.0):
+    """The unchunked path: entropy of one float32 softmax over the whole `[B, T, V]` logits."""
+    import torch.nn.functional as F
+
+    logp = torch.log_softmax(logits[:, :-1].float() / temperature, -1)
+    return F.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [3, 2048])
+def test_fused_entropy_equals_the_full_path_and_leaves_the_logprob_gradient_alone(temperature,
+                                                                                   chunk):
+    g = torch.Generator().manual_seed(5)
+    x = (3.0 * torch.randn(3, 9, 50, generator=g)).requires_grad_()  # peaked and flat rows
+    ids = torch.randint(0, 50, (3, 9), generator=g)
+    w = torch.randn(3, 9, generator=g)
+    lp, ent = token_logprobs_and_entropy(x, ids, temperature, chunk=chunk)
+    assert not ent.requires_grad  # a metric: the loss has no entropy term
+    (lp * w).sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    ref = _reference_logprobs(x, ids, temperature)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(lp, ref, atol=2e-6, rtol=0)
+    torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent, _reference_entropy(x.detach(), temperature), atol=2e-6,
+                               rtol=0)
+    assert ent[:, 0].eq(0).all() and ent[:, 1:].gt(0).all()
+    torch.testing.assert_close(token_entropy(x.detach() / temperature, chunk=chunk), ent)
+
+
+def test_fused_entropy_of_bf16_logits_and_of_a_single_position():
+    x = torch.randn(2, 6, 40, dtype=torch.bfloat16)
+    ids = torch.randint(0, 40, (2, 6))
+    lp, ent = token_logprobs_and_entropy(x, ids, chunk=4)
+    assert lp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(ent, _reference_entropy(x), atol=1e-5, rtol=0)
+    one = torch.randn(1, 1, 40, requires_grad=True)
+    lp1, ent1 = token_logprobs_and_entropy(one, torch.zeros(1, 1, dtype=torch.long))
+    lp1.sum().backward()  # a dummy micro-batch still backpropagates (zeros)
+    assert ent1.tolist() == [[0.0]] and one.grad.eq(0).all()

@@ -50,6 +50,27 @@ def test_round_trip_and_logits_equal_hf(cpu_megatron, family):
                                    token_entropy(expect / 0.7), atol=2e-5, rtol=1e-5)
 
 
+def test_vocab_parallel_fused_entropy_equals_the_torch_path_with_gradients(cpu_megatron):
+    from asyncrl.algo.loss import token_logprobs_and_entropy
+    from asyncrl.trainer.megatron import model as mm
+    from asyncrl.trainer.megatron import vocab_parallel
+
+    mm.init_parallel(1, 1, seed=0)
+    g = torch.Generator().manual_seed(6)
+    x = (3.0 * torch.randn(2, 13, VOCAB, generator=g)).requires_grad_()
+    ids = torch.randint(0, VOCAB, (2, 13), generator=g)
+    w = torch.randn(2, 13, generator=g)
+    lp, ent = vocab_parallel.token_logprobs_and_entropy(x, ids, 0.7, chunk=5)
+    assert not ent.requires_grad
+    (lp * w).sum().backward()
+    grad, x.grad = x.grad.clone(), None
+    ref_lp, ref_ent = token_logprobs_and_entropy(x, ids, 0.7)
+    (ref_lp * w).sum().backward()
+    torch.testing.assert_close(lp, ref_lp, atol=2e-6, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=2e-6, rtol=0)
+    torch.testing.assert_close(grad, x.grad, atol=1e-6, rtol=0)
+
+
 def test_right_padding_does_not_change_real_positions(cpu_megatron):
     from asyncrl.trainer.megatron import model as mm
 

@@ -162,3 +162,50 @@ def test_a_hf_config_alone_gives_a_randomly_initialised_trainer(cpu_megatron):
     assert torch.isfinite(torch.tensor(mt.train_step(rl_batch(0))["train/grad_norm"]))
     after = mt.state_dict_for_sync()
     assert not torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+
+
+def test_bf16_model_is_bf16_throughout_with_float32_masters(cpu_megatron, tmp_path):
+    """No float32 norm weights beside bf16 activations: every weight of a bf16 model is bf16
+    (norms included) and the optimizer's float32 master copy is what Adam updates, so a step
+    smaller than bf16's resolution still accumulates; the export is the model's bf16 weights
+    exactly, and a restored trainer continues bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    def make(seed=0):
+        hf = hf_model("qwen3", seed=seed).to(torch.bfloat16)
+        return MegatronTrainer(hf, MegatronTrainerConfig(micro_batch_tokens=BUDGET,
+                                                         recompute="selective"),
+                               AlgorithmSection(lr=1e-3), pad_token_id=0)
+
+    mt = make()
+    assert {p.dtype for p in mt.model.parameters()} == {torch.bfloat16}
+    masters = dict(zip(map(id, mt._opt.params), mt._opt.masters, strict=True))
+    norm = mt.model.decoder.final_layernorm.weight
+    assert masters[id(norm)].dtype == torch.float32
+    before = {k: v.clone() for k, v in mt.state_dict_for_sync().items()}
+    sft = [mt.sft_step(sft_examples())["sft/loss"] for _ in range(4)]
+    assert sft[-1] < sft[0]  # it learns
+    mt.train_step(rl_batch(0))
+    after = mt.state_dict_for_sync()
+    assert all(v.dtype == torch.bfloat16 for v in after.values())
+    assert all(not torch.equal(after[k], before[k]) for k in after)
+    torch.testing.assert_close(norm, masters[id(norm)].to(torch.bfloat16), atol=0, rtol=0)
+    assert not torch.equal(norm.float(), masters[id(norm)])  # the master keeps the low bits
+
+    mt.export_hf(tmp_path / "hf")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert back.dtype == torch.bfloat16
+    for k, v in back.state_dict().items():
+        assert torch.equal(v, after["model.embed_tokens.weight" if k == "lm_head.weight" else k])
+
+    mt.save_state(tmp_path / "state")
+    mt.train_step(rl_batch(1))
+    expect = mt.state_dict_for_sync()
+    mt.close()
+    other = make(seed=5)
+    other.load_state(tmp_path / "state")
+    other.train_step(rl_batch(1))
+    for k, v in other.state_dict_for_sync().items():
+        assert torch.equal(v, expect[k]), k

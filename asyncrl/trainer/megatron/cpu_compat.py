@@ -5,15 +5,23 @@ model we use (`GPTModel`, local layer spec, tensor parallel over gloo):
 
 1. RNG tracker. `model_parallel_cuda_manual_seed` and every `get_cuda_rng_tracker().fork()`
    (attention dropout, weight init) read and write `torch.cuda` generator states. We swap in
-   a tracker with the same interface that keeps *CPU* generator states.
+   a tracker with the same interface that keeps *CPU* generator states, and make the CUDA
+   default generator's get/set (activation recompute's `tensor_parallel.checkpoint` saves and
+   restores it around the recomputed forward) an empty state and a no-op: the CPU state,
+   which that function also saves and restores, is the only one there is.
 2. CUDA device for buffers. The global memory buffer that attention scores are written into,
    and RoPE's `inv_freq`, are placed on `torch.cuda.current_device()`. We make that function
    answer "cpu" — only on a torch without CUDA, where it could otherwise only raise.
 
-Not covered, and not used on CPU by the trainer: megatron's DDP wrapper, its optimizers
-(plain and distributed) and its grad clipping, which hard-code `device="cuda"` in many places;
-the Megatron trainer uses plain torch AdamW with explicit collectives when it runs on CPU.
-The trainer passes an explicit causal mask, since megatron's default one is built on "cuda".
+3. CUDA-only optimizer path. megatron's DDP wrapper, its optimizers (plain and distributed)
+   and its grad clipping create tensors with `device="cuda"` and accept only parameters whose
+   `Tensor.type()` is a `torch.cuda.*Tensor`. `cuda_as_cpu()` (a torch function mode, entered
+   only by the tests that run that path on CPU) sends those tensors to the CPU and names CPU
+   tensor types as their CUDA twins; everything else runs unchanged. The Megatron trainer
+   itself uses plain torch AdamW with explicit collectives when it runs on CPU.
+Megatron's own `DotProductAttention` (only built on request: `attention="local"`) gets an
+explicit causal mask from `model.causal_mask`, since its default one is built on "cuda"; the
+fused cores need none.
 
 Production code never imports this module; tests (and the torchrun test worker) enter
 `cpu_megatron()` around everything that builds or runs a Megatron model. It refuses to patch
@@ -24,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 def _cpu_tracker_class() -> type:
@@ -70,6 +80,9 @@ def cpu_megatron() -> Iterator[None]:
 
     saved_device = torch.cuda.current_device
     saved_class = mrandom.CudaRNGStatesTracker
+    saved_get, saved_set = mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *a, **k: None
     mrandom.CudaRNGStatesTracker = _cpu_tracker_class()
     mrandom.initialize_rng_tracker(force_reset=True)  # a fresh tracker of the CPU class
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
@@ -77,6 +90,47 @@ def cpu_megatron() -> Iterator[None]:
         yield
     finally:
         torch.cuda.current_device = saved_device  # type: ignore[method-assign]
+        mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = saved_get, saved_set
         mrandom.CudaRNGStatesTracker = saved_class
         mrandom._CUDA_RNG_STATE_TRACKER = None
         mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+
+
+def _cpu_device(device: Any) -> Any:
+    if isinstance(device, str) and device.startswith("cuda"):
+        return "cpu"
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(device, int):  # a CUDA ordinal
+        return "cpu"
+    return device
+
+
+class _CudaAsCpu(TorchFunctionMode):
+    """CUDA placements become CPU ones; `Tensor.type()` answers with the CUDA type name."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _cpu_device(kwargs["device"])
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple(_cpu_device(a) if isinstance(a, (str, torch.device)) else a
+                         for a in args)
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.",
+                                                                            1)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_as_cpu() -> Iterator[None]:
+    """Run megatron's CUDA-only DDP and optimizers on CPU tensors while the block runs (inside
+    `cpu_megatron()`): see point 3 of the module docstring. For tests only."""
+    if torch.cuda.is_available():
+        raise RuntimeError("cpu_compat is for CPU-only torch builds; this torch has CUDA")
+    with _CudaAsCpu():
+        yield

@@ -128,26 +128,80 @@ def use_transformer_engine() -> bool:
     return True
 
 
+ATTENTION_KINDS = ("auto", "te", "sdpa", "local")
+"""Core attentions `build_gpt` can put in the layer spec: `te` (Transformer Engine's spec),
+`sdpa` (the local spec with `sdpa_attention.SDPACoreAttention`), `local` (megatron-core's own
+`DotProductAttention`: materialised scores; kept for equivalence tests and A/B benchmarks),
+`auto` (`te` when `use_transformer_engine()`, else `sdpa`)."""
+
+
+def resolve_attention(attention: str) -> str:
+    """The concrete core attention for `attention` (one of `ATTENTION_KINDS`)."""
+    if attention not in ATTENTION_KINDS:
+        raise ValueError(f"attention: {attention!r} is not one of {ATTENTION_KINDS}")
+    if attention == "auto":
+        return "te" if use_transformer_engine() else "sdpa"
+    if attention == "te" and not use_transformer_engine():
+        raise MegatronUnavailableError("attention = \"te\" needs transformer_engine and CUDA")
+    return attention
+
+
+def _layer_spec(attention: str, qk_norm: bool) -> Any:
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if attention == "te":
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+    if attention == "sdpa":
+        from asyncrl.trainer.megatron.sdpa_attention import local_spec
+
+        return local_spec(qk_norm)
+    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+
+
+def _recompute_kwargs(recompute: str, attention: str) -> dict[str, Any]:
+    """megatron's recompute settings. `selective` recomputes what is cheap to redo and costly
+    to keep: the core attention when it materialises [b, h, s, s] scores (`local`), else the
+    MLP (a fused attention keeps only q, k, v, its output and a log-sum-exp, so recomputing it
+    would save almost nothing)."""
+    if recompute == "selective":
+        return {"recompute_granularity": "selective",
+                "recompute_modules": ["core_attn"] if attention == "local" else ["mlp"]}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform",
+                "recompute_num_layers": 1}
+    if recompute != "none":
+        raise ValueError(f"recompute: {recompute!r} is not one of none, selective, full")
+    return {}
+
+
 def build_gpt(
     arch: Arch,
     *,
     dtype: str = "float32",
     recompute: str = "none",
     init_std: float = 0.02,
+    attention: str = "auto",
 ) -> Any:
     """A `GPTModel` holding this rank's shard of `arch`, randomly initialised (normal with
     `init_std`); parallel state must be initialised. The vocabulary stays split over TP in the
-    output (`parallel_output=True`), which `vocab_parallel` relies on.
+    output (`parallel_output=True`), which `vocab_parallel` relies on. `attention` picks the
+    core attention (`ATTENTION_KINDS`).
+
+    Every parameter is in `dtype` afterwards, norms included: megatron builds linears and
+    embeddings in `params_dtype` but the local spec's `torch.nn.RMSNorm` in float32, which
+    beside bf16 activations takes torch's composite (unfused, casting) RMSNorm in every layer.
+    The cast is what megatron-LM's `Float16Module` does to the model it wraps (without its
+    float32 cast of the output logits); the float32 master copy of every weight, norms now
+    included, is kept by megatron's mixed-precision / distributed optimizer.
 
     Always initialised, even when HF weights will overwrite it: megatron-core marks a weight as
     tensor-parallel (what its grad-norm and checkpointing read) only in its init functions.
     """
     import torch.nn.functional as F
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -155,13 +209,8 @@ def build_gpt(
     pp = ps.get_pipeline_model_parallel_world_size()
     arch.check_parallel(tp, pp)
     params_dtype = DTYPES[dtype]
-    te = use_transformer_engine()
-    recompute_kw: dict[str, Any] = {}
-    if recompute == "selective":
-        recompute_kw = {"recompute_granularity": "selective"}
-    elif recompute == "full":
-        recompute_kw = {"recompute_granularity": "full", "recompute_method": "uniform",
-                        "recompute_num_layers": 1}
+    attention = resolve_attention(attention)
+    cuda = torch.cuda.is_available()
     config = TransformerConfig(
         **arch.transformer_config_kwargs(),
         activation_func=F.silu,
@@ -171,32 +220,48 @@ def build_gpt(
         pipeline_dtype=params_dtype,
         bf16=params_dtype is torch.bfloat16,
         fp16=params_dtype is torch.float16,
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=not cuda,
         perform_initialization=True,
         init_method_std=init_std,
-        # Fusions need apex/TE kernels; plain torch keeps CPU and GPU numerics alike.
-        bias_activation_fusion=False,
+        # SwiGLU through megatron's `bias_swiglu_impl`, whose `@jit_fuser` is torch.compile:
+        # CUDA only (on CPU inductor would need a C++ compiler at run time).
+        bias_activation_fusion=cuda,
+        # The rest need apex/TE kernels.
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        **recompute_kw,
+        **_recompute_kwargs(recompute, attention),
     )
-    if te:
-        spec = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
-    else:
-        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     model = GPTModel(
-        config, spec,
+        config, _layer_spec(attention, arch.qk_norm),
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         parallel_output=True,
         **arch.gpt_model_kwargs(),
     )
-    if torch.cuda.is_available():
+    model.to(dtype=params_dtype)
+    if cuda:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def core_attention(model: Any) -> str:
+    """Which core attention a built model uses: `te`, `sdpa` or `local`."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    from asyncrl.trainer.megatron.sdpa_attention import SDPACoreAttention
+
+    while not hasattr(model, "decoder") and hasattr(model, "module"):  # DDP / Float16Module
+        model = model.module
+    layers = getattr(model.decoder, "layers", [])
+    if not len(layers):
+        return "sdpa"
+    core = layers[0].self_attention.core_attention
+    if isinstance(core, SDPACoreAttention):
+        return "sdpa"
+    return "local" if isinstance(core, DotProductAttention) else "te"
 
 
 def layer_offset(model: Any) -> int:
@@ -259,9 +324,11 @@ def iter_hf_weights(model: Any, arch: Arch, dtype: torch.dtype | None = None
 
 
 # ---------------------------------------------------------------------------------- forward
-def causal_mask(seq_len: int, device: torch.device) -> torch.Tensor | None:
-    """Megatron's attention mask (True = masked) for the local spec; TE builds its own."""
-    if use_transformer_engine():
+def causal_mask(model: Any, seq_len: int, device: torch.device) -> torch.Tensor | None:
+    """The attention mask (True = masked) to pass `model`: None for the fused cores (SDPA and
+    TE build the causal mask inside the kernel); an explicit one for megatron's
+    `DotProductAttention`, whose default mask is always built on "cuda"."""
+    if core_attention(model) != "local":
         return None
     return torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool, device=device), 1)[None, None]
 
@@ -275,4 +342,4 @@ def forward_logits(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
     """
     b, s = input_ids.shape
     position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
-    return model(input_ids, position_ids, causal_mask(s, input_ids.device))
+    return model(input_ids, position_ids, causal_mask(model, s, input_ids.device))

@@ -4,8 +4,8 @@ interface, with tensor and data parallelism from megatron-core.
 Owns: turning a HF model (object or directory) into a sharded megatron-core `GPTModel`, the
 RL and SFT steps on it, the optimizer, weight export (HF names, gathered over TP) and trainer
 state. Shares with the torch trainer, not copies: batching, sharding and packing
-(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `offpolicy` corrections and mismatch metrics / `StepStats`
-(`asyncrl.algo.loss`) and the lr schedule (`asyncrl.algo.schedule`). Does not own the loop,
+(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `offpolicy` corrections and mismatch
+metrics / `StepStats` (`asyncrl.algo.loss`) and the lr schedule (`asyncrl.algo.schedule`). Does not own the loop,
 RoC, or how other ranks receive their calls (`launch.py`).
 
 Layout: world = TP x PP x DP (PP = 1 for now). Each mini-batch is sharded over the DP ranks by
@@ -16,14 +16,10 @@ whole mini-batch (all ranks), times the DP size because gradients are averaged o
 update equals the single-process update on the whole batch up to float summation order —
 the same contract as the torch trainer, whose update this one reproduces (tests check it).
 
-Optimizer, two paths with one interface (`_TorchOptimizer`, `_MegatronOptimizer`):
-- CUDA: megatron's DDP (grad buckets in fp32, reduced over DP) and megatron's optimizer
-  (AdamW, fp32 master weights for bf16 models, `distributed_optimizer` shards its state over
-  DP, global-norm clip done inside). Weight decay applies to every parameter, as in the torch
-  trainer (megatron's default would skip norms and biases).
-- No CUDA (CPU tests over gloo): megatron's DDP and optimizers hard-code CUDA, so plain torch
-  AdamW over this rank's shards, with one all-reduce of the flattened gradients over DP and a
-  TP-aware global gradient norm (replicated parameters counted once).
+Optimizer (`optimizer.py`): megatron's DDP and mixed-precision / distributed optimizer on
+CUDA (`use_megatron_optimizer`), plain torch AdamW with explicit collectives otherwise.
+
+The model itself is in the training dtype, norms included (`model.build_gpt`).
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ from asyncrl.records import Batch
 from asyncrl.trainer.megatron import model as mmodel
 from asyncrl.trainer.megatron import vocab_parallel
 from asyncrl.trainer.megatron.arch import Arch
+from asyncrl.trainer.megatron.optimizer import MegatronOptimizer, TorchOptimizer
 
 log = get_logger(__name__)
 
@@ -56,14 +53,15 @@ class MegatronTrainer:
     `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests), the path
     of a HF directory (each rank reads only the tensors it needs, one at a time), or a HF
     `PretrainedConfig` (random initialisation; benchmarks). `dtype` defaults to the HF
-    model's dtype. `temperature` and `total_steps` as in `TorchTrainer`.
+    model's dtype. `temperature` and `total_steps` as in `TorchTrainer`. `attention` picks the
+    core attention (`model.ATTENTION_KINDS`; `auto`: TE when installed, else torch SDPA).
     Every rank constructs the trainer with the same arguments (see `launch.py`).
     """
 
     def __init__(self, model: Any, cfg: MegatronTrainerConfig, algo: AlgorithmSection,
                  pad_token_id: int, *, temperature: float = 1.0,
-                 total_steps: int | None = None, seed: int = 0, dtype: str | None = None
-                 ) -> None:
+                 total_steps: int | None = None, seed: int = 0, dtype: str | None = None,
+                 attention: str = "auto") -> None:
         if cfg.pipeline_parallel != 1:
             raise TrainerError("trainer.pipeline_parallel: only 1 is implemented so far")
         if algo.lr_schedule == "cosine" and not total_steps:
@@ -82,21 +80,43 @@ class MegatronTrainer:
         self.arch = Arch.from_hf(hf_config)
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
-        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=cfg.recompute)
+        self.recompute = self._recompute(cfg)
+        self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute,
+                                      attention=attention)
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
-        if torch.cuda.is_available():
-            self._opt: _TorchOptimizer | _MegatronOptimizer = _MegatronOptimizer(
+        if use_megatron_optimizer():
+            self._opt: TorchOptimizer | MegatronOptimizer = MegatronOptimizer(
                 self.model, algo, cfg, self.dtype)
         else:
-            self._opt = _TorchOptimizer(self.model, algo)
+            self._opt = TorchOptimizer(self.model, algo)
         self._base_lr = algo.lr
         self._opt_step = 0
         log.info("trainer_ready", kind="megatron", device=str(self.device),
                  world_size=self.layout.world_size, tp=self.layout.tp_size,
                  dp=self.layout.dp_size, optimizer=type(self._opt).__name__,
-                 params=self.arch.num_params(), dtype=self.dtype)
+                 params=self.arch.num_params(), dtype=self.dtype, recompute=self.recompute,
+                 attention=mmodel.core_attention(self.model))
+
+    def _recompute(self, cfg: MegatronTrainerConfig) -> str:
+        """`cfg.recompute`, with `auto` resolved from this GPU's memory (`memory.py`)."""
+        if cfg.recompute != "auto":
+            return cfg.recompute
+        if not torch.cuda.is_available():
+            return "none"
+        from asyncrl.trainer.megatron import memory
+
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        kind, need, fits = memory.choose_recompute(
+            self.arch, device_bytes=float(total), micro_batch_tokens=cfg.micro_batch_tokens,
+            bf16=self.dtype == "bfloat16", tp=self.layout.tp_size, dp=self.layout.dp_size,
+            distributed_optimizer=cfg.distributed_optimizer)
+        if not fits:
+            log.warning("memory_estimate_exceeds_device", recompute=kind,
+                        estimate_gib=round(need.total / 2**30, 1),
+                        device_gib=round(total / 2**30, 1))
+        return kind
 
     # --------------------------------------------------------------------------- planning
     def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
@@ -178,9 +198,9 @@ class MegatronTrainer:
             self._opt.zero_grad()
             for mb, old in zip(plan, old_plan, strict=True):
                 t = self._tensors(mb)
-                logits = self._logits(t)
-                ent = vocab_parallel.token_entropy(logits.detach(), temp)
-                lp = vocab_parallel.token_logprobs(logits, t["input_ids"], temp)
+                # log-probs and entropy (a metric) from one chunked pass over the logits
+                lp, ent = vocab_parallel.token_logprobs_and_entropy(self._logits(t),
+                                                                    t["input_ids"], temp)
                 coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
                                                     t["mask"])
                 loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], self.algo.eps_low,
@@ -309,112 +329,13 @@ class MegatronTrainer:
         mmodel.destroy_parallel()
 
 
-# ------------------------------------------------------------------------------ optimizers
-class _TorchOptimizer:
-    """torch AdamW over this rank's shards; DP all-reduce and TP-aware clipping by hand."""
-
-    def __init__(self, model: Any, algo: AlgorithmSection) -> None:
-        self.module = model
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in named]
-        # Qwen3's q/k norm weights are replicated over TP, but each rank only sees its own
-        # heads: their gradients are partial sums (megatron's finalize_model_grads sums them).
-        self._tp_partial = [i for i, (n, _) in enumerate(named)
-                            if "q_layernorm" in n or "k_layernorm" in n]
-        self.opt = torch.optim.AdamW(self.params, lr=algo.lr, betas=(algo.betas[0], algo.betas[1]),
-                                     weight_decay=algo.weight_decay)
-
-    def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-
-    def step(self, lr: float, clip: float) -> float:
-        from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-
-        # Every parameter of a GPT model takes part in every forward, so a missing gradient
-        # only means "zero" (a rank whose share was a dummy micro-batch still has all of them).
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        if ps.get_tensor_model_parallel_world_size() > 1 and self._tp_partial:
-            _all_reduce_([grads[i] for i in self._tp_partial], ps.get_tensor_model_parallel_group())
-        dp = ps.get_data_parallel_world_size()
-        if dp > 1:  # average over replicas, as DDP would
-            _all_reduce_(grads, ps.get_data_parallel_group(), scale=1.0 / dp)
-        sq = torch.zeros((), dtype=torch.float32, device=grads[0].device)
-        for p, g in zip(self.params, grads, strict=True):
-            if param_is_not_tensor_parallel_duplicate(p):
-                sq += torch.linalg.vector_norm(g.float()) ** 2
-        if ps.get_tensor_model_parallel_world_size() > 1:
-            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
-        norm = sq.sqrt()
-        coef = torch.clamp(clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
-        for p, g in zip(self.params, grads, strict=True):
-            g.mul_(coef)
-            p.grad = g
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return float(norm)
-
-    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
-        return self.opt.state_dict()
-
-    def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
-        self.opt.load_state_dict(state)
-
-
-class _MegatronOptimizer:
-    """megatron DDP + megatron AdamW (fp32 master weights; optionally DP-sharded state)."""
-
-    def __init__(self, model: Any, algo: AlgorithmSection, cfg: MegatronTrainerConfig,
-                 dtype: str) -> None:
-        from megatron.core.distributed import DistributedDataParallel as DDP
-        from megatron.core.distributed import DistributedDataParallelConfig
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-        self.distributed = cfg.distributed_optimizer
-        ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-            use_distributed_optimizer=cfg.distributed_optimizer)
-        self.module = DDP(config=model.config, ddp_config=ddp_cfg, module=model)
-        opt_cfg = OptimizerConfig(
-            optimizer="adam", lr=algo.lr, weight_decay=algo.weight_decay,
-            adam_beta1=algo.betas[0], adam_beta2=algo.betas[1], adam_eps=1e-8,
-            clip_grad=algo.grad_clip, bf16=dtype == "bfloat16",
-            params_dtype=mmodel.DTYPES[dtype], use_distributed_optimizer=cfg.distributed_optimizer)
-        # `config_overrides={}`: weight decay on every parameter, like the torch trainer.
-        self.opt = get_megatron_optimizer(opt_cfg, [self.module], config_overrides={})
-
-    def zero_grad(self) -> None:
-        self.module.zero_grad_buffer()
-        self.opt.zero_grad()
-
-    def step(self, lr: float, clip: float) -> float:
-        from megatron.core.distributed import finalize_model_grads
-
-        finalize_model_grads([self.module])  # DP reduce of the grad buckets
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        _ok, norm, _zeros = self.opt.step()
-        self.zero_grad()
-        return float(norm or 0.0)
-
-    def _param_file(self, path: Path, layout: mmodel.Layout) -> Path:
-        return path / f"megatron_tp{layout.tp_rank:02d}_optim_params.pt"
-
-    def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
-        if self.distributed:  # collective over DP; DP rank 0 writes the gathered state
-            path.mkdir(parents=True, exist_ok=True)
-            self.opt.save_parameter_state(str(self._param_file(path, layout)))
-        return self.opt.state_dict()
-
-    def load(self, state: Any, path: Path, layout: mmodel.Layout) -> None:
-        self.opt.load_state_dict(state)
-        if self.distributed:
-            self.opt.load_parameter_state(str(self._param_file(path, layout)))
-
-
 # --------------------------------------------------------------------------------- helpers
+def use_megatron_optimizer() -> bool:
+    """megatron's DDP and optimizers when CUDA is there; they hard-code it. (CPU tests run them
+    under `cpu_compat.cuda_as_cpu()` by patching this to True.)"""
+    return torch.cuda.is_available()
+
+
 def _hf_source(model: Any) -> tuple[Any, Any, str]:
     """(HF config, tensor getter by HF name or None, dtype name) from a HF model, directory or
     config."""
@@ -442,18 +363,6 @@ def _hf_source(model: Any) -> tuple[Any, Any, str]:
         return state[name]
 
     return model.config, get, str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def _all_reduce_(tensors: list[torch.Tensor], group: Any, scale: float = 1.0) -> None:
-    """Sum `tensors` in place over `group` with one collective, then multiply by `scale`."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
-    if scale != 1.0:
-        flat *= scale
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
 
 
 def _barrier() -> None:
