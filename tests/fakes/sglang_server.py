@@ -42,7 +42,8 @@ token; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL 
 real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on a CPU);
 with "nccl" it receives nothing and takes a digest of the request as its weights.
 
-Failure knobs: `die()` drops every connection and stops listening (a crashed server),
+Failure knobs: `replies[path] = (status, body)` answers a path with a canned reply (a server
+error, an unexpected shape), `die()` drops every connection and stops listening (a crashed server),
 `core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes the
 process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or as
 a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does.
@@ -137,6 +138,9 @@ class FakeSGLang:
         self.groups: dict[str, Any] = {}
         self.received: dict[str, Any] = {}
         """Tensors of the last tensor or gloo update, by name (rank 0's copy)."""
+        self.replies: dict[str, tuple[int, Any]] = {}
+        """Failure injection: path -> (status, body) answered instead of the real handler
+        (a dict body as JSON, a str as text)."""
         self.url = ""
         self._snapshot: dict[str, Any] = {}
         self._last_snapshot_tokens = 0
@@ -153,8 +157,20 @@ class FakeSGLang:
         return self.dp_size * self.attn_dp_size
 
     # ------------------------------------------------------------------------- serving
+    @web.middleware
+    async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        canned = self.replies.get(request.path)
+        if canned is None:
+            return await handler(request)
+        if request.can_read_body:
+            self.calls[request.path].append(await request.read())
+        status, body = canned
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._injected])
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_post("/abort_request", self.abort_request)
@@ -241,12 +257,13 @@ class FakeSGLang:
         steps = self.core.generate(req, max_new=int(sp.get("max_new_tokens") or 128),
                                    stop_ids=set(sp.get("stop_token_ids") or []),
                                    stop_strs=list(sp.get("stop") or []))
-        async with contextlib.aclosing(steps):
-            async for new, lps, finish in steps:
-                delta = [[lp, t, None] for t, lp in zip(new, lps, strict=True)]
-                entries.extend(delta)
-                await resp.write(self._event(body, req, delta, entries, finish))
-        await resp.write(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionResetError):  # the client went away: dropped
+            async with contextlib.aclosing(steps):
+                async for new, lps, finish in steps:
+                    delta = [[lp, t, None] for t, lp in zip(new, lps, strict=True)]
+                    entries.extend(delta)
+                    await resp.write(self._event(body, req, delta, entries, finish))
+            await resp.write(b"data: [DONE]\n\n")
         return resp
 
     def _event(self, body: dict[str, Any], req: _Req, delta: list[list[Any]],
