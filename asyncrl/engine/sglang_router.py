@@ -24,7 +24,7 @@ import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote import open_all
-from asyncrl.errors import EngineError, EngineUnavailable
+from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 
 if TYPE_CHECKING:
     from asyncrl.engine.sglang import SGLangEngine
@@ -109,9 +109,18 @@ class RoutedSGLangEngine:
                           age_s=max(x.age_s for x in loads))
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for s in self.servers:
-                tg.create_task(s.update_weights(update))
+        """Update every server; one server's failure does not stop the others' updates. Raises
+        `WeightSyncError` naming the servers that failed (they keep serving their old weights,
+        and their tokens keep their old version tags)."""
+        results = await asyncio.gather(*(s.update_weights(update) for s in self.servers),
+                                       return_exceptions=True)
+        failed = [(s.name, r) for s, r in zip(self.servers, results, strict=True)
+                  if isinstance(r, BaseException)]
+        for _, r in failed:
+            if not isinstance(r, WeightSyncError):
+                raise r
+        if failed:
+            raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed))
 
 
 def _workers(data: Any) -> list[dict[str, Any]]:
