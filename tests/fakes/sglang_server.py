@@ -159,6 +159,7 @@ class FakeSGLang:
     # ------------------------------------------------------------------------- serving
     @web.middleware
     async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        await self.core.stall_if_hung()  # a wedged server answers nothing at all
         canned = self.replies.get(request.path)
         if canned is None:
             return await handler(request)
