@@ -548,7 +548,7 @@ class RemoteEngine:
                         # the server's own tag of these tokens when it gives one (tokens
                         # made before an update but read after it keep the old version)
                         v = state["version"]
-                        delta.policy_version = self.policy_version if v is None else v
+                        delta.policy_version = v if isinstance(v, int) else self.policy_version
                         if delta.finish_reason is not None:
                             final = delta
                         else:
