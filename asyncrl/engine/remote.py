@@ -4,9 +4,10 @@ Owns: launching a server as a child process (its own process group, logs to a fi
 with its process group on close and sent SIGTERM by the kernel if the orchestrator dies) or
 attaching to one by URL; waiting for health; supervising it (a server that exits or fails its
 health checks is marked down, every stream on it is cut with `EngineUnavailable`, and a server
-asyncrl launched is relaunched with the latest weights; failed probes are not counted while a
-weight update is in progress, because a server blocked loading weights may answer its health
-check late or with a 503, and the update has its own deadline, `weight_timeout_s`); the stream guard (a deadline on every
+asyncrl launched is relaunched with the latest weights; while a weight update is in progress a
+server blocked loading weights may answer its health check late or with a 503, so only its
+liveness is probed then (`update_liveness_path`), and the update has its own deadline,
+`weight_timeout_s`); the stream guard (a deadline on every
 network wait, local abort, SSE framing); the load cache (one scrape per `load_ttl_s`, shared by
 concurrent callers); and the pause → apply → flush → resume sequence around weight updates.
 
@@ -145,6 +146,10 @@ class RemoteEngine:
 
     kind = "remote"
     health_path = "/health"
+    update_liveness_path: str | None = None
+    """Probed instead of `health_path` while a weight update is in progress, when the health
+    check cannot pass then (SGLang's generates a token): an endpoint the server's HTTP front
+    answers without its scheduler. None: failed probes are not counted during an update."""
     env_unset: tuple[str, ...] = ()
     """Environment variables removed from a launched server's environment (ones that would
     break the engine's contract, e.g. SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB)."""
@@ -324,10 +329,10 @@ class RemoteEngine:
                     f"{self.options.startup_timeout_s:.0f}s\n{tail}")
             await asyncio.sleep(0.5)
 
-    async def _probe(self, timeout_s: float | None = None) -> bool:
+    async def _probe(self, timeout_s: float | None = None, path: str | None = None) -> bool:
         try:
             async with asyncio.timeout(timeout_s or self.options.health_timeout_s):
-                async with self._session.get(self.url + self.health_path) as resp:
+                async with self._session.get(self.url + (path or self.health_path)) as resp:
                     await resp.read()
                     return resp.status == 200
         except _TRANSIENT:
@@ -379,15 +384,18 @@ class RemoteEngine:
             self.mark_down(f"server process exited (rc={self._proc.returncode})")
             await self._restart()
             return 0
-        if await self._probe():
+        if self._up and self.updating:
+            # Loading weights blocks the server's health check (SGLang answers 503 after
+            # 20 s): only ask whether the server still answers at all. The update has its own
+            # deadline and reports its own failure.
+            if self.update_liveness_path is None:
+                return failures
+            if await self._probe(path=self.update_liveness_path):
+                return 0
+        elif await self._probe():
             if not self._up:
                 await self._recover()
             return 0
-        if self._up and self.updating:
-            # Loading weights blocks the server's health check (SGLang answers 503 after
-            # 20 s); the update has its own deadline and reports its own failure.
-            log.info("engine_probe_failed_during_update", engine=self.name)
-            return failures
         failures += 1
         if failures >= self.options.health_failures or not self._up:
             self.mark_down(f"{failures} failed health checks")

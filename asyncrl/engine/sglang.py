@@ -33,6 +33,7 @@ against a real server when one is installed (`gpu`). Endpoints relied on:
                                    "num_running_reqs", "num_waiting_reqs"}, ...]} per DP rank
   GET  /health                    liveness: a one-token generation; 503 while starting, and
                                    after 20 s without a token (paused, loading weights)
+  GET  /model_info                liveness while a weight update runs ("weight_version")
   POST /pause_generation          {"mode": "retract"}; POST /continue_generation {}
   POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache": true,
                                    "abort_all_requests": false}
@@ -184,6 +185,7 @@ class SGLangEngine(RemoteEngine):
 
     kind = "sglang"
     health_path = "/health"
+    update_liveness_path = "/model_info"  # answered by the HTTP front, scheduler busy or not
     env_unset = ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
 
     def __init__(self, cfg: SGLangEngineConfig, *, index: int,

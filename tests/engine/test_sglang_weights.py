@@ -146,9 +146,13 @@ async def test_a_server_slow_to_answer_health_during_an_update_stays_up(path, ht
             make(fake, http) as eng:
         events: list[bool] = []
         eng.on_state = lambda name, up: events.append(up)
-        await update(eng, path, 2, tmp_path)
+        task = asyncio.create_task(update(eng, path, 2, tmp_path))
+        await asyncio.sleep(0.5)
+        async with http.get(fake.url + "/health") as r:
+            assert r.status == 503  # what the supervisor would have seen
+        await task
         assert eng.healthy and events == [] and eng.policy_version == 2
-        assert len(fake.calls["/health"]) >= 3  # probed (and failing) all along
+        assert len(fake.calls["/model_info"]) >= 3  # liveness probed all along
         # supervision is unchanged outside an update: a blocked server is taken out
         fake.core.scheduler_free.clear()
         async with asyncio.timeout(5):
@@ -212,13 +216,25 @@ async def test_a_session_left_open_by_a_crashed_update_is_closed_and_reopened(ht
         assert eng.policy_version == 3
 
 
-async def test_a_server_that_stops_answering_mid_update_fails_the_update_in_time(http,
-                                                                                tmp_path):
-    async with FakeSGLang() as fake, make(fake, http, weight_timeout_s=1.0) as eng:
+async def test_a_server_that_stops_answering_mid_update_is_taken_out_and_the_update_fails(
+        http, tmp_path):
+    # while loading, /health cannot pass, but /model_info (the HTTP front) still answers; a
+    # server that answers nothing is taken out without waiting for the update's deadline
+    async with FakeSGLang(weight_load_delay_s=60.0, health_check_timeout_s=0.2) as fake, \
+            make(fake, http, weight_timeout_s=2.5, health_timeout_s=0.3,
+                 control_timeout_s=1.0) as eng:
+        task = asyncio.create_task(
+            eng.update_weights(WeightUpdate(version=1, path=str(tmp_path))))
+        await asyncio.sleep(0.5)
+        assert eng.healthy  # loading: health fails, liveness holds
         fake.core.hang = True
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(2.0):
+            while eng.healthy:  # noqa: ASYNC110  (state owned by the supervisor task)
+                await asyncio.sleep(0.05)
+        assert not task.done()
+        async with asyncio.timeout(6):
             with pytest.raises(WeightSyncError, match="failed"):
-                await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
+                await task
         assert eng.policy_version == 0
         fake.core.hang = False
 

@@ -312,6 +312,7 @@ class FakeSGLang:
             "weight_version": c.weight_version})
 
     async def model_info(self, request: web.Request) -> web.Response:
+        self.calls["/model_info"].append(None)
         return web.json_response({"model_path": self.core.weights, "is_generation": True,
                                   "weight_version": self.core.weight_version})
 
