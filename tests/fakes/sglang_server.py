@@ -34,19 +34,20 @@ Behaviour modelled on the real server:
   (`/get_model_info`), `/flush_cache` (refused while requests run or wait, unless retracted).
 
 Simplifications (said here so no test leans on them): one process plays every TP and DP rank
-(loads all sit on DP rank 0); tokens come from a scripted, deterministic "model" whose
-choices depend on the loaded weights (no temperature, `sampling_seed` ignored as the real
-server does without deterministic inference); tensor payloads are unpickled with plain
-`pickle` rather than SGLang's allow-list unpickler; a "decode iteration" is one generated
-token; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL path joins a
-real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on a CPU);
-with "nccl" it receives nothing and takes a digest of the request as its weights.
+(loads all sit on DP rank 0); tokens come from a scripted, deterministic "model" whose choices
+depend on the loaded weights (no temperature, `sampling_seed` ignored as the real server does
+without deterministic inference); tensor payloads are unpickled with plain `pickle` rather than
+SGLang's allow-list unpickler; a "decode iteration" is one generated token, and queued
+incremental chunks are never merged into one; the weight endpoints do not assert `dp_size == 1`
+as the real ones do; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL
+path joins a real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on
+a CPU); with "nccl" it receives nothing and takes a digest of the request as its weights.
 
 Failure knobs: `replies[path] = (status, body)` answers a path with a canned reply (a server
-error, an unexpected shape), `die()` drops every connection and stops listening (a crashed server),
-`core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes the
-process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or as
-a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does.
+error, an unexpected shape), `die()` drops every connection and stops listening (a crashed
+server), `core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes
+the process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or
+as a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does.
 """
 
 from __future__ import annotations
