@@ -289,7 +289,7 @@ class SGLangEngine(RemoteEngine):
         elif update.state_dict is not None:
             items = list(dict(update.state_dict).items())  # type: ignore[call-overload]
             parts = weights.buckets(items, weights.TENSOR_BUCKET_BYTES)
-            async with weights.weight_session(self, self._sessions, timeout):
+            async with weights.weight_session(self, self._sessions):
                 for i, bucket in enumerate(parts):
                     last = i == len(parts) - 1
                     body: dict[str, Any] = {
@@ -337,7 +337,7 @@ class SGLangEngine(RemoteEngine):
         timeout = self.options.weight_timeout_s
 
         async def apply() -> None:
-            async with weights.weight_session(self, self._sessions, timeout):
+            async with weights.weight_session(self, self._sessions):
                 await self._with_peer(weights.post_update(
                     self, "/update_weights_from_distributed", body, timeout), broadcast)
 

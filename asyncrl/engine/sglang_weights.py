@@ -69,7 +69,7 @@ def server_message(raw: bytes) -> str:
 
 
 async def post_update(engine: _Caller, path: str, body: dict[str, Any] | None,
-                      timeout_s: float) -> str:
+                      timeout_s: float | None) -> str:
     """POST a weight-protocol call; returns the server's message. Raises `WeightSyncError`
     (with the server's message) unless the reply is HTTP 200 `{"success": true, ...}`; a
     connection failure or missed deadline is `EngineUnavailable` (from `engine.call`)."""
@@ -97,9 +97,9 @@ class SessionState:
 
 
 @contextlib.asynccontextmanager
-async def weight_session(engine: _Caller, state: SessionState,
-                         timeout_s: float) -> AsyncIterator[None]:
-    """`/begin_weight_update` ... `/end_weight_update` around the body.
+async def weight_session(engine: _Caller, state: SessionState) -> AsyncIterator[None]:
+    """`/begin_weight_update` ... `/end_weight_update` around the body (control calls, with
+    the engine's control deadline: neither loads anything).
 
     A begin refused because a session is already open (an earlier update crashed or timed out
     between the two) closes that session and begins again, once. The end is sent even when
@@ -109,7 +109,7 @@ async def weight_session(engine: _Caller, state: SessionState,
     if not state.supported:
         yield
         return
-    status, message, opened = await _begin(engine, timeout_s)
+    status, message, opened = await _begin(engine)
     if status == 404:
         state.supported = False
         log.info("sglang_no_weight_sessions", engine=engine.name)
@@ -117,8 +117,8 @@ async def weight_session(engine: _Caller, state: SessionState,
         return
     if not opened and "already open" in message:
         log.warning("sglang_stale_weight_session_closed", engine=engine.name, message=message)
-        await post_update(engine, "/end_weight_update", {}, timeout_s)
-        status, message, opened = await _begin(engine, timeout_s)
+        await post_update(engine, "/end_weight_update", {}, None)
+        status, message, opened = await _begin(engine)
     if not opened:
         raise WeightSyncError(f"{engine.name}: /begin_weight_update -> HTTP {status}: {message}")
     ok = False
@@ -127,7 +127,7 @@ async def weight_session(engine: _Caller, state: SessionState,
         ok = True
     finally:
         try:
-            await asyncio.shield(post_update(engine, "/end_weight_update", {}, timeout_s))
+            await asyncio.shield(post_update(engine, "/end_weight_update", {}, None))
         except (EngineError, WeightSyncError) as e:
             if ok:
                 raise WeightSyncError(f"{engine.name}: closing the weight-update session "
@@ -135,10 +135,9 @@ async def weight_session(engine: _Caller, state: SessionState,
             log.warning("sglang_end_weight_update_failed", engine=engine.name, error=str(e))
 
 
-async def _begin(engine: _Caller, timeout_s: float) -> tuple[int, str, bool]:
+async def _begin(engine: _Caller) -> tuple[int, str, bool]:
     """(HTTP status, server message, whether a session is now open)."""
-    status, raw = await engine.call("POST", "/begin_weight_update", json={"selector": "all"},
-                                    timeout_s=timeout_s)
+    status, raw = await engine.call("POST", "/begin_weight_update", json={"selector": "all"})
     try:
         data = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
