@@ -149,7 +149,7 @@ class RemoteEngine:
     update_liveness_path: str | None = None
     """Probed instead of `health_path` while a weight update is in progress, when the health
     check cannot pass then (SGLang's generates a token): an endpoint the server's HTTP front
-    answers without its scheduler. None: failed probes are not counted during an update."""
+    answers without its scheduler. None: `health_path` is probed during updates too."""
     env_unset: tuple[str, ...] = ()
     """Environment variables removed from a launched server's environment (ones that would
     break the engine's contract, e.g. SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB)."""
@@ -384,12 +384,10 @@ class RemoteEngine:
             self.mark_down(f"server process exited (rc={self._proc.returncode})")
             await self._restart()
             return 0
-        if self._up and self.updating:
+        if self._up and self.updating and self.update_liveness_path is not None:
             # Loading weights blocks the server's health check (SGLang answers 503 after
             # 20 s): only ask whether the server still answers at all. The update has its own
             # deadline and reports its own failure.
-            if self.update_liveness_path is None:
-                return failures
             if await self._probe(path=self.update_liveness_path):
                 return 0
         elif await self._probe():
