@@ -469,9 +469,22 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 
 async def _push_weights(rt: Any, version: int) -> None:
+    """New weights to every engine. An engine whose update fails keeps its old weights (its
+    tokens keep their old version tags) and the run goes on; it fails only when no engine
+    took them."""
+    from asyncrl.errors import WeightSyncError
+
     sd = await asyncio.to_thread(rt.trainer.state_dict_for_sync)
-    await asyncio.gather(*(e.update_weights(WeightUpdate(version=version, state_dict=sd))
-                           for e in rt.engines))
+    results = await asyncio.gather(*(e.update_weights(WeightUpdate(version=version,
+                                                                   state_dict=sd))
+                                     for e in rt.engines), return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    for r in failed:
+        if not isinstance(r, WeightSyncError):
+            raise r
+        log.error("weight_sync_failed", version=version, error=str(r))
+    if failed and len(failed) == len(results):
+        raise failed[0]
 
 
 def cmd_train(args: Any) -> int:

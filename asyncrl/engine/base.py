@@ -58,6 +58,9 @@ class EngineLoad(msgspec.Struct, kw_only=True):
     kv_tokens_capacity: int
     running: int
     waiting: int
+    age_s: float = 0.0
+    """How old these numbers were when returned (the server's own refresh lag plus any
+    caching): admission trusts an old report less."""
 
     @property
     def kv_free(self) -> int:

@@ -4,7 +4,10 @@ Owns: launching a server as a child process (its own process group, logs to a fi
 with its process group on close and sent SIGTERM by the kernel if the orchestrator dies) or
 attaching to one by URL; waiting for health; supervising it (a server that exits or fails its
 health checks is marked down, every stream on it is cut with `EngineUnavailable`, and a server
-asyncrl launched is relaunched with the latest weights); the stream guard (a deadline on every
+asyncrl launched is relaunched with the latest weights; while a weight update is in progress a
+server blocked loading weights may answer its health check late or with a 503, so only its
+liveness is probed then (`update_liveness_path`), and the update has its own deadline,
+`weight_timeout_s`); the stream guard (a deadline on every
 network wait, local abort, SSE framing); the load cache (one scrape per `load_ttl_s`, shared by
 concurrent callers); and the pause → apply → flush → resume sequence around weight updates.
 
@@ -28,7 +31,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,9 @@ from asyncrl.errors import EngineError, EngineOverloaded, EngineUnavailable, Wei
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
+
+_EARLY_ABORTS_KEPT = 4096
+"""Ids aborted before their stream started that are remembered (oldest forgotten first)."""
 
 _TRANSIENT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
 """Failures worth one more try on an idempotent call (and the signature of a sick server)."""
@@ -69,7 +75,8 @@ class RemoteOptions(msgspec.Struct, frozen=True, kw_only=True):
     health_interval_s: float = 5.0
     """Seconds between health probes of a server."""
     health_timeout_s: float = 30.0
-    """Deadline of one probe (SGLang's `/health_generate` itself waits up to 20 s)."""
+    """Deadline of one probe (SGLang's `/health` generates a token and answers 503 after
+    20 s without one, so this must exceed 20 s to see the 503 rather than a timeout)."""
     health_failures: int = 3
     """Consecutive failed probes before a server is marked down."""
     control_timeout_s: float = 30.0
@@ -100,6 +107,11 @@ class LoadCache:
 
     def clear(self) -> None:
         self.value, self.at = None, float("-inf")
+
+    def aged(self, now: float) -> EngineLoad:
+        """The cached value, its `age_s` grown by the time it spent here."""
+        assert self.value is not None
+        return msgspec.structs.replace(self.value, age_s=self.value.age_s + (now - self.at))
 
 
 class _StreamCtl:
@@ -134,6 +146,13 @@ class RemoteEngine:
 
     kind = "remote"
     health_path = "/health"
+    update_liveness_path: str | None = None
+    """Probed instead of `health_path` while a weight update is in progress, when the health
+    check cannot pass then (SGLang's generates a token): an endpoint the server's HTTP front
+    answers without its scheduler. None: `health_path` is probed during updates too."""
+    env_unset: tuple[str, ...] = ()
+    """Environment variables removed from a launched server's environment (ones that would
+    break the engine's contract, e.g. SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB)."""
 
     def __init__(self, *, name: str, session: aiohttp.ClientSession | None = None,
                  url: str = "", model_path: str = "", port: int = 0,
@@ -160,6 +179,9 @@ class RemoteEngine:
         self._restarts = 0
         self._streams: dict[str, _StreamCtl] = {}
         self._aborted: set[str] = set()
+        self._early_aborts: dict[str, None] = {}
+        """Ids aborted before their stream started (bounded, oldest dropped): such a stream
+        ends at once with "abort" instead of running to the end."""
         self._load = LoadCache(self.options.load_ttl_s)
         self._load_lock = asyncio.Lock()
         self._update_lock = asyncio.Lock()
@@ -207,6 +229,11 @@ class RemoteEngine:
     @property
     def healthy(self) -> bool:
         return self._up
+
+    @property
+    def updating(self) -> bool:
+        """A weight update is in progress (pause, load, flush, resume)."""
+        return self._update_lock.locked()
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -274,6 +301,8 @@ class RemoteEngine:
     async def _launch(self) -> None:
         path = self._weights[0] if self._weights else self._model_path
         env = {**os.environ, **self._server_env(), **self.options.env}
+        for key in self.env_unset:
+            env.pop(key, None)
         self._proc = ServerProcess(self._argv(path), env=env, log_path=self._log_path(),
                                    name=self.name)
         await self._proc.start()
@@ -300,10 +329,10 @@ class RemoteEngine:
                     f"{self.options.startup_timeout_s:.0f}s\n{tail}")
             await asyncio.sleep(0.5)
 
-    async def _probe(self, timeout_s: float | None = None) -> bool:
+    async def _probe(self, timeout_s: float | None = None, path: str | None = None) -> bool:
         try:
             async with asyncio.timeout(timeout_s or self.options.health_timeout_s):
-                async with self._session.get(self.url + self.health_path) as resp:
+                async with self._session.get(self.url + (path or self.health_path)) as resp:
                     await resp.read()
                     return resp.status == 200
         except _TRANSIENT:
@@ -355,7 +384,13 @@ class RemoteEngine:
             self.mark_down(f"server process exited (rc={self._proc.returncode})")
             await self._restart()
             return 0
-        if await self._probe():
+        if self._up and self.updating and self.update_liveness_path is not None:
+            # Loading weights blocks the server's health check (SGLang answers 503 after
+            # 20 s): only ask whether the server still answers at all. The update has its own
+            # deadline and reports its own failure.
+            if await self._probe(path=self.update_liveness_path):
+                return 0
+        elif await self._probe():
             if not self._up:
                 await self._recover()
             return 0
@@ -473,6 +508,10 @@ class RemoteEngine:
         """
         if not self._up:
             raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
+        if request.request_id in self._early_aborts:
+            del self._early_aborts[request.request_id]
+            yield finish_delta("abort", self.policy_version)  # aborted before it was sent
+            return
         path, body = self._request(request)
         ctl = _StreamCtl(request.request_id)
         self._streams[request.request_id] = ctl
@@ -508,10 +547,14 @@ class RemoteEngine:
                         if data == b"[DONE]":
                             state["done"] = True
                             break
+                        state["version"] = None
                         delta = self._decode(orjson.loads(data), state)
                         if delta is None or final is not None:
                             continue
-                        delta.policy_version = self.policy_version
+                        # the server's own tag of these tokens when it gives one (tokens
+                        # made before an update but read after it keep the old version)
+                        v = state["version"]
+                        delta.policy_version = v if isinstance(v, int) else self.policy_version
                         if delta.finish_reason is not None:
                             final = delta
                         else:
@@ -565,6 +608,10 @@ class RemoteEngine:
         ctl = self._streams.get(request_id)
         if ctl is not None:
             self._aborted.add(request_id)
+        else:
+            self._early_aborts[request_id] = None
+            while len(self._early_aborts) > _EARLY_ABORTS_KEPT:
+                del self._early_aborts[next(iter(self._early_aborts))]
         if self._up:
             try:
                 await self._server_abort(request_id)
@@ -582,18 +629,16 @@ class RemoteEngine:
             raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
         loop = asyncio.get_running_loop()
         if self._load.fresh(loop.time()):
-            assert self._load.value is not None
-            return self._load.value
+            return self._load.aged(loop.time())
         async with self._load_lock:
             if self._load.fresh(loop.time()):
-                assert self._load.value is not None
-                return self._load.value
+                return self._load.aged(loop.time())
             try:
                 value = await self._fetch_load()
             except EngineUnavailable:
                 self._probe_now.set()
                 if self._load.value is not None:  # one failed scrape: last value, probe now
-                    return self._load.value
+                    return self._load.aged(loop.time())
                 raise
             self._load.put(value, loop.time())
             return value
@@ -617,19 +662,30 @@ class RemoteEngine:
             await self._update_locked(update)
 
     async def _update_locked(self, update: WeightUpdate) -> None:
-        log.info("engine_weights_update", engine=self.name, version=update.version,
-                 path=update.path or "<tensors>")
+        await self._run_update(update.version, update.path or "<tensors>",
+                               lambda: self._apply(update))
+
+    async def _run_update(self, version: int, source: str,
+                          apply: Callable[[], Awaitable[None]]) -> None:
+        """The one update sequence every weight path goes through (the caller holds
+        `_update_lock`): pause, `apply`, flush, bump the version, resume. The whole of it has
+        the deadline `weight_timeout_s`; any failure is a `WeightSyncError` and the server is
+        resumed either way (a failed resume takes the server out of service)."""
+        log.info("engine_weights_update", engine=self.name, version=version, source=source)
         paused = False
         try:
             async with asyncio.timeout(self.options.weight_timeout_s):
                 await self._pause()
                 paused = True
-                await self._apply(update)
-                self.policy_version = update.version
+                await apply()
+                self.policy_version = version
                 await self._flush()
+        except WeightSyncError:
+            raise
         except (EngineError, TimeoutError) as e:
-            raise WeightSyncError(f"{self.name}: weight update to version {update.version} "
-                                  f"failed: {e}") from e
+            what = str(e) or f"no answer within {self.options.weight_timeout_s:.0f}s"
+            raise WeightSyncError(f"{self.name}: weight update to version {version} "
+                                  f"failed: {what}") from e
         finally:
             if paused:
                 try:

@@ -1,78 +1,98 @@
 """The `sglang` engine: SGLang servers behind the engine protocol.
 
-Owns: SGLang's native HTTP wire format — the launch command, streaming `/generate` with input
-ids, load from `/metrics` (or `/get_load`), abort, pause/flush/resume and the three weight
-paths (disk, tensors when colocated, an NCCL group when disaggregated) — and the optional
-sglang-router in front (`RoutedSGLangEngine`). The process, health, stream-guard and load-cache
-machinery is `remote.RemoteEngine`; `open_sglang_engines` turns an `[engine]` table into
-running engines. Does not own: scheduling, requeueing, or the trainer side of a weight sync.
+Owns: SGLang's native HTTP wire format: the launch command, streaming `/generate` with input
+ids, load from `/v1/loads`, abort, pause/resume, and the three weight paths (disk, tensors when
+colocated, an NCCL group when disaggregated), whose protocol (sessions, payloads, reply checks)
+is `sglang_weights`. The sglang-router in front is `sglang_router.RoutedSGLangEngine`. The
+process, health, stream-guard, load-cache and update-sequence machinery is
+`remote.RemoteEngine`; `open_sglang_engines` turns an `[engine]` table into running engines.
+Does not own: scheduling, requeueing, or the trainer side of a weight sync.
 
-Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), from its http_server.py
-and io_struct.py; exercised here only against the fake in `tests/fakes/sglang_server.py` (no
-GPU on the CI machines): the `gpu` test and `bench/sglang_engine.py` are the real checks.
-Endpoints relied on:
+Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), read from the released
+wheel (`../../docs/recipe.md` lists what was checked). Unit tests run against the fake in
+`tests/fakes/sglang_server.py`; `tests/engine/test_sglang_contract.py` holds the same assertions
+against a real server when one is installed (`gpu`). Endpoints relied on:
   POST /generate                  {"rid", "input_ids", "stream": true, "return_logprob": true,
                                    "logprob_start_len": -1, "sampling_params": {
                                    "max_new_tokens", "temperature", "top_p", "stop",
                                    "stop_token_ids", "no_stop_trim": true,
-                                   "skip_special_tokens": false[, "sampling_seed"]}}
+                                   "skip_special_tokens": false,
+                                   "spaces_between_special_tokens": false[, "sampling_seed"]}}
                                   → SSE `data: {"output_ids", "meta_info": {"id",
                                    "finish_reason": null | {"type": "stop"|"length"|"abort"},
                                    "output_token_logprobs": [[logprob, id, null], ...],
-                                   "completion_tokens"}}` … `data: [DONE]`
-  POST /abort_request             {"rid"}
-  GET  /get_server_info           "max_total_num_tokens", "dp_size", "version"
-  GET  /metrics                   sglang:num_used_tokens, sglang:num_running_reqs,
-                                  sglang:num_queue_reqs (launched with --enable-metrics)
-  GET  /get_load                  fallback when metrics are off (attached servers)
-  GET  /health                    liveness (a one-token generation when idle)
-  POST /pause_generation          {"mode": "retract"}; POST /continue_generation
-  POST /update_weights_from_disk  {"model_path", "weight_version", "abort_all_requests": false}
+                                   "completion_tokens", "weight_version"}}` … `data: [DONE]`;
+                                   unknown sampling keys are a 400 `{"error": str}`
+  POST /abort_request             {"rid"} (the scheduler matches rids by prefix, so every rid
+                                   sent ends in a terminator, see `wire_rid`)
+  GET  /server_info               "max_total_num_tokens" (per DP rank), "dp_size",
+                                   "attn_dp_size", "incremental_streaming_output", "version";
+                                   `/get_server_info` (deprecated alias) on a 404
+  GET  /v1/loads?include=core     {"loads": [{"timestamp", "num_used_tokens",
+                                   "num_total_tokens", "max_total_num_tokens",
+                                   "num_running_reqs", "num_waiting_reqs"}, ...]} per DP rank
+  GET  /health                    liveness: a one-token generation; 503 while starting, and
+                                   after 20 s without a token (paused, loading weights)
+  GET  /model_info                liveness while a weight update runs ("weight_version")
+  POST /pause_generation          {"mode": "retract"}; POST /continue_generation {}
+  POST /update_weights_from_disk  {"model_path", "weight_version", "flush_cache": true,
+                                   "abort_all_requests": false}
+  POST /begin_weight_update       {"selector": "all"}; POST /end_weight_update {}
   POST /update_weights_from_tensor {"serialized_named_tensors": [one per TP rank],
                                    "load_format": null, "flush_cache", "weight_version"}
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset",
                                    "world_size", "group_name", "backend"}
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
-                                   "flush_cache", "weight_version"}
-  POST /flush_cache
+                                   "flush_cache": true, "weight_version"}
 Launched with `python -m sglang.launch_server --model-path P --host H --port N --tp-size T
 --base-gpu-id i*T --mem-fraction-static F --enable-metrics --incremental-streaming-output`.
 Streams in both SGLang modes are read correctly (cumulative or incremental `output_ids` /
-logprobs, told apart by `meta_info.completion_tokens`), so older attached servers work too.
+logprobs, told apart by `meta_info.completion_tokens`).
 
 Logprobs: SGLang returns log-softmax of the temperature-scaled logits before top-p filtering
-(unless the server sets SGLANG_RETURN_ORIGINAL_LOGPROB), which is the protocol's contract.
-Generation also stops at the model's own EOS (SGLang's `ignore_eos` would disable
+unless the server sets SGLANG_RETURN_ORIGINAL_LOGPROB (removed from a launched server's
+environment). A `null` logprob (a non-finite value on the server) is an `EngineError`, never
+read as 0. Generation also stops at the model's own EOS (SGLang's `ignore_eos` would disable
 `stop_token_ids` too), so callers should list EOS in `stop_token_ids` for every engine.
+`sampling_seed` is sent only to a server running `--enable-deterministic-inference`; any other
+server ignores it (`sampling_batch_info.py:128,157-172`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import io
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from asyncrl.config import SGLangEngineConfig
+from asyncrl.engine import sglang_weights as weights
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.http_wire import gauge, parse_prometheus
 from asyncrl.engine.remote import RemoteEngine, RemoteOptions, open_all, with_log_dir
 from asyncrl.engine.server_process import pick_ports
-from asyncrl.errors import ConfigError, EngineError, EngineUnavailable, WeightSyncError
+from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.errors import ConfigError, EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
 
-TENSOR_BUCKET_BYTES = 512 << 20
-"""Tensors are sent to `/update_weights_from_tensor` in buckets of about this size."""
+__all__ = ["RoutedSGLangEngine", "SGLangEngine", "build_sglang_engines", "decode_event",
+           "open_sglang_engines", "sampling_body", "wire_rid"]
 
 
-def sampling_body(request: GenerateRequest) -> dict[str, Any]:
+def wire_rid(request_id: str) -> str:
+    """The rid sent to SGLang for `request_id`. SGLang's scheduler aborts every request whose
+    rid *starts with* the aborted one (`scheduler.py:5675-5812`), so each rid ends in "#" and
+    has no other "#" ("%" and "#" are escaped): no rid sent is then a prefix of another."""
+    return request_id.replace("%", "%25").replace("#", "%23") + "#"
+
+
+def sampling_body(request: GenerateRequest, *, send_seed: bool = True) -> dict[str, Any]:
     s = request.sampling
     params: dict[str, Any] = {
         "max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
@@ -80,21 +100,32 @@ def sampling_body(request: GenerateRequest) -> dict[str, Any]:
         "no_stop_trim": True, "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
     }
-    if s.seed is not None:
+    if s.seed is not None and send_seed:
         params["sampling_seed"] = s.seed
-    return {"rid": request.request_id, "input_ids": list(request.input_ids), "stream": True,
-            "return_logprob": True, "logprob_start_len": -1, "sampling_params": params}
+    return {"rid": wire_rid(request.request_id), "input_ids": list(request.input_ids),
+            "stream": True, "return_logprob": True, "logprob_start_len": -1,
+            "sampling_params": params}
+
+
+def _version(tag: Any) -> int | None:
+    """asyncrl's policy version from SGLang's `weight_version` tag ("default" → None)."""
+    return int(tag) if isinstance(tag, str) and tag.isdigit() else None
 
 
 def decode_event(event: dict[str, Any], state: dict[str, Any], name: str) -> TokenDelta | None:
-    """One `/generate` SSE event → the tokens it adds. `state["n"]` counts tokens seen."""
+    """One `/generate` SSE event → the tokens it adds. `state["n"]` counts tokens seen;
+    `state["version"]` is set to the server's weight version of this chunk (None if untagged).
+    An error frame, a malformed event or a `null` logprob is an `EngineError`."""
+    if not isinstance(event, dict):
+        raise EngineError(f"{name}: stream event is not an object: {str(event)[:200]}")
     if "error" in event:
         err = event["error"]
         raise EngineError(f"{name}: {err.get('message', err) if isinstance(err, dict) else err}")
-    meta = event.get("meta_info") or {}
-    entries = meta.get("output_token_logprobs")
-    if entries is None:
-        raise EngineError(f"{name}: stream event without output_token_logprobs")
+    meta = event.get("meta_info")
+    entries = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(entries, list):
+        raise EngineError(f"{name}: stream event without meta_info.output_token_logprobs: "
+                          f"{str(event)[:200]}")
     n = state["n"]
     total = meta.get("completion_tokens")
     # Cumulative streams repeat everything so far; incremental ones send only what is new.
@@ -103,6 +134,7 @@ def decode_event(event: dict[str, Any], state: dict[str, Any], name: str) -> Tok
     if isinstance(total, int) and n + len(new) != total:
         raise EngineError(f"{name}: stream lost tokens ({n} + {len(new)} != {total})")
     state["n"] = n + len(new)
+    state["version"] = _version(meta.get("weight_version"))
     finish = meta.get("finish_reason")
     reason = None
     if finish is not None:
@@ -115,21 +147,37 @@ def decode_event(event: dict[str, Any], state: dict[str, Any], name: str) -> Tok
             raise EngineError(f"{name}: unknown finish reason {finish!r}")
     if not new and reason is None:
         return None
-    return TokenDelta(token_ids=[int(e[1]) for e in new],
-                      logprobs=[float(e[0]) if e[0] is not None else 0.0 for e in new],
-                      finish_reason=reason)
+    ids, lps = [], []
+    for i, e in enumerate(new):
+        if not isinstance(e, list | tuple) or len(e) < 2 or not isinstance(e[1], int):
+            raise EngineError(f"{name}: malformed logprob entry {e!r}")
+        if e[0] is None:  # orjson writes NaN and ±inf as null; 0.0 would mean probability 1
+            raise EngineError(f"{name}: null (non-finite) logprob for token {e[1]} at output "
+                              f"position {n + i}")
+        ids.append(e[1])
+        lps.append(float(e[0]))
+    return TokenDelta(token_ids=ids, logprobs=lps, finish_reason=reason)
 
 
-def serialize_named_tensors(named: Sequence[tuple[str, Any]]) -> str:
-    """SGLang's `MultiprocessingSerializer.serialize(..., output_str=True)`: a ForkingPickler
-    pickle in base64. CUDA tensors travel as IPC handles, so the server must share the GPU."""
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch.multiprocessing  # noqa: F401  (registers the tensor reducers)
-
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump(list(named))
-    return base64.b64encode(buf.getvalue()).decode()
+def parse_loads(data: Any, name: str, fallback_capacity: int, now: float) -> EngineLoad:
+    """`/v1/loads?include=core` → load summed over DP ranks. KV use counts queued prompts too
+    (`num_total_tokens`); `age_s` is the age of the oldest rank's snapshot (`timestamp`, wall
+    clock seconds)."""
+    ranks = data.get("loads") if isinstance(data, dict) else None
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise EngineError(f"{name}: unrecognised /v1/loads reply: {str(data)[:200]}")
+    try:
+        used = sum(int(r.get("num_total_tokens", r["num_used_tokens"])) for r in ranks)
+        cap = sum(int(r.get("max_total_num_tokens") or 0) for r in ranks)
+        running = sum(int(r.get("num_running_reqs", 0)) for r in ranks)
+        waiting = sum(int(r.get("num_waiting_reqs", 0)) for r in ranks)
+        stamps = [float(r["timestamp"]) for r in ranks if r.get("timestamp")]
+    except (KeyError, TypeError, ValueError) as e:
+        raise EngineError(f"{name}: unrecognised /v1/loads reply ({e!r}): {str(data)[:200]}") \
+            from e
+    age = max(0.0, now - min(stamps)) if stamps else 0.0
+    return EngineLoad(kv_tokens_used=used, kv_tokens_capacity=cap or fallback_capacity,
+                      running=running, waiting=waiting, age_s=age)
 
 
 class SGLangEngine(RemoteEngine):
@@ -137,9 +185,12 @@ class SGLangEngine(RemoteEngine):
 
     kind = "sglang"
     health_path = "/health"
+    update_liveness_path = "/model_info"  # answered by the HTTP front, scheduler busy or not
+    env_unset = ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
 
     def __init__(self, cfg: SGLangEngineConfig, *, index: int,
-                 session: aiohttp.ClientSession | None = None, url: str = "", model_path: str = "", port: int = 0,
+                 session: aiohttp.ClientSession | None = None, url: str = "",
+                 model_path: str = "", port: int = 0,
                  options: RemoteOptions | None = None) -> None:
         super().__init__(name=f"sglang-{index}", session=session, url=url, port=port,
                          model_path=model_path, request_timeout_s=cfg.request_timeout_s,
@@ -149,8 +200,9 @@ class SGLangEngine(RemoteEngine):
         self.capacity = 0
         self.server_version = ""
         self._incremental = False
+        self._deterministic = False
         self._can_pause = True
-        self._page_size = 1
+        self._sessions = weights.SessionState()
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -162,24 +214,35 @@ class SGLangEngine(RemoteEngine):
                 "--enable-metrics", "--incremental-streaming-output", *self.cfg.extra_args]
 
     async def _on_ready(self) -> None:
-        info = await self.call_json("GET", "/get_server_info", retries=2)
+        path = "/server_info"
+        status, raw = await self.call("GET", path, retries=2)
+        if status == 404:  # before 0.5.x's rename; a deprecated alias in 0.5.23
+            path = "/get_server_info"
+            status, raw = await self.call("GET", path, retries=2)
+        if status != 200:
+            raise EngineError(f"{self.name}: {path} -> HTTP {status}: "
+                              f"{weights.server_message(raw)}")
+        try:
+            info = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"{self.name}: {path} returned non-JSON: {raw[:200]!r}") from e
+        if not isinstance(info, dict):
+            raise EngineError(f"{self.name}: /server_info is not an object: {str(info)[:200]}")
         per_rank = info.get("max_total_num_tokens")
-        if not isinstance(per_rank, int):
-            states = info.get("internal_states") or [{}]
-            per_rank = states[0].get("max_total_num_tokens")
         if not isinstance(per_rank, int) or per_rank <= 0:
-            raise EngineError(f"{self.name}: /get_server_info has no max_total_num_tokens")
-        self.capacity = per_rank * int(info.get("dp_size") or 1)
-        self._incremental = bool(info.get("incremental_streaming_output",
-                                          info.get("stream_output", False)))
-        self._page_size = int(info.get("page_size") or 1)
+            raise EngineError(f"{self.name}: /server_info has no max_total_num_tokens")
+        # one scheduler and KV pool per DP rank: dp_size * attn_dp_size (fields/parallel.py)
+        ranks = int(info.get("dp_size") or 1) * int(info.get("attn_dp_size") or 1)
+        self.capacity = per_rank * ranks
+        self._incremental = bool(info.get("incremental_streaming_output", False))
+        self._deterministic = bool(info.get("enable_deterministic_inference", False))
         self.server_version = str(info.get("version", ""))
         log.info("sglang_server_info", engine=self.name, version=self.server_version,
-                 kv_capacity=self.capacity, incremental=self._incremental)
+                 kv_capacity=self.capacity, dp_ranks=ranks, incremental=self._incremental)
 
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        return "/generate", sampling_body(request)
+        return "/generate", sampling_body(request, send_seed=self._deterministic)
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         state["incr"] = self._incremental
@@ -187,45 +250,15 @@ class SGLangEngine(RemoteEngine):
         return decode_event(event, state, self.name)
 
     async def _server_abort(self, request_id: str) -> None:
-        status, body = await self.call("POST", "/abort_request", json={"rid": request_id},
-                                       retries=1)
+        status, body = await self.call("POST", "/abort_request",
+                                       json={"rid": wire_rid(request_id)}, retries=1)
         if status != 200:
             raise EngineError(f"{self.name}: abort -> HTTP {status}: {body[:200]!r}")
 
     # ---------------------------------------------------------------------------- load
     async def _fetch_load(self) -> EngineLoad:
-        status, body = await self.call("GET", "/metrics", retries=1)
-        if status == 200:
-            m = parse_prometheus(body.decode(errors="replace"))
-            used = gauge(m, "sglang:num_used_tokens", per="dp_rank")
-            if used is not None:
-                cap = gauge(m, "sglang:max_total_num_tokens", per="dp_rank")
-                return EngineLoad(
-                    kv_tokens_used=int(used),
-                    kv_tokens_capacity=int(cap) if cap else self.capacity,
-                    running=int(gauge(m, "sglang:num_running_reqs", per="dp_rank") or 0),
-                    waiting=int(gauge(m, "sglang:num_queue_reqs", per="dp_rank") or 0))
-        return self._parse_get_load(await self.call_json("GET", "/get_load", retries=1))
-
-    def _parse_get_load(self, data: Any) -> EngineLoad:
-        """`/get_load` across versions: `{"load": tokens}` or one dict per DP rank."""
-        if isinstance(data, dict) and "load" in data and not isinstance(data["load"], list):
-            return EngineLoad(kv_tokens_used=int(data["load"]),
-                              kv_tokens_capacity=self.capacity, running=0, waiting=0)
-        ranks = data.get("load", data) if isinstance(data, dict) else data
-        if not isinstance(ranks, list):
-            raise EngineError(f"{self.name}: unrecognised /get_load reply: {str(data)[:200]}")
-        used = running = waiting = 0
-        for r in ranks:
-            tokens = r.get("num_tokens")
-            if tokens is None:
-                tokens = int(r.get("num_pages", 0)) * self._page_size
-            used += int(tokens)
-            w = int(r.get("num_waiting_reqs", 0))
-            waiting += w
-            running += max(0, int(r.get("num_reqs", 0)) - w)
-        return EngineLoad(kv_tokens_used=used, kv_tokens_capacity=self.capacity,
-                          running=running, waiting=waiting)
+        data = await self.call_json("GET", "/v1/loads", params={"include": "core"}, retries=1)
+        return parse_loads(data, self.name, self.capacity, time.time())
 
     # ------------------------------------------------------------------------- weights
     async def _pause(self) -> None:
@@ -233,201 +266,110 @@ class SGLangEngine(RemoteEngine):
             return
         # "retract": running requests go back to the queue, their KV is recomputed with the
         # new weights after /continue_generation; nothing is aborted.
-        status, _ = await self.call("POST", "/pause_generation", json={"mode": "retract"})
+        status, raw = await self.call("POST", "/pause_generation", json={"mode": "retract"})
         if status == 404:
             self._can_pause = False  # older server: updates drain in-flight requests instead
         elif status != 200:
-            raise EngineError(f"{self.name}: pause_generation -> HTTP {status}")
+            raise WeightSyncError(f"{self.name}: /pause_generation -> HTTP {status}: "
+                                  f"{weights.server_message(raw)}")
 
     async def _resume(self) -> None:
         if self._can_pause:
             await self.call_json("POST", "/continue_generation", json={})
 
-    async def _flush(self) -> None:
-        status, body = await self.call("POST", "/flush_cache")
-        if status != 200:  # SGLang refuses while requests run; the update flushed already
-            log.warning("sglang_flush_refused", engine=self.name, status=status,
-                        body=body[:200].decode(errors="replace"))
+    # The cache is flushed by the update call itself (`flush_cache: true`), which fails the
+    # update when the flush is refused (`weight_updater.py:120-133`): no separate /flush_cache.
 
     async def _apply(self, update: WeightUpdate) -> None:
+        timeout = self.options.weight_timeout_s
         if update.path:
-            await self._expect_success("/update_weights_from_disk", {
+            await weights.post_update(self, "/update_weights_from_disk", {
                 "model_path": update.path, "weight_version": str(update.version),
-                "abort_all_requests": False}, timeout_s=self.options.weight_timeout_s)
+                "flush_cache": True, "abort_all_requests": False}, timeout)
         elif update.state_dict is not None:
-            await self._send_tensors(update)
+            items = list(dict(update.state_dict).items())  # type: ignore[call-overload]
+            parts = weights.buckets(items, weights.TENSOR_BUCKET_BYTES)
+            async with weights.weight_session(self, self._sessions):
+                for i, bucket in enumerate(parts):
+                    last = i == len(parts) - 1
+                    body: dict[str, Any] = {
+                        "serialized_named_tensors": weights.rank_payloads(bucket,
+                                                                          self.cfg.tp_size),
+                        "load_format": None, "flush_cache": last}
+                    if last:  # the version changes once every bucket is in
+                        body["weight_version"] = str(update.version)
+                    await weights.post_update(self, "/update_weights_from_tensor", body,
+                                              timeout)
         else:
             raise WeightSyncError(f"{self.name}: a weight update needs a path or tensors")
-
-    async def _send_tensors(self, update: WeightUpdate) -> None:
-        """Colocated sync: tensors go as CUDA IPC handles in size-bounded buckets; the last
-        bucket flushes the cache and sets the version."""
-        items = list(dict(update.state_dict).items())  # type: ignore[call-overload]
-        buckets: list[list[tuple[str, Any]]] = [[]]
-        size = 0
-        for name, t in items:
-            nbytes = t.numel() * t.element_size()
-            if buckets[-1] and size + nbytes > TENSOR_BUCKET_BYTES:
-                buckets.append([])
-                size = 0
-            buckets[-1].append((name, t.detach().contiguous()))
-            size += nbytes
-        for i, bucket in enumerate(buckets):
-            last = i == len(buckets) - 1
-            payload = serialize_named_tensors(bucket)
-            body: dict[str, Any] = {"serialized_named_tensors": [payload] * self.cfg.tp_size,
-                                    "load_format": None, "flush_cache": last}
-            if last:
-                body["weight_version"] = str(update.version)
-            await self._expect_success("/update_weights_from_tensor", body,
-                                       timeout_s=self.options.weight_timeout_s)
-
-    async def _expect_success(self, path: str, body: dict[str, Any], timeout_s: float) -> Any:
-        status, raw = await self.call("POST", path, json=body, timeout_s=timeout_s)
-        text = raw[:500].decode(errors="replace")
-        if status != 200 or '"success":false' in text.replace(" ", ""):
-            raise EngineError(f"{self.name}: {path} -> HTTP {status}: {text}")
-        return text
 
     async def init_weights_update_group(self, *, master_address: str, master_port: int,
                                         rank_offset: int, world_size: int,
                                         group_name: str = "asyncrl", backend: str = "nccl",
                                         join: Callable[[], Awaitable[None]] | None = None
                                         ) -> None:
-        """Disaggregated sync, step 1: the server's TP ranks join an NCCL group with the
+        """Disaggregated sync, step 1: the server's TP ranks join a process group with the
         trainer (trainer rank 0, server ranks from `rank_offset`). `join` is the trainer's
-        own rendezvous, run concurrently because both sides block until all ranks arrive."""
+        own rendezvous, run concurrently because both sides block until all ranks arrive.
+        Raises `WeightSyncError`."""
         body = {"master_address": master_address, "master_port": master_port,
                 "rank_offset": rank_offset, "world_size": world_size,
                 "group_name": group_name, "backend": backend}
-        await self._with_peer(self._expect_success("/init_weights_update_group", body,
-                                                   timeout_s=self.options.weight_timeout_s), join)
+        try:
+            async with asyncio.timeout(self.options.weight_timeout_s):
+                await self._with_peer(weights.post_update(
+                    self, "/init_weights_update_group", body, self.options.weight_timeout_s),
+                    join)
+        except (EngineError, TimeoutError) as e:
+            raise WeightSyncError(f"{self.name}: joining the weight-update group failed: "
+                                  f"{e or 'timed out'}") from e
 
     async def update_weights_from_distributed(
             self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
             broadcast: Callable[[], Awaitable[None]], group_name: str = "asyncrl") -> None:
-        """Disaggregated sync, step 2: pause, receive the tensors the trainer `broadcast`s
-        (rank 0 of the group) while the server posts its receive, flush, resume."""
-        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                "flush_cache": True, "weight_version": str(version)}
+        """Disaggregated sync, step 2: the server receives the tensors the trainer
+        `broadcast`s (rank 0 of the group), inside a weight-update session and the same
+        pause → load → resume sequence as every other path. Raises `WeightSyncError`."""
+        if not len(names) == len(dtypes) == len(shapes):
+            raise WeightSyncError(f"{self.name}: names, dtypes and shapes differ in length")
+        body = {"names": names, "dtypes": weights.torch_dtype_names(dtypes), "shapes": shapes,
+                "group_name": group_name, "flush_cache": True, "weight_version": str(version)}
+        timeout = self.options.weight_timeout_s
+
+        async def apply() -> None:
+            async with weights.weight_session(self, self._sessions):
+                await self._with_peer(weights.post_update(
+                    self, "/update_weights_from_distributed", body, timeout), broadcast)
+
         async with self._update_lock:
             if not self.healthy:
-                raise WeightSyncError(f"{self.name} is down")
-            try:
-                await self._pause()
-                try:
-                    await self._with_peer(self._expect_success(
-                        "/update_weights_from_distributed", body,
-                        timeout_s=self.options.weight_timeout_s), broadcast)
-                    self.policy_version = version
-                    await self._flush()
-                finally:
-                    await asyncio.shield(self._resume())
-            except (EngineError, TimeoutError) as e:
-                raise WeightSyncError(f"{self.name}: NCCL update to {version} failed: {e}") from e
+                raise WeightSyncError(f"{self.name} is down: {self._down_reason}")
+            await self._run_update(version, "nccl", apply)
 
     @staticmethod
     async def _with_peer(server_call: Awaitable[Any],
                          peer: Callable[[], Awaitable[None]] | None) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(server_call)  # type: ignore[arg-type]
-            if peer is not None:
-                tg.create_task(peer())  # type: ignore[arg-type]
+        """Run the server's call and the trainer's side together; the first failure is
+        raised as itself (a trainer-side failure as `WeightSyncError`), the other side is
+        cancelled."""
+        async def trainer_side() -> None:
+            assert peer is not None
+            try:
+                await peer()
+            except (EngineError, WeightSyncError, asyncio.CancelledError):
+                raise
+            except Exception as e:  # the trainer's collective: any failure ends the update
+                raise WeightSyncError(f"trainer side of the weight sync failed: {e!r}") from e
 
-
-class RoutedSGLangEngine:
-    """SGLang servers behind an sglang-router: one engine to the scheduler.
-
-    Generation goes through the router (it keeps prefix-cache affinity across servers); load
-    is the sum over servers; abort and weight updates go to every server. Down while no
-    server is up. Servers asyncrl launched are registered with the router on start.
-    """
-
-    kind = "sglang"
-
-    def __init__(self, router_url: str, servers: Sequence[SGLangEngine], *,
-                 register: bool = False) -> None:
-        self.name = "sglang-router"
-        self.router_url = router_url.rstrip("/")
-        self.servers = list(servers)
-        self._register = register
-        self._stack: contextlib.AsyncExitStack | None = None
-
-    @property
-    def policy_version(self) -> int:
-        return min(s.policy_version for s in self.servers)
-
-    @property
-    def healthy(self) -> bool:
-        return any(s.healthy for s in self.servers)
-
-    async def __aenter__(self) -> RoutedSGLangEngine:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def start(self) -> None:
-        stack = contextlib.AsyncExitStack()
         try:
-            await stack.enter_async_context(open_all(self.servers))
-            if self._register:
-                for s in self.servers:
-                    await _register_with_router(s, self.router_url)
-        except BaseException:
-            await asyncio.shield(stack.aclose())
-            raise
-        self._stack = stack
-
-    async def close(self) -> None:
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            await asyncio.shield(stack.aclose())
-
-    def _any(self) -> SGLangEngine:
-        for s in self.servers:
-            if s.healthy:
-                return s
-        raise EngineUnavailable("no SGLang server behind the router is up")
-
-    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        return self._any().stream_via(self.router_url, request)
-
-    async def abort(self, request_id: str) -> None:
-        await asyncio.gather(*(s.abort(request_id) for s in self.servers if s.healthy))
-
-    async def load(self) -> EngineLoad:
-        loads = []
-        for s in self.servers:
-            if s.healthy:
-                try:
-                    loads.append(await s.load())
-                except EngineUnavailable:
-                    continue
-        if not loads:
-            raise EngineUnavailable("no SGLang server behind the router is up")
-        return EngineLoad(kv_tokens_used=sum(x.kv_tokens_used for x in loads),
-                          kv_tokens_capacity=sum(x.kv_tokens_capacity for x in loads),
-                          running=sum(x.running for x in loads),
-                          waiting=sum(x.waiting for x in loads))
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for s in self.servers:
-                tg.create_task(s.update_weights(update))
-
-
-async def _register_with_router(server: SGLangEngine, router_url: str) -> None:
-    """sglang-router learns a launched worker through `POST /add_worker?url=...`."""
-    try:
-        async with asyncio.timeout(server.options.control_timeout_s):
-            async with server.session.post(f"{router_url}/add_worker",
-                                           params={"url": server.url}) as resp:
-                if resp.status != 200:
-                    raise EngineError(f"router refused {server.url}: HTTP {resp.status}")
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise EngineUnavailable(f"sglang-router at {router_url} unreachable: {e}") from e
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(server_call)  # type: ignore[arg-type]
+                if peer is not None:
+                    tg.create_task(trainer_side())
+        except BaseExceptionGroup as eg:
+            first = next((e for e in eg.exceptions
+                          if not isinstance(e, asyncio.CancelledError)), eg.exceptions[0])
+            raise first from None
 
 
 def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenizer: Any = None,

@@ -23,6 +23,10 @@ Policies (`POLICIES`, chosen by name):
   engines, so "most free" compares like with like. The estimate of an engine's use is also
   floored by its last report (adjusted by admissions and releases since), so an under-estimate
   is corrected at the next report; a real engine preempts if it ever overflows.
+  Reports carry their age (a server refreshes its load numbers only every few decode steps,
+  SGLang's `/v1/loads` every 15): a report older than `max_report_age_s` may have missed the
+  rollouts admitted or finished since it was taken, so it can raise the floor and the ratio
+  but never lower them.
 - `least_requests`: the engine running the fewest rollouts takes the head, worst-case
   reservations (ratio 1, no correction).
 - `static`: the baseline fixed split: the i-th submitted rollout belongs to engine i mod N, each
@@ -192,16 +196,23 @@ class AdmissionPolicy:
             e.floor = max(0.0, e.floor - r.ctx)
         return name
 
-    def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None) -> None:
-        """Load reported by an engine: its KV use now (and capacity, if it changed). Only
-        policies with `uses_reports` floor their estimate with it."""
+    max_report_age_s = float("inf")
+    """Reports older than this are stale: they may raise the floor, never lower it."""
+
+    def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None,
+               age_s: float = 0.0) -> None:
+        """Load reported by an engine: its KV use `age_s` seconds ago (and capacity, if it
+        changed). Only policies with `uses_reports` floor their estimate with it."""
         e = self._engines.get(engine)
         if e is None:
             return
         if kv_tokens_capacity:
             e.capacity = int(kv_tokens_capacity)
         if self.uses_reports:
-            e.floor = float(kv_tokens_used)
+            if age_s > self.max_report_age_s and e.floor is not None:
+                e.floor = max(e.floor, float(kv_tokens_used))
+            else:
+                e.floor = float(kv_tokens_used)
 
     def engine_down(self, engine: str) -> list[str]:
         """Mark an engine failed; returns the rollouts that ran on it (released here; their
@@ -270,7 +281,7 @@ class KvAwarePolicy(AdmissionPolicy):
 
     def __init__(self, capacities: Mapping[str, int], *, initial_ratio: float = 1.0,
                  min_ratio: float = 0.05, target: float = 0.9, high: float = 0.97,
-                 decay: float = 0.05, bump: float = 0.25) -> None:
+                 decay: float = 0.05, bump: float = 0.25, max_report_age_s: float = 1.0) -> None:
         super().__init__(capacities)
         if not 0 < min_ratio <= initial_ratio <= 1 or not 0 < target <= high <= 1:
             raise ValueError("need 0 < min_ratio <= initial_ratio <= 1 and 0 < target <= high <= 1")
@@ -279,22 +290,28 @@ class KvAwarePolicy(AdmissionPolicy):
         self.high = high
         self.decay = decay
         self.bump = bump
+        self.max_report_age_s = max_report_age_s
         self._use: dict[str, float] = {}
         self._ratio = initial_ratio
 
     def carry_over(self) -> dict[str, object]:
         return {"initial_ratio": max(self.min_ratio, min(1.0, self._ratio))}
 
-    def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None) -> None:
-        super().report(engine, kv_tokens_used, kv_tokens_capacity)
+    def report(self, engine: str, kv_tokens_used: int, kv_tokens_capacity: int | None = None,
+               age_s: float = 0.0) -> None:
+        super().report(engine, kv_tokens_used, kv_tokens_capacity, age_s)
         e = self._engines.get(engine)
         if e is None or not e.alive or e.capacity <= 0:
             return
         use = kv_tokens_used / e.capacity
-        self._use[engine] = use
-        if use > self.high:
+        if use > self.high:  # even an old report this high means an engine near preemption
+            self._use[engine] = use
             self._ratio = min(1.0, self._ratio + self.bump)
-        elif self._queue:
+            return
+        if age_s > self.max_report_age_s:
+            return  # may predate admissions since: not a reason to reserve less
+        self._use[engine] = use
+        if self._queue:
             alive = [u for n, u in self._use.items() if self._engines[n].alive]
             if sum(alive) / len(alive) < self.target:
                 self._ratio = max(self.min_ratio, self._ratio * (1.0 - self.decay))

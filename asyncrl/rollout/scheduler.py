@@ -227,7 +227,8 @@ class Scheduler:
                 except Exception as e:  # a load call that fails or times out: the engine is out
                     self._take_out(name, f"load report failed: {e!r}")
                     return
-                self._policy().report(name, load.kv_tokens_used, load.kv_tokens_capacity)
+                self._policy().report(name, load.kv_tokens_used, load.kv_tokens_capacity,
+                                    age_s=load.age_s)
                 self._dispatch()
                 if name not in self._dirty:
                     return

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes.sglang_server import FakeSGLang, ScriptedModel
+from fakes.sglang_router import FakeRouter
+from fakes.sglang_server import FakeSGLang, ScriptedModel, tensor_digest
 from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
@@ -78,7 +79,7 @@ async def test_abort_ends_the_stream_and_frees_the_server(session):
             await consume()
         assert got[-1].finish_reason == "abort" and len(got) == 4  # nothing after abort()
         assert sum(len(d.token_ids) for d in got) == 3
-        assert fake.calls["/abort_request"] == [{"rid": "to-abort"}]
+        assert fake.calls["/abort_request"] == [{"rid": "to-abort#"}]  # see wire_rid
         await asyncio.sleep(0.1)
         assert fake.core.running == {}
 
@@ -94,10 +95,12 @@ async def test_load_reports_running_requests_and_kv_and_is_cached(session):
             await asyncio.sleep(FAST.load_ttl_s)
             busy = await eng.load()
             assert busy.running == 2 and busy.waiting == 0
-            assert 2 * 10 < busy.kv_tokens_used < 2 * 50  # prompts + tokens so far
+            assert 2 * 10 <= busy.kv_tokens_used < 2 * 50  # prompts + tokens so far
             assert busy.kv_free == 1000 - busy.kv_tokens_used
             n = len(fake.calls)  # no request recorded for /metrics; count via a second read
-            assert await eng.load() is busy  # within the TTL: the cached scrape
+            cached = await eng.load()  # within the TTL: the cached scrape, a little older
+            assert (cached.kv_tokens_used, cached.running) == (busy.kv_tokens_used, busy.running)
+            assert cached.age_s >= busy.age_s
             assert len(fake.calls) == n
         finally:
             for t in tasks:
@@ -105,16 +108,22 @@ async def test_load_reports_running_requests_and_kv_and_is_cached(session):
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@pytest.mark.parametrize("style", ["list", "dict"])
-async def test_load_falls_back_to_get_load_without_metrics(session, style):
-    async with FakeSGLang(metrics=False, get_load_style=style, token_delay_s=0.05) as fake, \
-            engine(fake, session) as eng:
-        task = asyncio.create_task(collect(eng, make_request([11] * 10, max_new=40)))
+async def test_load_numbers_lag_like_the_servers_and_carry_their_age(session):
+    # /v1/loads is a snapshot the server republishes every few decode steps: between two,
+    # the numbers stand still and the report says how old they are
+    async with FakeSGLang(token_delay_s=0.03) as fake, engine(fake, session) as eng:
+        task = asyncio.create_task(collect(eng, make_request([11] * 10, max_new=200)))
         try:
-            await asyncio.sleep(0.3)
-            load = await eng.load()
-            assert load.kv_tokens_capacity == 4096 and load.kv_tokens_used > 10
-            assert load.running == (1 if style == "list" else 0)
+            await eventually(lambda: fake.core.tokens_generated >= 16, 5)
+            first = await eng.load()
+            await asyncio.sleep(FAST.load_ttl_s + 0.1)
+            second = await eng.load()
+            assert second.running == 1 and second.kv_tokens_used >= 10
+            assert second.age_s >= 0.0
+            cached = await eng.load()  # within the TTL: same numbers, older
+            assert cached.kv_tokens_used == second.kv_tokens_used
+            assert cached.age_s >= second.age_s
+            assert first.kv_tokens_capacity == 4096
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -127,8 +136,10 @@ async def test_disk_update_pauses_flushes_resumes_and_changes_outputs(session, t
         assert eng.policy_version == 3
         assert fake.calls["/pause_generation"] == [{"mode": "retract"}]
         assert fake.calls["/update_weights_from_disk"] == [
-            {"model_path": str(tmp_path), "weight_version": "3", "abort_all_requests": False}]
-        assert len(fake.calls["/flush_cache"]) == 1 and len(fake.calls["/continue_generation"]) == 1
+            {"model_path": str(tmp_path), "weight_version": "3", "flush_cache": True,
+             "abort_all_requests": False}]  # the update flushes; no separate /flush_cache
+        assert len(fake.calls["/continue_generation"]) == 1
+        assert "/begin_weight_update" not in fake.calls  # the disk path needs no session
         deltas = [d async for d in eng.stream(make_request(max_new=8))]
         after = [t for d in deltas for t in d.token_ids]
         assert after != before.token_ids
@@ -157,32 +168,30 @@ async def test_in_flight_request_survives_an_update_and_finishes_on_new_weights(
 
 
 async def test_server_without_pause_support_still_updates(session, tmp_path):
-    async with FakeSGLang(can_pause=False) as fake, engine(fake, session) as eng:
+    async with FakeSGLang() as fake, engine(fake, session) as eng:
+        fake.replies["/pause_generation"] = (404, {"detail": "Not Found"})  # an old server
         await eng.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
         await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
         assert eng.policy_version == 3 and len(fake.calls["/update_weights_from_disk"]) == 2
 
 
-async def test_tensor_update_sends_named_tensors_in_buckets(session, monkeypatch):
+async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(session,
+                                                                           monkeypatch):
     import torch
 
-    import asyncrl.engine.sglang as sg
+    from asyncrl.engine import sglang_weights
 
-    monkeypatch.setattr(sg, "TENSOR_BUCKET_BYTES", 80)  # 64 + 16 bytes fit, 64 + 64 do not
+    monkeypatch.setattr(sglang_weights, "TENSOR_BUCKET_BYTES", 80)  # 64 + 16 fit, 64 + 64 not
     state = {"a.weight": torch.ones(4, 4), "b.weight": torch.zeros(4, 4), "c.bias": torch.ones(4)}
-    # CPU tensors cross processes through named shared memory only with this strategy (CUDA
-    # tensors, the real use, go as IPC handles); the fake decodes in this process anyway.
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
     async with FakeSGLang() as fake, engine(fake, session) as eng:
-        try:
-            await eng.update_weights(WeightUpdate(version=5, state_dict=state))
-        finally:
-            torch.multiprocessing.set_sharing_strategy(strategy)
+        await eng.update_weights(WeightUpdate(version=5, state_dict=state))
         sent = fake.calls["/update_weights_from_tensor"]
         assert [c["names"] for c in sent] == [["a.weight"], ["b.weight", "c.bias"]]
         assert [c["flush_cache"] for c in sent] == [False, True]
         assert sent[-1]["weight_version"] == "5" and eng.policy_version == 5
+        assert len(fake.calls["/begin_weight_update"]) == 1
+        assert len(fake.calls["/end_weight_update"]) == 1 and not fake.session_open
+        assert fake.core.weights == tensor_digest(list(state.items()))
 
 
 async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(session):
@@ -197,12 +206,14 @@ async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(se
 
         await eng.init_weights_update_group(master_address="10.0.0.1", master_port=29500,
                                             rank_offset=1, world_size=2, join=join)
-        await eng.update_weights_from_distributed(names=["w"], dtypes=["bfloat16"],
+        await eng.update_weights_from_distributed(names=["w"], dtypes=["torch.bfloat16"],
                                                   shapes=[[2, 2]], version=7, broadcast=broadcast)
         assert joined.is_set() and sent.is_set() and eng.policy_version == 7
         assert fake.calls["/init_weights_update_group"][0]["rank_offset"] == 1
         body = fake.calls["/update_weights_from_distributed"][0]
         assert body["names"] == ["w"] and body["weight_version"] == "7"
+        assert body["dtypes"] == ["bfloat16"]
+        assert len(fake.calls["/begin_weight_update"]) == 1 and not fake.session_open
 
 
 async def test_server_dying_mid_stream_raises_unavailable_and_marks_down(session):
@@ -277,18 +288,21 @@ async def test_attached_server_that_returns_is_used_again_with_the_latest_weight
             await back.stop()
 
 
-async def test_router_engine_sums_load_and_fans_out(session, tmp_path):
-    async with FakeSGLang(capacity=1000) as a, FakeSGLang(capacity=3000) as b:
+async def test_router_engine_registers_workers_sums_load_and_fans_out(session, tmp_path):
+    async with FakeSGLang(capacity=1000) as a, FakeSGLang(capacity=3000) as b, \
+            FakeRouter() as router:
         ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
         eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
-        async with ea, eb:
-            routed = RoutedSGLangEngine(a.url, [ea, eb])  # `a` stands in for the router
+        async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
             assert isinstance(routed, Engine)
+            # registered through POST /workers (202) and seen healthy in GET /workers
+            assert router.calls["POST /workers"] == [{"url": a.url}, {"url": b.url}]
+            assert all(w["is_healthy"] for w in router.workers.values())
             assert (await routed.load()).kv_tokens_capacity == 4000
             g = await collect(routed, make_request(max_new=3))
-            assert len(g.token_ids) == 3 and len(a.calls["/generate"]) == 1
+            assert len(g.token_ids) == 3 and len(router.calls["/generate"]) == 1
             await routed.abort("x")
-            assert a.calls["/abort_request"] == b.calls["/abort_request"] == [{"rid": "x"}]
+            assert a.calls["/abort_request"] == b.calls["/abort_request"] == [{"rid": "x#"}]
             await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
             assert routed.policy_version == 2
 

@@ -1,18 +1,53 @@
-"""Fake SGLang server: a real aiohttp app speaking SGLang 0.5.x's native HTTP API.
+"""Fake SGLang server: a real aiohttp app behaving like SGLang 0.5.23's native HTTP API.
 
 Fakes the inference-server boundary for the `sglang` engine (and, through `FakeCore`, the
-vLLM fake next to it). Tokens come from a scripted, deterministic "model" whose choices depend
-on the loaded weights, so a weight update visibly changes outputs. Load is reported the way
-SGLang does (`/metrics` gauges, `/get_load`, `/get_server_info`), and failures can be injected:
-`die()` drops every connection and stops listening (a crashed server), `hang = True` stops
-answering (a wedged one), `--fake-crash-after-tokens` makes the process exit mid-stream.
+vLLM fake next to it). Written from the real server's source as
+`../shared/research/sglang-contract-audit.md` documents it (file:line references below are
+wheel paths under `sglang/srt/`); it has only endpoints the real server has.
 
-Runs in-process (`async with FakeSGLang() as fake: fake.url`) or as a program taking SGLang's
-launch flags (`python sglang_server.py --model-path P --port N ...`), which is how the launch,
-supervision and restart path is tested with a real child process.
+Behaviour modelled on the real server:
+- `/generate`: unknown `sampling_params` keys are a 400 `{"error": "unknown field ..."}`
+  (`api_types.py:177-207`); an input at or over the context length is an SSE error frame on
+  HTTP 200; streams in incremental or cumulative mode; every chunk carries
+  `meta_info.weight_version`, the last one `weight_versions` spans; aborts carry `status_code`
+  and `err_type`; a request aborted while waiting gets the waiting-queue abort event
+  (cumulative logprobs, `output_ids=[last]`, `tokenizer_manager.py:3577-3635`).
+- `/abort_request`: prefix match on rids (`scheduler.py:5675-5812`); unknown rids dropped.
+- `/pause_generation` modes `abort` (default), `retract` (running requests go back to the
+  queue, their KV freed, and continue on the current weights after `/continue_generation`)
+  and `in_place` (requests keep their KV); `/generate` calls sent while paused wait at the
+  tokenizer, outside the scheduler's queue.
+- `/health` (and `/health_generate`) generates: 503 while starting, 200 once the "scheduler"
+  produces a token, 503 when it produces none within `health_check_timeout_s` (the real 20 s):
+  so a paused server, or one busy loading weights, fails it.
+- Weight updates: `/update_weights_from_tensor` and `/update_weights_from_distributed` need a
+  `/begin_weight_update` session (400 `success: false` otherwise); a second begin is refused
+  while one is open, an end without one too. Rank r of a `tp_size` server unpickles element r
+  of `serialized_named_tensors`. `dtypes` must be torch attribute names. An update whose
+  cache flush is refused (requests running or queued and not retracted) fails the update
+  (`weight_updater.py:120-133`). A disk update on an unpaused server waits for in-flight
+  requests to finish. `weight_load_delay_s` makes every load block the scheduler that long.
+- `/v1/loads?include=core`: one entry per DP rank with a wall-clock `timestamp`; the
+  snapshot is republished when a request starts or ends and every 15 generated tokens, so it
+  lags like the real one. `/metrics` gauges have no `max_total_num_tokens`.
+- `/server_info` (and its deprecated alias `/get_server_info`), `/model_info`
+  (`/get_model_info`), `/flush_cache` (refused while requests run or wait, unless retracted).
 
-Wire format follows SGLang's http_server.py / tokenizer_manager (0.5.x): see
-`asyncrl/engine/sglang.py` for the list of endpoints.
+Simplifications (said here so no test leans on them): one process plays every TP and DP rank
+(loads all sit on DP rank 0); tokens come from a scripted, deterministic "model" whose choices
+depend on the loaded weights (no temperature, `sampling_seed` ignored as the real server does
+without deterministic inference); tensor payloads are unpickled with plain `pickle` rather than
+SGLang's allow-list unpickler; a "decode iteration" is one generated token, and queued
+incremental chunks are never merged into one; the weight endpoints do not assert `dp_size == 1`
+as the real ones do; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL
+path joins a real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on
+a CPU); with "nccl" it receives nothing and takes a digest of the request as its weights.
+
+Failure knobs: `replies[path] = (status, body)` answers a path with a canned reply (a server
+error, an unexpected shape), `die()` drops every connection and stops listening (a crashed
+server), `core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes
+the process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or
+as a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does.
 """
 
 from __future__ import annotations
@@ -20,187 +55,145 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import binascii
 import contextlib
 import hashlib
 import json
 import os
 import pickle
 import sys
+import time
 import uuid
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
 
-EOS = 2
+if not __package__:  # run as a program (a launched server): make `fakes` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fakes.scripted_core import (  # after the path set-up above
+    EOS,
+    FakeCore,
+    ScriptedModel,
+    _Req,
+    default_decode,
+)
+
+__all__ = ["EOS", "FakeCore", "FakeSGLang", "ScriptedModel", "_Req", "default_decode",
+           "tensor_digest"]
+
+LOADS_REFRESH_TOKENS = 15
+"""`/v1/loads` is republished every this many generated tokens (SGLang: decode steps)."""
+
+SAMPLING_KEYS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature",
+                 "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                 "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex", "ebnf",
+                 "structural_tag", "ignore_eos", "skip_special_tokens",
+                 "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
+                 "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark",
+                 "choice")
+"""SGLang 0.5.23's `SamplingParams` fields (`api/v1/api_types.py:1256`); others are a 400."""
 
 
-class ScriptedModel:
-    """Deterministic next-token rule: a hash of (weights, last tokens, position).
-
-    With `script`, the i-th generated token is `script[i % len(script)]` instead. Logprobs are
-    a fixed function of the same hash, always < 0.
-    """
-
-    def __init__(self, vocab_size: int = 64, script: list[int] | None = None) -> None:
-        self.vocab_size = vocab_size
-        self.script = script
-
-    def step(self, weights: str, context: list[int], position: int) -> tuple[int, float]:
-        h = int.from_bytes(hashlib.blake2b(
-            f"{weights}|{context[-4:]}|{len(context)}".encode(), digest_size=8).digest(), "big")
-        logprob = -0.001 - (h >> 20) % 4000 / 1000.0
-        if self.script:
-            return self.script[position % len(self.script)], logprob
-        return 10 + h % (self.vocab_size - 10), logprob  # ids < 10 are specials
+def tensor_digest(named: list[tuple[str, Any]]) -> str:
+    """The fake's weights after loading these (name, tensor) pairs: a digest of names and
+    values, so a test can predict the outputs of exactly the tensors it sent."""
+    h = hashlib.blake2b(digest_size=8)
+    for name, t in sorted(named, key=lambda x: x[0]):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return "tensors:" + h.hexdigest()
 
 
-def default_decode(ids: list[int]) -> str:
-    return "".join(f" t{i}" for i in ids)
+def _fail(message: str, status: int = 400, **extra: Any) -> web.Response:
+    return web.json_response({"success": False, "message": message, **extra}, status=status)
 
 
-class _Req:
-    def __init__(self, rid: str, input_ids: list[int], transport: Any) -> None:
-        self.rid = rid
-        self.input_ids = input_ids
-        self.output: list[int] = []
-        self.aborted = False
-        self.transport = transport
-
-
-class FakeCore:
-    """The part both fakes share: requests, KV accounting, pause, weights, failure knobs."""
-
-    def __init__(self, *, model: ScriptedModel | None = None, capacity: int = 4096,
-                 token_delay_s: float = 0.0, decode: Callable[[list[int]], str] = default_decode,
-                 model_path: str = "/fake/model", crash_after_tokens: int = 0) -> None:
-        self.model = model or ScriptedModel()
-        self.capacity = capacity
-        self.token_delay_s = token_delay_s
-        self.decode = decode
-        self.weights = model_path
-        self.weight_version = "default"
-        self.crash_after_tokens = crash_after_tokens
-        self.calls: dict[str, list[Any]] = defaultdict(list)
-        self.running: dict[str, _Req] = {}
-        self.waiting = 0
-        self.unpaused = asyncio.Event()
-        self.unpaused.set()
-        self.responsive = asyncio.Event()
-        self.responsive.set()
-        self.dead = False
-        self.tokens_generated = 0
-
-    @property
-    def used_tokens(self) -> int:
-        return sum(len(r.input_ids) + len(r.output) for r in self.running.values())
-
-    @property
-    def hang(self) -> bool:
-        return not self.responsive.is_set()
-
-    @hang.setter
-    def hang(self, value: bool) -> None:
-        if value:
-            self.responsive.clear()
-        else:
-            self.responsive.set()
-
-    async def stall_if_hung(self) -> None:
-        await self.responsive.wait()
-
-    async def generate(self, req: _Req, *, max_new: int, stop_ids: set[int],
-                       stop_strs: list[str]) -> AsyncIterator[tuple[list[int], list[float],
-                                                                    tuple[str, Any] | None]]:
-        """Yields (new ids, their logprobs, finish) per step; finish = (kind, matched)."""
-        self.running[req.rid] = req
-        try:
-            while True:
-                if not self.unpaused.is_set():
-                    self.waiting += 1
-                    try:
-                        await self.unpaused.wait()
-                    finally:
-                        self.waiting -= 1
-                await self.stall_if_hung()
-                if req.aborted:
-                    yield [], [], ("abort", "Abort in waiting queue")
-                    return
-                tok, lp = self.model.step(self.weights, req.input_ids + req.output,
-                                          len(req.output))
-                req.output.append(tok)
-                self.tokens_generated += 1
-                if self.crash_after_tokens and self.tokens_generated >= self.crash_after_tokens:
-                    os._exit(17)  # a server process dying mid-stream
-                finish: tuple[str, Any] | None = None
-                if tok in stop_ids or tok == EOS:
-                    finish = ("stop", tok)
-                elif stop_strs:
-                    text = self.decode(req.output)
-                    hit = next((s for s in stop_strs if s in text), None)
-                    if hit is not None:
-                        finish = ("stop", hit)
-                if finish is None and len(req.output) >= max_new:
-                    finish = ("length", len(req.output))
-                yield [tok], [lp], finish
-                if finish is not None:
-                    return
-                await asyncio.sleep(self.token_delay_s)
-        finally:
-            self.running.pop(req.rid, None)
-
-    def abort(self, rid: str | None = None, all_: bool = False) -> int:
-        n = 0
-        for r in self.running.values():
-            if all_ or r.rid == rid:
-                r.aborted = True
-                n += 1
-        return n
+def _ok(message: str = "Success", **extra: Any) -> web.Response:
+    return web.json_response({"success": True, "message": message, **extra})
 
 
 class FakeSGLang:
-    """The SGLang fake. Attributes of `core` (and `incremental`, `metrics`) steer it."""
+    """The SGLang fake. Attributes of `core` (and the ones below) steer it."""
 
     def __init__(self, *, core: FakeCore | None = None, incremental: bool = True,
-                 metrics: bool = True, version: str = "0.5.23", get_load_style: str = "list",
-                 can_pause: bool = True, **core_kw: Any) -> None:
+                 version: str = "0.5.23", tp_size: int = 1, dp_size: int = 1,
+                 attn_dp_size: int = 1, context_length: int = 32768,
+                 health_check_timeout_s: float = 20.0, health_poll_s: float = 0.05,
+                 weight_load_delay_s: float = 0.0, **core_kw: Any) -> None:
         self.core = core or FakeCore(**core_kw)
+        self.core.free_kv_on_pause = True
+        self.core.on_change = self._on_change
         self.incremental = incremental
-        self.metrics = metrics
         self.version = version
-        self.get_load_style = get_load_style
-        self.can_pause = can_pause
+        self.tp_size = tp_size
+        self.dp_size = dp_size
+        self.attn_dp_size = attn_dp_size
+        self.context_length = context_length
+        self.health_check_timeout_s = health_check_timeout_s
+        self.health_poll_s = health_poll_s
+        self.weight_load_delay_s = weight_load_delay_s
+        self.starting = False
         self.pause_mode = ""
+        self.session_open = False
+        self.groups: dict[str, Any] = {}
+        self.received: dict[str, Any] = {}
+        """Tensors of the last tensor or gloo update, by name (rank 0's copy)."""
+        self.replies: dict[str, tuple[int, Any]] = {}
+        """Failure injection: path -> (status, body) answered instead of the real handler
+        (a dict body as JSON, a str as text)."""
         self.url = ""
+        self._snapshot: dict[str, Any] = {}
+        self._last_snapshot_tokens = 0
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
+        self._take_snapshot()
 
     @property
     def calls(self) -> dict[str, list[Any]]:
         return self.core.calls
 
+    @property
+    def ranks(self) -> int:
+        return self.dp_size * self.attn_dp_size
+
     # ------------------------------------------------------------------------- serving
+    @web.middleware
+    async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        await self.core.stall_if_hung()  # a wedged server answers nothing at all
+        canned = self.replies.get(request.path)
+        if canned is None:
+            return await handler(request)
+        if request.can_read_body:
+            self.calls[request.path].append(await request.read())
+        status, body = canned
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._injected])
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_post("/abort_request", self.abort_request)
-        r.add_get("/get_server_info", self.get_server_info)
-        r.add_get("/get_model_info", self.get_model_info)
-        r.add_get("/get_load", self.get_load)
-        r.add_get("/metrics", self.get_metrics)
+        for path in ("/server_info", "/get_server_info"):
+            r.add_get(path, self.server_info)
+        for path in ("/model_info", "/get_model_info"):
+            r.add_get(path, self.model_info)
+        r.add_get("/v1/loads", self.loads)
+        r.add_get("/metrics", self.metrics)
         r.add_get("/health", self.health)
         r.add_get("/health_generate", self.health)
-        r.add_route("*", "/flush_cache", self.flush_cache)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
+        r.add_post("/pause_generation", self.pause)
+        r.add_post("/continue_generation", self.resume)
         r.add_post("/update_weights_from_disk", self.update_from_disk)
+        r.add_post("/begin_weight_update", self.begin_weight_update)
+        r.add_post("/end_weight_update", self.end_weight_update)
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/init_weights_update_group", self.init_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
-        if self.can_pause:
-            r.add_post("/pause_generation", self.pause)
-            r.add_post("/continue_generation", self.resume)
-        r.add_post("/add_worker", self.add_worker)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -233,177 +226,365 @@ class FakeSGLang:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # ------------------------------------------------------------------------ handlers
+    # ----------------------------------------------------------------------- generate
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.calls["/generate"].append(body)
         ids = body.get("input_ids")
         sp = body.get("sampling_params") or {}
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return web.json_response({"error": {"message": "input_ids must be a list of ints"}},
+        if not isinstance(sp, dict):
+            return web.json_response({"error": "invalid type: expected struct SamplingParams"},
                                      status=400)
-        if len(ids) + int(sp.get("max_new_tokens", 128)) > self.core.capacity:
-            return web.json_response({"error": {"message": "The input is longer than the "
-                                                           "context length"}}, status=400)
+        unknown = [k for k in sp if k not in SAMPLING_KEYS]
+        if unknown:
+            return web.json_response({"error": f"unknown field `{unknown[0]}`, expected one "
+                                      f"of {', '.join(f'`{k}`' for k in SAMPLING_KEYS)}"},
+                                     status=400)
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return web.json_response({"error": "invalid type: expected a sequence of i64"},
+                                     status=400)
+        await self.core.unpaused.wait()  # requests sent during a pause wait at the tokenizer
         rid = body.get("rid") or uuid.uuid4().hex
-        req = _Req(rid, list(ids), request.transport)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        if len(ids) >= self.context_length:
+            err = {"message": f"The input ({len(ids)} tokens) is longer than the model's "
+                              f"context length ({self.context_length} tokens).",
+                   "type": "BadRequestError", "code": 400, "retryable": False}
+            await resp.write(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        req = _Req(rid, list(ids), request.transport)
         entries: list[list[Any]] = []
-        steps = self.core.generate(req, max_new=int(sp.get("max_new_tokens", 128)),
+        steps = self.core.generate(req, max_new=int(sp.get("max_new_tokens") or 128),
                                    stop_ids=set(sp.get("stop_token_ids") or []),
                                    stop_strs=list(sp.get("stop") or []))
-        async with contextlib.aclosing(steps):
-            async for new, lps, finish in steps:
-                delta = [[lp, t, None] for t, lp in zip(new, lps, strict=True)]
-                entries.extend(delta)
-                await resp.write(self._event(body, rid, len(ids), delta, entries, finish))
-        await resp.write(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionResetError):  # the client went away: dropped
+            async with contextlib.aclosing(steps):
+                async for new, lps, finish in steps:
+                    delta = [[lp, t, None] for t, lp in zip(new, lps, strict=True)]
+                    entries.extend(delta)
+                    await resp.write(self._event(body, req, delta, entries, finish))
+            await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    def _event(self, body: dict[str, Any], rid: str, n_prompt: int, delta: list[list[Any]],
+    def _event(self, body: dict[str, Any], req: _Req, delta: list[list[Any]],
                entries: list[list[Any]], finish: tuple[str, Any] | None) -> bytes:
         finish_json = None
+        shown = delta if self.incremental else list(entries)
+        output_ids = [e[1] for e in shown]
         if finish is not None:
             kind, matched = finish
-            key = {"abort": "message", "length": "length"}.get(kind, "matched")
-            finish_json = {"type": kind, key: matched}
-        meta: dict[str, Any] = {"id": rid, "finish_reason": finish_json,
-                                "prompt_tokens": n_prompt, "completion_tokens": len(entries),
-                                "cached_tokens": 0, "weight_version": self.core.weight_version}
-        shown = delta if self.incremental else list(entries)
+            if kind == "abort":
+                finish_json = {"type": "abort", "message": matched, "status_code": None,
+                               "err_type": None}
+                if req.waiting and entries:  # the waiting-queue abort: cumulative, last id
+                    shown, output_ids = list(entries), [entries[-1][1]]
+            else:
+                finish_json = {"type": kind, "length" if kind == "length" else "matched": matched}
+        meta: dict[str, Any] = {"id": req.rid, "finish_reason": finish_json,
+                                "prompt_tokens": len(req.input_ids),
+                                "completion_tokens": len(entries), "cached_tokens": 0,
+                                "weight_version": self.core.weight_version}
+        if finish is not None:
+            meta["weight_versions"] = _spans(req.versions)
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = shown
-        out = {"text": self.core.decode([e[1] for e in shown]),
-               "output_ids": [e[1] for e in shown], "meta_info": meta}
+        out = {"text": self.core.decode(output_ids), "output_ids": output_ids, "meta_info": meta}
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls["/abort_request"].append(body)
-        self.core.abort(body.get("rid"), bool(body.get("abort_all")))
+        self.core.abort(body.get("rid"), bool(body.get("abort_all")), prefix=True)
         return web.Response()
 
-    async def get_server_info(self, request: web.Request) -> web.Response:
+    # ---------------------------------------------------------------- info, load, health
+    async def server_info(self, request: web.Request) -> web.Response:
         await self.core.stall_if_hung()
+        c = self.core
         return web.json_response({
-            "model_path": self.core.weights, "tp_size": 1, "dp_size": 1, "page_size": 1,
-            "max_total_num_tokens": self.core.capacity, "max_req_input_len": self.core.capacity,
-            "incremental_streaming_output": self.incremental, "version": self.version,
-            "internal_states": [{"last_gen_throughput": 0.0}]})
+            "model_path": c.weights, "tp_size": self.tp_size, "dp_size": self.dp_size,
+            "attn_dp_size": self.attn_dp_size, "page_size": None,
+            "max_total_num_tokens": c.capacity // self.ranks,
+            "context_length": self.context_length,
+            "incremental_streaming_output": self.incremental,
+            "enable_deterministic_inference": False, "version": self.version,
+            "weight_version": c.weight_version})
 
-    async def get_model_info(self, request: web.Request) -> web.Response:
+    async def model_info(self, request: web.Request) -> web.Response:
+        self.calls["/model_info"].append(None)
         return web.json_response({"model_path": self.core.weights, "is_generation": True,
                                   "weight_version": self.core.weight_version})
 
-    async def get_load(self, request: web.Request) -> web.Response:
-        await self.core.stall_if_hung()
-        c = self.core
-        if self.get_load_style == "dict":
-            return web.json_response({"load": c.used_tokens})
-        return web.json_response([{"dp_rank": 0, "num_reqs": len(c.running),
-                                   "num_waiting_reqs": c.waiting, "num_tokens": c.used_tokens}])
+    def _on_change(self, event: str) -> None:
+        """Republish the load snapshot on a prefill, a retract or an idle step, and every
+        `LOADS_REFRESH_TOKENS` tokens of decoding (so it lags in between)."""
+        due = self.core.tokens_generated - self._last_snapshot_tokens >= LOADS_REFRESH_TOKENS
+        if event != "token" or due:
+            self._take_snapshot()
 
-    async def get_metrics(self, request: web.Request) -> web.Response:
-        await self.core.stall_if_hung()
-        if not self.metrics:
-            return web.Response(status=404)
+    def _take_snapshot(self) -> None:
         c = self.core
-        lab = '{model_name="fake",engine_type="unified",tp_rank="%d"}'
+        self._last_snapshot_tokens = c.tokens_generated
+        queued = sum(len(r.input_ids) + len(r.output) for r in c.running.values()
+                     if r.retracted)
+        running = sum(1 for r in c.running.values() if not r.waiting)
+        self._snapshot = {"timestamp": time.time(), "num_running_reqs": running,
+                          "num_waiting_reqs": c.waiting, "num_used_tokens": c.used_tokens,
+                          "num_total_tokens": c.used_tokens + queued}
+
+    async def loads(self, request: web.Request) -> web.Response:
+        await self.core.stall_if_hung()
+        include = request.query.get("include")
+        valid = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+        if include and not {s.strip() for s in include.split(",")} <= valid:
+            return web.json_response({"detail": f"Invalid include sections: {include}"},
+                                     status=400)
+        per_rank = self.core.capacity // self.ranks
+        loads = []
+        for rank in range(self.ranks):
+            snap = self._snapshot if rank == 0 else {
+                "timestamp": self._snapshot["timestamp"], "num_running_reqs": 0,
+                "num_waiting_reqs": 0, "num_used_tokens": 0, "num_total_tokens": 0}
+            loads.append({"dp_rank": rank, **snap, "max_total_num_tokens": per_rank,
+                          "token_usage": snap["num_used_tokens"] / per_rank})
+        return web.json_response({"timestamp": "", "version": self.version,
+                                  "accelerator": "fake", "num_accelerators": self.tp_size,
+                                  "loads": loads})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        await self.core.stall_if_hung()
+        s = self._snapshot
+        lab = ('{model_name="fake",engine_type="unified",tp_rank="0",pp_rank="0",'
+               'moe_ep_rank="0"}')
         lines = []
-        for name, value in [("sglang:num_used_tokens", c.used_tokens),
-                            ("sglang:num_running_reqs", len(c.running) - c.waiting),
-                            ("sglang:num_queue_reqs", c.waiting),
-                            ("sglang:token_usage", c.used_tokens / c.capacity),
-                            ("sglang:max_total_num_tokens", c.capacity)]:
-            lines += [f"# TYPE {name} gauge"] + [f"{name}{lab % r} {float(value)}" for r in (0, 1)]
+        for name, value in [("sglang:num_used_tokens", s["num_used_tokens"]),
+                            ("sglang:num_running_reqs", s["num_running_reqs"]),
+                            ("sglang:num_queue_reqs", s["num_waiting_reqs"]),
+                            ("sglang:token_usage", s["num_used_tokens"] / self.core.capacity)]:
+            lines += [f"# TYPE {name} gauge", f"{name}{lab} {float(value)}"]
         return web.Response(text="\n".join(lines) + "\n")
 
     async def health(self, request: web.Request) -> web.Response:
         await self.core.stall_if_hung()
-        return web.Response()
+        self.calls["/health"].append(None)
+        if self.starting:
+            return web.Response(status=503)
+        c = self.core
+        deadline = time.monotonic() + self.health_check_timeout_s
+        while time.monotonic() < deadline:  # the one-token generation gets scheduled
+            await asyncio.sleep(self.health_poll_s)
+            if c.unpaused.is_set() and c.scheduler_free.is_set():
+                return web.Response()
+        return web.Response(status=503)
+
+    # ------------------------------------------------------------- pause, flush, weights
+    def _busy(self) -> bool:
+        """Requests the scheduler still holds (running, or queued and not retracted)."""
+        return any(not r.retracted for r in self.core.running.values())
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         self.calls["/flush_cache"].append(None)
-        busy = self.core.running and self.core.unpaused.is_set()
-        return web.Response(text="Cache flushed.\n", status=400 if busy else 200)
-
-    async def update_from_disk(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls["/update_weights_from_disk"].append(body)
-        path = body.get("model_path", "")
-        if not (path.startswith("/fake") or os.path.isdir(path)):  # noqa: ASYNC240  (a test fake)
-            return web.json_response({"success": False, "message": f"{path} not found",
-                                      "num_paused_requests": 0}, status=400)
-        self.core.weights = path
-        self.core.weight_version = body.get("weight_version") or self.core.weight_version
-        return web.json_response({"success": True, "message": "Succeeded to update model "
-                                  "weights.", "num_paused_requests": 0})
-
-    async def update_from_tensor(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        names = []
-        for payload in body["serialized_named_tensors"][:1]:
-            names = [n for n, _ in pickle.loads(base64.b64decode(payload))]
-        self.calls["/update_weights_from_tensor"].append({**body, "names": names})
-        self.core.weights = f"tensors:{len(self.calls['/update_weights_from_tensor'])}"
-        if body.get("weight_version"):
-            self.core.weight_version = body["weight_version"]
-        return web.json_response({"success": True, "message": "ok"})
-
-    async def init_group(self, request: web.Request) -> web.Response:
-        self.calls["/init_weights_update_group"].append(await request.json())
-        return web.json_response({"success": True, "message": "ok"})
-
-    async def update_from_distributed(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.calls["/update_weights_from_distributed"].append(body)
-        self.core.weights = f"nccl:{body.get('weight_version')}"
-        self.core.weight_version = body.get("weight_version") or self.core.weight_version
-        return web.json_response({"success": True, "message": "ok"})
+        if self._busy():
+            return web.Response(text="Cache not flushed: requests are running or queued.\n",
+                                status=400)
+        return web.Response(text="Cache flushed.\n")
 
     async def pause(self, request: web.Request) -> web.Response:
         body = await request.json() if request.can_read_body else {}
         self.calls["/pause_generation"].append(body)
         self.pause_mode = body.get("mode", "abort")
+        if self.pause_mode not in ("abort", "retract", "in_place"):
+            return web.json_response({"detail": f"unknown mode {self.pause_mode!r}"}, status=422)
         if self.pause_mode == "abort":
             self.core.abort(all_=True)
+        self.core.free_kv_on_pause = self.pause_mode == "retract"
+        for r in self.core.running.values():  # the scheduler retracts them at once
+            r.retracted = self.core.free_kv_on_pause
         self.core.unpaused.clear()
         return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: web.Request) -> web.Response:
         self.calls["/continue_generation"].append(None)
+        self.pause_mode = ""
         self.core.unpaused.set()
         return web.json_response({"message": "Generation continued successfully.",
                                   "status": "ok"})
 
-    async def add_worker(self, request: web.Request) -> web.Response:
-        self.calls["/add_worker"].append(request.query.get("url"))
-        return web.Response()
+    async def _load(self, weights: str, body: dict[str, Any]) -> web.Response | None:
+        """Block the scheduler `weight_load_delay_s`, swap weights, flush, tag the version.
+        Returns the failure reply, or None."""
+        self.core.scheduler_free.clear()
+        try:
+            await asyncio.sleep(self.weight_load_delay_s)
+            self.core.weights = weights
+            if body.get("weight_version") is not None:
+                self.core.weight_version = str(body["weight_version"])
+        finally:
+            self.core.scheduler_free.set()
+        if body.get("flush_cache", True) and self._busy():
+            return _fail("Weights were updated, but the cache was not flushed because requests "
+                         "are still running or queued. Retract or finish them, then call "
+                         "/flush_cache.")
+        return None
+
+    async def update_from_disk(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/update_weights_from_disk"].append(body)
+        path = body.get("model_path", "")
+        if self.core.unpaused.is_set():  # no pause: the writer lock waits for requests
+            while self.core.running:  # noqa: ASYNC110  (polling state another task owns)
+                await asyncio.sleep(0.01)
+        if not (path.startswith("/fake") or os.path.isdir(path)):  # noqa: ASYNC240  (a test fake)
+            return _fail(f"Failed to get weights iterator: {path} (repository not found).",
+                         num_paused_requests=0)
+        return await self._load(path, body) or _ok("Succeeded to update model weights.",
+                                                   num_paused_requests=0)
+
+    async def begin_weight_update(self, request: web.Request) -> web.Response:
+        self.calls["/begin_weight_update"].append(await request.json())
+        if self.session_open:
+            return _fail("a weight-update session is already open; call end_weight_update() "
+                         "first")
+        self.session_open = True
+        return _ok()
+
+    async def end_weight_update(self, request: web.Request) -> web.Response:
+        self.calls["/end_weight_update"].append(await request.json())
+        if not self.session_open:
+            return _fail("no weight-update session is open; call begin_weight_update() first")
+        self.session_open = False
+        return _ok()
+
+    async def update_from_tensor(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        payloads = body.get("serialized_named_tensors")
+        if not self.session_open:
+            self.calls["/update_weights_from_tensor"].append({**body, "names": None})
+            return _fail("update_weights_from_tensor must run between begin_weight_update() "
+                         "and end_weight_update()")
+        import torch.multiprocessing  # noqa: F401  (registers the tensor rebuild functions)
+
+        per_rank: list[list[tuple[str, Any]]] = []
+        try:
+            for rank in range(self.tp_size):  # rank r reads element r, and only that one
+                raw = base64.b64decode(payloads[rank], validate=True)
+                per_rank.append(list(pickle.loads(raw)))  # a test fake: plain pickle
+        except (IndexError, TypeError, binascii.Error, pickle.UnpicklingError, EOFError,
+                OSError, RuntimeError) as e:
+            self.calls["/update_weights_from_tensor"].append({**body, "names": None})
+            return _fail(f"Failed to deserialize the tensors of TP rank {len(per_rank)}: {e!r}")
+        self.calls["/update_weights_from_tensor"].append(
+            {**body, "names": [n for n, _ in per_rank[0]]})
+        self.received.update(dict(per_rank[0]))
+        failure = await self._load(tensor_digest(list(self.received.items())), body)
+        return failure or _ok()
+
+    async def init_group(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/init_weights_update_group"].append(body)
+        if body.get("backend") == "gloo":
+            try:
+                self.groups[body["group_name"]] = await asyncio.to_thread(_join_gloo, body)
+            except Exception as e:  # any rendezvous failure is the reply, as on the real one
+                return _fail(f"Failed to init process group: {e!r}")
+        else:
+            self.groups[body.get("group_name", "weight_update_group")] = None
+        return _ok("Succeeded to initialize custom process group.")
+
+    async def update_from_distributed(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/update_weights_from_distributed"].append(body)
+        if not self.session_open:
+            return _fail("update_weights_from_distributed must run between "
+                         "begin_weight_update() and end_weight_update()")
+        import torch
+
+        dtypes = [getattr(torch, d, None) for d in body.get("dtypes", [])]
+        if not all(isinstance(d, torch.dtype) for d in dtypes):
+            return _fail(f"Failed to receive weights: bad dtype in {body.get('dtypes')}")
+        name = body.get("group_name", "weight_update_group")
+        if name not in self.groups:
+            return _fail(f"Failed to receive weights: group {name} is not initialized")
+        group = self.groups[name]
+        if group is None:  # "nccl": nothing can be received on a CPU
+            weights = "nccl:" + hashlib.blake2b(json.dumps(body, sort_keys=True).encode(),
+                                                digest_size=8).hexdigest()
+        else:
+            got = await asyncio.to_thread(_receive_gloo, group, body["names"], dtypes,
+                                          body["shapes"])
+            self.received.update(got)
+            weights = tensor_digest(list(self.received.items()))
+        return await self._load(weights, body) or _ok("Succeeded to update parameter online.")
+
+
+def _spans(versions: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, v in enumerate(versions):
+        if out and out[-1]["version"] == v:
+            out[-1]["end"] = i + 1
+        else:
+            out.append({"version": v, "start": i, "end": i + 1})
+    return out
+
+
+def _join_gloo(body: dict[str, Any]) -> Any:
+    """The server's rank (`rank_offset`) of a gloo group with the trainer (rank 0)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=30)
+    store = dist.TCPStore(body["master_address"], int(body["master_port"]),
+                          int(body["world_size"]), is_master=False, timeout=timeout)
+    return dist.ProcessGroupGloo(dist.PrefixStore(body["group_name"], store),
+                                 int(body["rank_offset"]), int(body["world_size"]), timeout)
+
+
+def _receive_gloo(group: Any, names: list[str], dtypes: list[Any],
+                  shapes: list[list[int]]) -> dict[str, Any]:
+    import torch
+
+    out = {}
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        t = torch.empty(shape, dtype=dtype)
+        group.broadcast(t, 0).wait()
+        out[name] = t
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run as a child process with (a subset of) `sglang.launch_server`'s flags."""
+    """Run as a child process with (a subset of) `sglang.launch_server`'s flags; any other
+    flag is an error, as with the real launcher."""
     p = argparse.ArgumentParser()
     p.add_argument("--model-path", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--dp-size", type=int, default=1)
+    p.add_argument("--base-gpu-id", type=int, default=0)
+    p.add_argument("--mem-fraction-static", type=float, default=0.85)
+    p.add_argument("--context-length", type=int, default=32768)
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--fake-crash-after-tokens", type=int, default=0)
     p.add_argument("--fake-startup-delay", type=float, default=0.0)
     p.add_argument("--fake-token-delay", type=float, default=0.0)
     p.add_argument("--fake-capacity", type=int, default=4096)
-    args, _unknown = p.parse_known_args(argv)  # the real server's other flags are ignored
+    args = p.parse_args(argv)
 
     async def serve() -> None:
-        await asyncio.sleep(args.fake_startup_delay)
-        fake = FakeSGLang(incremental=args.incremental_streaming_output,
-                          metrics=args.enable_metrics, model_path=args.model_path,
-                          token_delay_s=args.fake_token_delay, capacity=args.fake_capacity,
+        fake = FakeSGLang(incremental=args.incremental_streaming_output, tp_size=args.tp_size,
+                          dp_size=args.dp_size, context_length=args.context_length,
+                          model_path=args.model_path, token_delay_s=args.fake_token_delay,
+                          capacity=args.fake_capacity,
                           crash_after_tokens=args.fake_crash_after_tokens)
+        fake.starting = True  # listening, but /health answers 503 until loaded
         await fake.start(args.host, args.port)
         print(f"fake sglang serving {args.model_path} at {fake.url}", flush=True)
+        await asyncio.sleep(args.fake_startup_delay)
+        fake.starting = False
         await asyncio.Event().wait()
 
     try:

@@ -94,6 +94,32 @@ def test_reported_load_floors_the_estimate() -> None:
     assert q.estimate("a") == 100
 
 
+def test_a_stale_report_can_raise_reservations_but_never_lower_them() -> None:
+    # Load numbers a server refreshed a while ago may predate rollouts admitted since: an old
+    # low reading must not shrink reservations (over-admission), an old high one still counts.
+    p = KvAwarePolicy({"a": 1000}, decay=0.5, max_report_age_s=1.0)
+    for i in range(30):
+        p.submit(ask(i, 0, 100))
+    assert len(p.admit()) == 10
+    p.report("a", 200, age_s=5.0)
+    assert p.ratio() == 1.0 and p.admit() == []
+    p.report("a", 200, age_s=0.2)  # the same reading, fresh: reservations shrink
+    assert p.ratio() == 0.5
+    p.report("a", 990, age_s=5.0)  # old, but near overflow: back off anyway
+    assert p.ratio() == 0.75
+    # the floor: a stale report may raise it, never lower it
+    q = KvAwarePolicy({"a": 1000}, max_report_age_s=1.0)
+    q.submit(ask(0, 10, 90))
+    q.admit()
+    q.report("a", 800)
+    q.report("a", 50, age_s=3.0)
+    assert q.estimate("a") == 800
+    q.report("a", 900, age_s=3.0)
+    assert q.estimate("a") == 900
+    q.report("a", 50)
+    assert q.estimate("a") == 100  # fresh: the floor follows, the own estimate remains
+
+
 def test_least_requests_balances_counts() -> None:
     p = LeastRequestsPolicy({"a": 10_000, "b": 300})
     for i in range(4):

@@ -1,0 +1,171 @@
+"""sglang-router in front of SGLang servers: one engine to the scheduler.
+
+Owns: `RoutedSGLangEngine` (generation through the router, which keeps prefix-cache affinity
+across servers; load summed over servers; abort and weight updates sent to every server) and
+registering launched servers with the router. Does not own: a server's wire format or
+supervision (`sglang.SGLangEngine`).
+
+Registration follows sglang-router 0.3.2 (the `gpu` extra's pin), which has no `/add_worker`:
+`POST /workers {"url"}` answers 202 and adds the worker in the background; the worker is ready
+once `GET /workers` lists it with `is_healthy: true`. The router health-checks workers itself
+(its `/health` probes hit a paused server too); asyncrl's own supervision of each server is
+unchanged behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.engine.remote import open_all
+from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
+
+if TYPE_CHECKING:
+    from asyncrl.engine.sglang import SGLangEngine
+
+
+class RoutedSGLangEngine:
+    """SGLang servers behind an sglang-router: one engine to the scheduler.
+
+    Down while no server is up. Servers asyncrl launched are registered with the router on
+    start (`register=True`); attached ones are assumed registered already.
+    """
+
+    kind = "sglang"
+
+    def __init__(self, router_url: str, servers: Sequence[SGLangEngine], *,
+                 register: bool = False) -> None:
+        self.name = "sglang-router"
+        self.router_url = router_url.rstrip("/")
+        self.servers = list(servers)
+        self._register = register
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def policy_version(self) -> int:
+        return min(s.policy_version for s in self.servers)
+
+    @property
+    def healthy(self) -> bool:
+        return any(s.healthy for s in self.servers)
+
+    async def __aenter__(self) -> RoutedSGLangEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        stack = contextlib.AsyncExitStack()
+        try:
+            await stack.enter_async_context(open_all(self.servers))
+            if self._register:
+                for s in self.servers:
+                    await register_worker(s.session, self.router_url, s.url,
+                                          timeout_s=s.options.startup_timeout_s)
+        except BaseException:
+            await asyncio.shield(stack.aclose())
+            raise
+        self._stack = stack
+
+    async def close(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await asyncio.shield(stack.aclose())
+
+    def _any(self) -> SGLangEngine:
+        for s in self.servers:
+            if s.healthy:
+                return s
+        raise EngineUnavailable("no SGLang server behind the router is up")
+
+    def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
+        return self._any().stream_via(self.router_url, request)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.gather(*(s.abort(request_id) for s in self.servers if s.healthy))
+
+    async def load(self) -> EngineLoad:
+        loads = []
+        for s in self.servers:
+            if s.healthy:
+                try:
+                    loads.append(await s.load())
+                except EngineUnavailable:
+                    continue
+        if not loads:
+            raise EngineUnavailable("no SGLang server behind the router is up")
+        return EngineLoad(kv_tokens_used=sum(x.kv_tokens_used for x in loads),
+                          kv_tokens_capacity=sum(x.kv_tokens_capacity for x in loads),
+                          running=sum(x.running for x in loads),
+                          waiting=sum(x.waiting for x in loads),
+                          age_s=max(x.age_s for x in loads))
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Update every server; one server's failure does not stop the others' updates. Raises
+        `WeightSyncError` naming the servers that failed (they keep serving their old weights,
+        and their tokens keep their old version tags)."""
+        results = await asyncio.gather(*(s.update_weights(update) for s in self.servers),
+                                       return_exceptions=True)
+        failed = [(s.name, r) for s, r in zip(self.servers, results, strict=True)
+                  if isinstance(r, BaseException)]
+        for _, r in failed:
+            if not isinstance(r, WeightSyncError):
+                raise r
+        if failed:
+            raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed))
+
+
+def _workers(data: Any) -> list[dict[str, Any]]:
+    """The worker entries of a `GET /workers` reply (`{"workers": [...], ...}`)."""
+    items = data.get("workers") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise EngineError(f"unrecognised GET /workers reply: {str(data)[:200]}")
+    return [w for w in items if isinstance(w, dict)]
+
+
+async def register_worker(session: aiohttp.ClientSession, router_url: str, url: str, *,
+                          timeout_s: float, poll_s: float = 0.5) -> None:
+    """Add `url` to the router and wait until the router reports it healthy.
+
+    `POST /workers` is accepted with 200/201/202 (0.3.2 answers 202 and adds the worker
+    asynchronously); then `GET /workers` is polled until an entry with this url has
+    `is_healthy: true`. Raises `EngineError` when the router refuses (with its message) and
+    `EngineUnavailable` when it is unreachable or the worker is not healthy within
+    `timeout_s`.
+    """
+    want = url.rstrip("/")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(f"{router_url}/workers", json={"url": url}) as resp:
+                body = await resp.read()
+                if resp.status not in (200, 201, 202):
+                    raise EngineError(f"router refused {url}: HTTP {resp.status}: "
+                                      f"{body[:300].decode(errors='replace')}")
+            while True:
+                async with session.get(f"{router_url}/workers") as resp:
+                    raw = await resp.read()
+                    if resp.status != 200:
+                        raise EngineError(f"router GET /workers -> HTTP {resp.status}: "
+                                          f"{raw[:300].decode(errors='replace')}")
+                try:
+                    entries = _workers(orjson.loads(raw))
+                except orjson.JSONDecodeError as e:
+                    raise EngineError(f"router GET /workers returned non-JSON: "
+                                      f"{raw[:200]!r}") from e
+                if any(str(w.get("url", "")).rstrip("/") == want and w.get("is_healthy")
+                       for w in entries):
+                    return
+                await asyncio.sleep(poll_s)
+    except TimeoutError as e:
+        raise EngineUnavailable(f"sglang-router at {router_url} did not report {url} healthy "
+                                f"within {timeout_s:.0f}s") from e
+    except aiohttp.ClientError as e:
+        raise EngineUnavailable(f"sglang-router at {router_url} unreachable: {e}") from e

@@ -1,0 +1,298 @@
+"""Weight sync with the `sglang` engine end to end against the fake SGLang server.
+
+The three paths (disk, tensors, a process group: NCCL on a GPU, gloo here) go through the one
+update protocol; a server slow to answer its health check while it loads is not declared dead;
+and bad answers (the wrong shape, a 4xx/5xx mid-update, a session left open by a crashed
+update, a server that stops answering) are each a clear `WeightSyncError` or `EngineError`
+with the server's message, never a hang, with the server resumed and the other engines
+updated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import socket
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+import torch
+import torch.distributed as dist
+from fakes.sglang_server import FakeSGLang, ScriptedModel, tensor_digest
+
+from asyncrl.config import SGLangEngineConfig
+from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
+from asyncrl.engine.remote import RemoteOptions
+from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.sglang_weights import serialize_named_tensors
+from asyncrl.errors import EngineError, WeightSyncError
+
+FAST = RemoteOptions(health_interval_s=0.1, health_timeout_s=1.0, health_failures=2,
+                     control_timeout_s=3.0, weight_timeout_s=10.0, load_ttl_s=0.0,
+                     startup_timeout_s=10.0, stop_grace_s=2.0)
+STATE = {"layer.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+         "layer.bias": torch.full((4,), 0.5)}
+
+
+def req(rid: str = "", n: int = 6) -> GenerateRequest:
+    return GenerateRequest(request_id=rid or f"w{id(object())}", input_ids=[11, 12, 13],
+                           sampling=SamplingParams(max_new_tokens=n))
+
+
+def expected(weights: str, n: int = 6) -> list[int]:
+    m, ids = ScriptedModel(), []
+    for i in range(n):
+        ids.append(m.step(weights, [11, 12, 13, *ids], i)[0])
+    return ids
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def make(fake: FakeSGLang, http: aiohttp.ClientSession, *, tp: int = 1, index: int = 0,
+         **opts: Any) -> SGLangEngine:
+    return SGLangEngine(SGLangEngineConfig(tp_size=tp), index=index, session=http,
+                        url=fake.url, model_path="/fake/model",
+                        options=msgspec.structs.replace(FAST, **opts))
+
+
+# ------------------------------------------------------------- the trainer's gloo side
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class GlooTrainer:
+    """Rank 0 of the weight-update group, as a trainer process would run it (in threads)."""
+
+    def __init__(self) -> None:
+        self.port = _port()
+        self.group: Any = None
+
+    def _join(self) -> None:
+        timeout = datetime.timedelta(seconds=30)
+        store = dist.TCPStore("127.0.0.1", self.port, 2, is_master=True, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(dist.PrefixStore("asyncrl", store), 0, 2, timeout)
+
+    async def join(self) -> None:
+        await asyncio.to_thread(self._join)
+
+    async def broadcast(self) -> None:
+        def send() -> None:
+            for t in STATE.values():
+                self.group.broadcast(t, 0).wait()
+
+        await asyncio.to_thread(send)
+
+
+async def update(eng: SGLangEngine, path: str, version: int, tmp_path: Any) -> None:
+    """One update of `path` kind ("disk", "tensor" or "gloo") to `version`."""
+    if path == "disk":
+        await eng.update_weights(WeightUpdate(version=version, path=str(tmp_path)))
+    elif path == "tensor":
+        await eng.update_weights(WeightUpdate(version=version, state_dict=STATE))
+    else:
+        trainer = GlooTrainer()
+        await eng.init_weights_update_group(master_address="127.0.0.1",
+                                            master_port=trainer.port, rank_offset=1,
+                                            world_size=2, backend="gloo", join=trainer.join)
+        await eng.update_weights_from_distributed(
+            names=list(STATE), dtypes=[str(t.dtype) for t in STATE.values()],
+            shapes=[list(t.shape) for t in STATE.values()], version=version,
+            broadcast=trainer.broadcast)
+
+
+def weights_after(path: str, tmp_path: Any) -> str:
+    return str(tmp_path) if path == "disk" else tensor_digest(list(STATE.items()))
+
+
+# ------------------------------------------------------------------------ end to end
+@pytest.mark.parametrize("path", ["disk", "tensor", "gloo"])
+async def test_each_path_loads_the_weights_and_tags_the_tokens(path, http, tmp_path):
+    async with FakeSGLang(token_delay_s=0.01) as fake, make(fake, http) as eng:
+        in_flight = eng.stream(req("flight", 40))
+        first = await anext(in_flight)
+        await update(eng, path, 4, tmp_path)
+        rest = [d async for d in in_flight]
+        # the request in flight was retracted, not lost, and finished on the new weights
+        assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 40
+        assert first.policy_version == 0 and rest[-1].policy_version == 4
+        g = await collect(eng, req(n=6))
+        assert g.token_ids == expected(weights_after(path, tmp_path))
+        assert eng.policy_version == 4 and fake.core.weight_version == "4"
+        if path != "disk":
+            assert all(torch.equal(fake.received[k], v) for k, v in STATE.items())
+        sessions = 0 if path == "disk" else 1
+        assert len(fake.calls["/begin_weight_update"]) == sessions
+        assert len(fake.calls["/end_weight_update"]) == sessions and not fake.session_open
+        assert fake.calls["/pause_generation"] == [{"mode": "retract"}]
+        assert len(fake.calls["/continue_generation"]) == 1
+
+
+@pytest.mark.parametrize("path", ["disk", "tensor", "gloo"])
+async def test_a_server_slow_to_answer_health_during_an_update_stays_up(path, http, tmp_path):
+    # loading blocks the fake's scheduler for 1.5 s; its /health answers 503 after 0.2 s
+    # (SGLang: 20 s); two failed probes would otherwise take the engine down mid-update
+    async with FakeSGLang(weight_load_delay_s=1.5, health_check_timeout_s=0.2) as fake, \
+            make(fake, http) as eng:
+        events: list[bool] = []
+        eng.on_state = lambda name, up: events.append(up)
+        task = asyncio.create_task(update(eng, path, 2, tmp_path))
+        await asyncio.sleep(0.5)
+        async with http.get(fake.url + "/health") as r:
+            assert r.status == 503  # what the supervisor would have seen
+        await task
+        assert eng.healthy and events == [] and eng.policy_version == 2
+        assert len(fake.calls["/model_info"]) >= 3  # liveness probed all along
+        # supervision is unchanged outside an update: a blocked server is taken out
+        fake.core.scheduler_free.clear()
+        async with asyncio.timeout(5):
+            while eng.healthy:  # noqa: ASYNC110  (state owned by the supervisor task)
+                await asyncio.sleep(0.05)
+        assert events == [False]
+        fake.core.scheduler_free.set()
+
+
+async def test_each_tp_rank_gets_its_own_tensor_payload(http):
+    # rank r unpickles element r; one pickle copied to two ranks hands its CPU fds out once
+    async with FakeSGLang(tp_size=2) as fake, make(fake, http, tp=2) as eng:
+        await eng.update_weights(WeightUpdate(version=1, state_dict=STATE))
+        assert fake.core.weights == tensor_digest(list(STATE.items()))
+        payload = serialize_named_tensors(list(STATE.items()))
+        await http.post(fake.url + "/begin_weight_update", json={})
+        async with http.post(fake.url + "/update_weights_from_tensor",
+                             json={"serialized_named_tensors": [payload] * 2}) as r:
+            assert r.status == 400 and "TP rank 1" in (await r.json())["message"]
+
+
+# ------------------------------------------------------------------------- bad input
+async def test_an_update_reply_of_the_wrong_shape_is_a_clear_error(http, tmp_path):
+    async with FakeSGLang() as fake, make(fake, http) as eng:
+        fake.replies["/update_weights_from_disk"] = (200, "OK")
+        with pytest.raises(WeightSyncError, match="unexpected reply"):
+            await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
+        assert eng.policy_version == 0 and eng.healthy
+        assert len(fake.calls["/continue_generation"]) == 1  # not left paused
+        assert len((await collect(eng, req())).token_ids) == 6
+
+
+@pytest.mark.parametrize("status", [400, 500])
+async def test_a_server_error_mid_update_closes_the_session_and_carries_its_message(
+        status, http):
+    async with FakeSGLang() as fake, make(fake, http) as eng:
+        fake.replies["/update_weights_from_tensor"] = (
+            status, {"success": False, "message": "CUDA error: out of memory"})
+        with pytest.raises(WeightSyncError, match=rf"HTTP {status}: CUDA error: out of memory"):
+            await eng.update_weights(WeightUpdate(version=1, state_dict=STATE))
+        assert not fake.session_open and len(fake.calls["/end_weight_update"]) == 1
+        assert len(fake.calls["/continue_generation"]) == 1 and eng.policy_version == 0
+        del fake.replies["/update_weights_from_tensor"]
+        await eng.update_weights(WeightUpdate(version=2, state_dict=STATE))  # recovers
+        assert eng.policy_version == 2
+
+
+async def test_a_session_left_open_by_a_crashed_update_is_closed_and_reopened(http):
+    async with FakeSGLang() as fake, make(fake, http) as eng:
+        fake.session_open = True  # an earlier trainer died between begin and end
+        await eng.update_weights(WeightUpdate(version=3, state_dict=STATE))
+        assert eng.policy_version == 3 and not fake.session_open
+        assert len(fake.calls["/begin_weight_update"]) == 2  # refused, then after the end
+        assert len(fake.calls["/end_weight_update"]) == 2
+        # a session that cannot be closed is an error, not a hang
+        fake.session_open = True
+        fake.replies["/end_weight_update"] = (500, {"detail": "scheduler died"})
+        async with asyncio.timeout(5):
+            with pytest.raises(WeightSyncError, match="scheduler died"):
+                await eng.update_weights(WeightUpdate(version=4, state_dict=STATE))
+        assert eng.policy_version == 3
+
+
+async def test_a_server_that_stops_answering_mid_update_is_taken_out_and_the_update_fails(
+        http, tmp_path):
+    # while loading, /health cannot pass, but /model_info (the HTTP front) still answers; a
+    # server that answers nothing is taken out without waiting for the update's deadline
+    async with FakeSGLang(weight_load_delay_s=60.0, health_check_timeout_s=0.2) as fake, \
+            make(fake, http, weight_timeout_s=2.5, health_timeout_s=0.3,
+                 control_timeout_s=1.0) as eng:
+        task = asyncio.create_task(
+            eng.update_weights(WeightUpdate(version=1, path=str(tmp_path))))
+        await asyncio.sleep(0.5)
+        assert eng.healthy  # loading: health fails, liveness holds
+        fake.core.hang = True
+        async with asyncio.timeout(2.0):
+            while eng.healthy:  # noqa: ASYNC110  (state owned by the supervisor task)
+                await asyncio.sleep(0.05)
+        assert not task.done()
+        async with asyncio.timeout(6):
+            with pytest.raises(WeightSyncError, match="failed"):
+                await task
+        assert eng.policy_version == 0
+        fake.core.hang = False
+
+
+async def test_bad_nccl_requests_fail_before_or_with_the_servers_reason(http):
+    async with FakeSGLang() as fake, make(fake, http) as eng:
+        async def noop() -> None:
+            return None
+
+        with pytest.raises(WeightSyncError, match="not a torch dtype"):
+            await eng.update_weights_from_distributed(names=["w"], dtypes=["float33"],
+                                                      shapes=[[2]], version=1, broadcast=noop)
+        assert "/pause_generation" not in fake.calls  # refused before anything was sent
+        with pytest.raises(WeightSyncError, match="not initialized"):
+            await eng.update_weights_from_distributed(names=["w"], dtypes=["float32"],
+                                                      shapes=[[2]], version=1, broadcast=noop,
+                                                      group_name="never-joined")
+        assert not fake.session_open and eng.policy_version == 0
+
+        async def trainer_fails() -> None:
+            raise RuntimeError("gloo: connection closed by peer")
+
+        await eng.init_weights_update_group(master_address="127.0.0.1", master_port=1,
+                                            rank_offset=1, world_size=2)
+        with pytest.raises(WeightSyncError, match=r"trainer side .* connection closed"):
+            await eng.update_weights_from_distributed(names=["w"], dtypes=["float32"],
+                                                      shapes=[[2]], version=1,
+                                                      broadcast=trainer_fails)
+        assert not fake.session_open and eng.policy_version == 0
+
+
+async def test_load_of_the_wrong_shape_is_an_engine_error(http):
+    async with FakeSGLang() as fake, make(fake, http) as eng:
+        fake.replies["/v1/loads"] = (200, {"loads": "busy"})
+        with pytest.raises(EngineError, match="unrecognised /v1/loads"):
+            await eng.load()
+        assert eng.healthy
+
+
+async def test_one_engines_failed_update_leaves_the_others_updated(http):
+    from asyncrl.train import _push_weights
+
+    async with FakeSGLang() as a, FakeSGLang() as b:
+        ea, eb = make(a, http), make(b, http, index=1)
+        async with ea, eb:
+            a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
+            rt = SimpleNamespace(trainer=SimpleNamespace(state_dict_for_sync=lambda: STATE),
+                                 engines=[ea, eb])
+            await _push_weights(rt, 5)  # the run goes on
+            assert (ea.policy_version, eb.policy_version) == (0, 5)
+            assert {d.policy_version async for d in eb.stream(req())} == {5}
+            assert {d.policy_version async for d in ea.stream(req())} == {0}
+            routed = RoutedSGLangEngine(b.url, [ea, eb])
+            with pytest.raises(WeightSyncError, match=r"sglang-0.*boom"):
+                await routed.update_weights(WeightUpdate(version=6, state_dict=STATE))
+            assert eb.policy_version == 6
+            a.replies.clear()
+            b.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
+            a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
+            with pytest.raises(WeightSyncError):  # no engine took them: that is the run's end
+                await _push_weights(rt, 7)
