@@ -226,8 +226,13 @@ class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_f
     """Fraction of GPU memory SGLang reserves for weights and KV cache."""
     base_port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
     """First port of launched servers."""
-    weight_sync: Literal["disk", "tensor", "nccl"] = "disk"
-    """How new weights reach the servers."""
+    weight_sync: Literal["disk", "tensor"] = "disk"
+    """How the train loop pushes new weights: "disk" (the trainer exports an HF directory under
+    the run directory, which every server must see, e.g. a shared filesystem, and the servers
+    load it) or "tensor" (serialised tensors, one payload per TP rank: servers on the trainer's
+    own GPUs). The NCCL path (`SGLangEngine.init_weights_update_group` /
+    `update_weights_from_distributed`) exists on the engine but the loop does not drive it
+    yet."""
     router_url: str = ""
     """Optional sglang-router in front of the servers."""
     extra_args: list[str] = []

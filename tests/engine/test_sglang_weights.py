@@ -282,7 +282,8 @@ async def test_one_engines_failed_update_leaves_the_others_updated(http):
         async with ea, eb:
             a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
             rt = SimpleNamespace(trainer=SimpleNamespace(state_dict_for_sync=lambda: STATE),
-                                 engines=[ea, eb])
+                                 engines=[ea, eb], cfg=SimpleNamespace(engine=SGLangEngineConfig(
+                                     weight_sync="tensor")))
             await _push_weights(rt, 5)  # the run goes on
             assert (ea.policy_version, eb.policy_version) == (0, 5)
             assert {d.policy_version async for d in eb.stream(req())} == {5}
@@ -296,3 +297,30 @@ async def test_one_engines_failed_update_leaves_the_others_updated(http):
             a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
             with pytest.raises(WeightSyncError):  # no engine took them: that is the run's end
                 await _push_weights(rt, 7)
+
+
+async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(http, tmp_path):
+    """`engine.weight_sync = "disk"`: the train loop exports an HF directory per version under
+    the run directory, every server loads that path, and the previous version's is removed."""
+    from asyncrl.train import _push_weights
+
+    exported: list[str] = []
+
+    def export_hf(path) -> None:
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"weights")
+        exported.append(str(path))
+
+    async with FakeSGLang() as a, FakeSGLang() as b:
+        ea, eb = make(a, http), make(b, http, index=1)
+        async with ea, eb:
+            rt = SimpleNamespace(trainer=SimpleNamespace(export_hf=export_hf), engines=[ea, eb],
+                                 run_dir=tmp_path, cfg=SimpleNamespace(
+                                     engine=SGLangEngineConfig(weight_sync="disk")))
+            await _push_weights(rt, 1)
+            await _push_weights(rt, 2)
+            assert (ea.policy_version, eb.policy_version) == (2, 2)
+    assert exported == [str(tmp_path / "weights" / "v1"), str(tmp_path / "weights" / "v2")]
+    for fake in (a, b):
+        assert [c["model_path"] for c in fake.calls["/update_weights_from_disk"]] == exported
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]
