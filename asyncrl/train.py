@@ -294,7 +294,8 @@ class StageRunner:
                 "timing/step_s": step_s,
             }
             self.metrics.write("rl_step", **row)
-            self.progress.step(self.state.stage_step, step, reward=row["reward/mean"])
+            self.progress.step(self.state.stage_step, step,
+                               reward=stats.get("rollout/reward_mean", 0.0))
             keep_every = cfg.logging.rollouts_every
             if keep_every and step % keep_every == 0:  # the whole wave, RoC's marks included
                 await asyncio.to_thread(save_jsonl, self.rt.run_dir / "rollouts" /
