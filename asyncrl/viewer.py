@@ -142,6 +142,7 @@ def rollout_view(group: Group, index: int, *, trained: bool, decode: Decoder | N
               "duration_s": round(c.duration_s, 4)} for c in ro.tool_calls]
     return {
         "id": ro.rollout_id, "problem_id": group.problem.id, "question": group.problem.question,
+        "prompt": decode(ro.prompt_ids) if decode is not None else "",
         "truth": group.problem.answer, "answer": ro.answer, "reward": ro.reward,
         "correct": ro.reward > 0, "tool_error": any(c.failed for c in ro.tool_calls),
         "status": ro.status.value, "stop_reason": ro.stop_reason.value, "error": ro.error,

@@ -29,6 +29,7 @@ from asyncrl.viewer import load_sections, render_page, rollout_view
 KNOWN_CODE = 'x = 17 * 3\nprint(x)  # </script><script>window.pwned = 1</script>'
 HOSTILE = '<img src=x onerror="window.pwned = 2"> </script><!-- & \u2028 {{DATA}}'
 ANSWER = "<answer>\\boxed{51}</answer>"
+PROMPT = "<|im_start|>user\nWhat is 17 times 3?<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _rollout(tok: Any, rid: str, turns: list[tuple[str, str]], *, reward: float,
@@ -48,7 +49,8 @@ def _rollout(tok: Any, rid: str, turns: list[tuple[str, str]], *, reward: float,
         ids += t
     text = "".join(x for _, x in turns)
     return Rollout(rollout_id=rid, prompt_id="p", group_id="g", policy_version=1,
-                   prompt_ids=[1, 2], response_ids=ids, loss_mask=[1] * len(ids),
+                   prompt_ids=tok.encode(PROMPT, add_special_tokens=False), response_ids=ids,
+                   loss_mask=[1] * len(ids),
                    logprobs=[0.0] * len(ids), turns=spans, tool_calls=list(calls),
                    response_text=text, answer="51" if reward else "50", reward=reward,
                    status=status, stop_reason=StopReason.NO_TOOL_CALL)
@@ -61,7 +63,7 @@ def _call(code: str, status: ToolStatus, output: str) -> ToolCall:
 
 def _make_run(run_dir: Path) -> dict[str, Any]:
     """A run directory with metrics, a tokenizer, one eval and one RL wave of known rollouts."""
-    tok = modeling.train_tokenizer([KNOWN_CODE, HOSTILE, ANSWER, "What is 17 times 3?"] * 4, 300)
+    tok = modeling.train_tokenizer([KNOWN_CODE, HOSTILE, ANSWER, PROMPT] * 4, 300)
     tok.save_pretrained(run_dir / "model-init")
     ok = _call(KNOWN_CODE, ToolStatus.OK, "51")
     bad = _call("print(17 * '3')", ToolStatus.ERROR, "TypeError")
@@ -114,6 +116,7 @@ def test_roc_decisions_say_why_and_turns_are_decoded(tmp_path: Path) -> None:
     assert r["r-flat0"]["roc_why"].startswith("group equal_reward")
     assert r["r-eval"]["roc"] == "-"
     known = r["r-known"]
+    assert known["prompt"] == PROMPT  # decoded from the prompt's token ids
     assert [t["role"] for t in known["turns"]] == ["assistant", "tool", "assistant"]
     assert known["turns"][0]["text"] == f"```python\n{KNOWN_CODE}\n```"  # exact, from tokens
     assert known["turns"][0]["call"] == 0 and known["calls"][0]["code"] == KNOWN_CODE
