@@ -560,6 +560,7 @@ run directory (output_dir/name, or --run-dir):
   log.jsonl        every log event as JSON    checkpoints/   resumable state (--resume)
   eval/            every eval rollout         rollouts/      RL waves (logging.rollouts_every)
   tensorboard/, wandb/   when logging.sinks = ["tensorboard", "wandb"]
+  model-init/      the built model and tokenizer (runs without model.path)
   final/           the trained model (a Hugging Face directory)
   report/          summary.md, PNG plots and viewer.html, the trajectory viewer: every
                    rollout's turns, tool calls, reward and RoC decision, filterable (rebuild
@@ -577,7 +578,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("train", help="run a curriculum (SFT cold start, GRPO-RoC stages); "
                                      "writes a run directory with a report and viewer",
                        description="Run a curriculum: SFT cold start, then GRPO-RoC stages, "
-                                   "with evals, checkpoints, a live progress display on a "
+                                   "with evals and checkpoints,\na live progress display on a "
                                    "terminal, and a report with a trajectory viewer at the end.",
                        epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="curriculum TOML, e.g. curricula/tiny.toml")
