@@ -29,6 +29,9 @@ SANDBOX_FAULTS = frozenset({ToolStatus.SANDBOX_FAILURE, ToolStatus.TIMEOUT, Tool
 """Tool outcomes shown as sandbox errors (the program did not get to finish); a program that
 raised (`error`) or a malformed call count as failed calls only."""
 
+BAR_WIDTH = 40
+"""Characters of the stage's step bar."""
+
 RATE_WINDOW_S = 30.0
 """Tool calls per second are counted over this trailing window."""
 
@@ -152,14 +155,16 @@ class RunProgress:
         return [head, f"{figure}  {acc}", work]
 
     def render(self) -> Any:
+        """The display: the text of `lines()`, the first with a bar of the stage's steps."""
         from rich.console import Group
-        from rich.progress_bar import ProgressBar
         from rich.text import Text
 
         st = self._stage()
         head, figures, work = self.lines()
-        bar = ProgressBar(total=max(1, st.steps), completed=min(self.stage_step, st.steps),
-                          width=40)
+        done = min(self.stage_step, st.steps) / max(1, st.steps)
+        filled = round(BAR_WIDTH * done)
+        bar = Text.assemble(("━" * filled, "green"), ("━" * (BAR_WIDTH - filled), "grey30"),
+                            f" {100 * done:3.0f}%")
         return Group(Text(head, style="bold"), bar, Text(figures), Text(work, style="dim"))
 
 

@@ -103,3 +103,15 @@ def test_never_on_a_non_terminal() -> None:
     assert should_show(True, types.SimpleNamespace(isatty=lambda: True))
     with progress_display(RunProgress("t", STAGES), True) as shown:  # pytest's stderr: no TTY
         assert shown is False
+
+
+def test_render_shows_the_lines_and_a_step_bar() -> None:
+    from rich.console import Console
+
+    p = RunProgress("tiny", STAGES)
+    p.step(25, 0, loss=2.0)
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(p.render())
+    lines = console.export_text().splitlines()
+    assert lines[0] == p.lines()[0] and lines[2:] == p.lines()[1:]
+    assert lines[1] == "━" * 40 + "  25%"
