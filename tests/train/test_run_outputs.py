@@ -160,9 +160,9 @@ def test_every_metric_reaches_tensorboard_and_wandb(tty_run: tuple[Path, str]) -
         for k in scalars(r)[1]:
             want[k] = want.get(k, 0) + 1
     assert {"reward/mean", "eval/accuracy", "sft/loss", "roc/rollouts_kept"} <= set(want)
-    acc = ea.EventAccumulator(str(run_dir / "tensorboard"), size_guidance={ea.TENSORS: 0})
+    acc = ea.EventAccumulator(str(run_dir / "tensorboard"), size_guidance={ea.SCALARS: 0})
     acc.Reload()
-    got = {tag: len(acc.Tensors(tag)) for tag in acc.Tags()["tensors"]}
+    got = {tag: len(acc.Scalars(tag)) for tag in acc.Tags()["scalars"]}
     assert got == want
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
