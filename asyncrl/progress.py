@@ -221,6 +221,8 @@ def progress_display(progress: RunProgress, enabled: bool) -> Iterator[bool]:
     from rich.live import Live
 
     console = Console(file=sys.stderr)
+    # stdout goes through the display only when it is the same terminal; a redirected stdout
+    # (`asyncrl train ... > out.txt`) keeps its own destination
     with Live(console=console, get_renderable=progress.render, refresh_per_second=2,
-              redirect_stdout=True, redirect_stderr=True, transient=False):
+              redirect_stdout=sys.stdout.isatty(), redirect_stderr=True, transient=False):
         yield True
