@@ -15,8 +15,8 @@ step), except for `sft_step` rows, whose x is `sft_step` (their `step` stays 0 d
 booleans are skipped.
 
 A sink that fails while the run is going (disk full, a W&B service crash) is logged once and
-switched off; the run and the JSONL file go on. A sink whose package is missing is a
-`ConfigError` at start, naming `logging.sinks` and the extra to install.
+switched off; the run and the JSONL file go on. A sink whose package is missing, or that
+cannot start, is a `ConfigError` at start naming `logging.sinks` (and the extra to install).
 """
 
 from __future__ import annotations
@@ -135,7 +135,13 @@ class WandbSink:
         self._run.log({**values, x_key: step})
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # `finish` can return before the wandb-core service has written the run's last
+        # records to disk (about half the time under load here, wandb 0.31, offline): shutting
+        # the service down waits for it. One sink per process: nothing else uses the service.
+        wandb.teardown()
 
 
 SinkFactory = Callable[[Path, LoggingSection, Mapping[str, Any]], MetricSink]
@@ -148,7 +154,13 @@ def open_sinks(cfg: LoggingSection, run_dir: Path, config: Mapping[str, Any]) ->
     sinks: list[MetricSink] = []
     try:
         for kind in cfg.sinks:
-            sinks.append(SINK_KINDS[kind](run_dir, cfg, config))
+            try:
+                sinks.append(SINK_KINDS[kind](run_dir, cfg, config))
+            except ConfigError:
+                raise
+            except Exception as e:  # the package's own failure (service, disk): name the sink
+                raise ConfigError("logging.sinks", f"the {kind} sink could not start: "
+                                                   f"{e!r}") from e
     except BaseException:
         close_sinks(sinks)
         raise

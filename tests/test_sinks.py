@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,38 +69,12 @@ def test_tensorboard_reader_finds_every_scalar(tmp_path: Path) -> None:
     assert got["sft/loss"] == [(10, 2.5), (20, 1.5)]
 
 
-def _wandb_records(run_root: Path) -> list[Any]:
-    """The records of a W&B run's `.wandb` transaction log: a 7-byte header (`:W&B`, magic,
-    version) then LevelDB-log framing (32 KiB blocks; 7-byte chunk headers: crc, length,
-    type full/first/middle/last) around `wandb_internal_pb2.Record` messages."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    (path,) = run_root.glob("wandb/offline-run-*/run-*.wandb")
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", data[:7]
-    block, pos, parts, records = 32768, 7, b"", []
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        if n == 0 and kind == 0:
-            break
-        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
-        parts = chunk if kind in (1, 2) else parts + chunk
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(parts)
-            records.append(rec)
-    return records
-
-
-def test_wandb_offline_run_holds_every_scalar(tmp_path: Path) -> None:
+def test_wandb_offline_run_holds_every_scalar(tmp_path: Path, wandb_records: Any) -> None:
     pytest.importorskip("wandb", reason="the wandb extra is not installed")
     sinks = open_sinks(LoggingSection(sinks=["wandb"]), tmp_path,
                        {"run": {"name": "t", "seed": 3}})
     rows = _write_all(tmp_path, sinks)
-    recs = _wandb_records(tmp_path)
+    recs = wandb_records(tmp_path)
     history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json)
                 for i in r.history.item} for r in recs if r.WhichOneof("record_type") == "history"]
     got: dict[str, list[tuple[int, float]]] = {}
@@ -156,3 +129,10 @@ def test_config_rejects_unknown_and_repeated_sinks() -> None:
         config.from_dict({**base, "logging": {"sinks": ["wandb", "wandb"]}})
     cfg = config.from_dict({**base, "logging": {"sinks": ["tensorboard"], "rollouts_every": 0}})
     assert cfg.logging.sinks == ["tensorboard"] and cfg.logging.wandb_mode == "offline"
+
+
+def test_a_sink_that_cannot_start_is_a_config_error(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    (tmp_path / "tensorboard").write_text("a file where the sink's directory goes")
+    with pytest.raises(ConfigError, match=r"logging\.sinks: the tensorboard sink could not start"):
+        open_sinks(LoggingSection(sinks=["tensorboard"]), tmp_path, {})
