@@ -197,6 +197,7 @@ def test_viewer_in_headless_chromium(tmp_path: Path) -> None:
             page.click('tr.rollout[data-rollout-id="r-known"]')
             detail = page.locator("tr.detail")
             assert detail.locator("pre.code").first.text_content() == KNOWN_CODE
+            assert detail.locator("pre.turn-text").nth(1).text_content() == "```output\n51\n```"
             assert "RoC: kept" in (detail.text_content() or "")
             page.click('tr.rollout[data-rollout-id="r-cut"]')
             assert HOSTILE in (page.locator("tr.detail").last.text_content() or "")
