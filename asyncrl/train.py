@@ -27,6 +27,7 @@ from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
 from asyncrl.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
 from asyncrl.rollout.eventloop import run as run_loop
+from asyncrl.rundir import pick_run_dir
 from asyncrl.stages import (
     PlateauState,
     hard_problem_ids,
@@ -57,10 +58,6 @@ class TrainState(msgspec.Struct, kw_only=True):
     pending_problem_ids: list[str] = []
     """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
     run regenerates them first, in order, under the restored weights."""
-
-
-def run_dir_for(cfg: RunConfig) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
 
 
 class StageRunner:
@@ -414,53 +411,9 @@ def stage_plans(cfg: RunConfig) -> list[StagePlan]:
     return [StagePlan(st.name, st.kind, st.steps) for st in cfg.stages]
 
 
-def _holds_run(d: Path) -> bool:
-    return (d / "metrics.jsonl").exists() or (d / "checkpoints").exists()
-
-
-def pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> tuple[Path, str]:
-    """The run directory and a line saying what happens to it (for the console).
-
-    - no `run_dir`, no `resume`: `output_dir/name`; when that already holds a run, the first
-      free `output_dir/name-N` (N = 2, 3, ...): a finished run is never reused or overwritten.
-    - no `run_dir`, `resume`: the newest of `output_dir/name` and `output_dir/name-N`.
-    - `run_dir` given: that directory; without `resume` it must not hold a run yet (metrics or
-      checkpoints), with `resume` it must exist.
-    Raises `CheckpointError` when the rule cannot be met.
-    """
-    from asyncrl.errors import CheckpointError
-
-    if run_dir:
-        rd = Path(run_dir)
-        if resume:
-            if not rd.is_dir():
-                raise CheckpointError(f"--resume: {rd} does not exist")
-            return rd, f"resuming the run in {rd}"
-        if _holds_run(rd):
-            raise CheckpointError(f"--run-dir {rd} already holds a run: pass --resume to "
-                                  "continue it, or choose another directory")
-        return rd, f"new run in {rd}"
-    base = run_dir_for(cfg)
-    siblings = sorted((p for p in base.parent.glob(f"{base.name}*")
-                       if p.is_dir() and (p.name == base.name or p.name[len(base.name):].lstrip("-").isdigit())),
-                      key=lambda p: p.stat().st_mtime)
-    if resume:
-        if not siblings:
-            raise CheckpointError(f"--resume: no run directory {base}* to resume")
-        return siblings[-1], f"resuming the newest run of this config, {siblings[-1]}"
-    if not base.exists():
-        return base, f"new run in {base}"
-    n = 2
-    while Path(f"{base}-{n}").exists():
-        n += 1
-    rd = Path(f"{base}-{n}")
-    return rd, (f"new run in {rd} ({base} already holds a run; `--resume` continues the "
-                "newest one instead)")
-
-
 async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None
                       ) -> Path:
-    """Run the whole curriculum; returns the run directory (see `pick_run_dir`)."""
+    """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`)."""
     from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
     from asyncrl.data import load_split
     from asyncrl.progress import instrument, progress_display

@@ -23,8 +23,8 @@ import pytest
 
 from asyncrl import config
 from asyncrl.errors import CheckpointError
+from asyncrl.rundir import pick_run_dir
 from asyncrl.sinks import scalars
-from asyncrl.train import pick_run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
