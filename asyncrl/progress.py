@@ -80,12 +80,21 @@ class RunProgress:
         self.tool_failed = 0
         self.sandbox_errors = 0
         self._call_times: deque[float] = deque()
+        self.on_change: Callable[[], None] | None = None
+        """Called after a stage start, a step or an eval (the display redraws then, so each
+        step is shown even when steps are faster than its refresh rate); not after rollout
+        or tool-call counts, which can come thousands of times a second."""
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     # --------------------------------------------------------------------------- feeding
     def stage_start(self, index: int, steps_done: int = 0) -> None:
         self.stage_index, self.stage_step = index, steps_done
         self._stage_t0, self._stage_first_step = self.clock(), steps_done
         self.requested = self.done = 0  # a stage's leftover waves are cancelled at its end
+        self._changed()
 
     def step(self, stage_step: int, global_step: int, *, loss: float | None = None,
              reward: float | None = None) -> None:
@@ -97,9 +106,11 @@ class RunProgress:
         n = stage_step - self._stage_first_step
         if n > 0:
             self.step_s[self._stage().kind] = (self.clock() - self._stage_t0) / n
+        self._changed()
 
     def evaluated(self, global_step: int, accuracy: float) -> None:
         self.eval_step, self.eval_accuracy = global_step, accuracy
+        self._changed()
 
     def rollouts_requested(self, n: int) -> None:
         self.requested += n
@@ -224,5 +235,10 @@ def progress_display(progress: RunProgress, enabled: bool) -> Iterator[bool]:
     # stdout goes through the display only when it is the same terminal; a redirected stdout
     # (`asyncrl train ... > out.txt`) keeps its own destination
     with Live(console=console, get_renderable=progress.render, refresh_per_second=2,
-              redirect_stdout=sys.stdout.isatty(), redirect_stderr=True, transient=False):
-        yield True
+              redirect_stdout=sys.stdout.isatty(), redirect_stderr=True,
+              transient=False) as live:
+        progress.on_change = live.refresh
+        try:
+            yield True
+        finally:
+            progress.on_change = None

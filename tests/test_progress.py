@@ -115,3 +115,15 @@ def test_render_shows_the_lines_and_a_step_bar() -> None:
     lines = console.export_text().splitlines()
     assert lines[0] == p.lines()[0] and lines[2:] == p.lines()[1:]
     assert lines[1] == "━" * 40 + "  25%"
+
+
+def test_steps_stages_and_evals_ask_for_a_redraw_counts_do_not() -> None:
+    p = RunProgress("tiny", STAGES)
+    redraws: list[int] = []
+    p.on_change = lambda: redraws.append(p.stage_step)
+    p.stage_start(0)
+    p.step(1, 0, loss=1.0)
+    p.rollout_done()
+    p.tool_call(ToolStatus.OK)
+    p.evaluated(0, 0.5)
+    assert redraws == [0, 1, 1]
