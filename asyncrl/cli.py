@@ -25,6 +25,18 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+_EPILOG = """\
+start here:
+  asyncrl train curricula/tiny.toml     the whole pipeline on a CPU in minutes; a live progress
+                                        display on a terminal; writes runs/tiny (or tiny-N)
+  asyncrl report RUN_DIR                RUN_DIR/report/: summary.md, PNG plots and viewer.html,
+                                        the trajectory viewer (open it in a browser: every saved
+                                        rollout's turns, tool calls, reward, RoC decision)
+metrics also go to TensorBoard or W&B with [logging] sinks = ["tensorboard", "wandb"].
+`asyncrl COMMAND --help` describes each command.
+"""
+
+
 def _add_set(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set rollout.group_size=8 (repeatable)")
@@ -34,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncrl",
         description="Agentic RL with a Python tool: GRPO-RoC, async multi-turn rollouts, sandbox.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"asyncrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

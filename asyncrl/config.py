@@ -413,7 +413,30 @@ class LoggingSection(_Section, frozen=True, kw_only=True):
     console: Literal["auto", "rich", "plain", "json", "none"] = "auto"
     """Console format; `auto` is readable on a TTY and JSON lines otherwise."""
     progress: bool = True
-    """Show a progress display on a TTY."""
+    """Show a live progress display (rich) while training, only when stderr is a terminal:
+    stage, step / steps, SFT loss or RL reward, held-out accuracy of the last eval, rollouts
+    done / in flight, tool calls per second, sandbox errors, ETA. Log lines keep scrolling
+    above it. Never shown on a non-TTY (CI, pipes, `nohup`)."""
+    sinks: list[Literal["tensorboard", "wandb"]] = []
+    """Metric sinks besides `metrics.jsonl` (always written): `tensorboard` (event files in
+    `RUN_DIR/tensorboard/`, the `tensorboard` extra) and `wandb` (a W&B run in `RUN_DIR/wandb/`,
+    the `wandb` extra). Same metric names as `metrics.jsonl`; see `asyncrl/sinks.py`."""
+    wandb_project: str = "asyncrl"
+    """W&B project of the `wandb` sink."""
+    wandb_entity: str = ""
+    """W&B entity (user or team); empty = the account's default."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline` writes the W&B run to disk only (no network, no account; upload it later with
+    `wandb sync`); `online` streams it to the W&B server (needs `wandb login`)."""
+    rollouts_every: NonNegInt = 10
+    """Write every N-th RL step's rollouts (the whole 2G wave, RoC's decisions included) to
+    `RUN_DIR/rollouts/step_NNNNNN.jsonl` for the trajectory viewer (`asyncrl report`); 0 =
+    never. Eval rollouts are always written (`RUN_DIR/eval/`). Full records with token ids: at
+    the rstar2 scale one step's file is gigabytes, so keep N large there."""
+
+    def __post_init__(self) -> None:
+        if len(set(self.sinks)) != len(self.sinks):
+            raise _bad("sinks", f"each sink at most once, got {self.sinks}")
 
 
 # -------------------------------------------------------------------------------------- run

@@ -40,9 +40,26 @@ class _Tee:
         return self._console(logger, name, event)
 
 
+class _CurrentStderr:
+    """Writes to `sys.stderr` as it is at each line, not as it was at `configure`: a live
+    progress display (`asyncrl.progress`) swaps in rich's proxy, which prints log lines above
+    the display instead of through it."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(level: str = "info", console: str = "auto", run_dir: Path | None = None,
               stream: IO[str] | None = None) -> None:
-    """Configure structlog once per process. Safe to call again (e.g. when the run dir is known)."""
+    """Configure structlog once per process. Safe to call again (e.g. when the run dir is known).
+
+    Console lines go to `stream`, default the current `sys.stderr` at each line."""
     global _json_file
     if _json_file is not None:
         _json_file.close()
@@ -50,7 +67,7 @@ def configure(level: str = "info", console: str = "auto", run_dir: Path | None =
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         _json_file = (run_dir / "log.jsonl").open("a", encoding="utf-8")
-    out = stream or sys.stderr
+    out: Any = stream if stream is not None else _CurrentStderr()
     mode = console
     if mode == "auto":
         mode = "rich" if out.isatty() else "json"

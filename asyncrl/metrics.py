@@ -9,14 +9,20 @@ Does not own: what is logged when (the train loop decides).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from statistics import fmean
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
+from asyncrl.log import get_logger
 from asyncrl.records import Group, Rollout, RolloutStatus
+
+if TYPE_CHECKING:
+    from asyncrl.sinks import MetricSink
+
+log = get_logger(__name__)
 
 
 def _mean(xs: list[float]) -> float:
@@ -62,22 +68,40 @@ def group_rollouts(groups: Iterable[Group]) -> list[Rollout]:
 
 
 class MetricsWriter:
-    """Appends one JSON object per line to `run_dir/metrics.jsonl`; stamps time since start."""
+    """Appends one JSON object per line to `run_dir/metrics.jsonl`; stamps time since start.
 
-    def __init__(self, run_dir: Path, start_time: float | None = None) -> None:
+    Each row then goes to every sink in `sinks` (`asyncrl.sinks`: TensorBoard, W&B). A sink
+    that raises is logged once and dropped: the JSONL file, the record the report reads, never
+    loses a row because of a sink. `close` closes the sinks too.
+    """
+
+    def __init__(self, run_dir: Path, start_time: float | None = None,
+                 sinks: Sequence[MetricSink] = ()) -> None:
         self.path = run_dir / "metrics.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
         self._fp: IO[bytes] = self.path.open("ab")
         self._t0 = time.monotonic() if start_time is None else start_time
+        self.sinks = list(sinks)
 
     def write(self, kind: str, **values: Any) -> dict[str, Any]:
         row = {"kind": kind, "time_s": round(time.monotonic() - self._t0, 3), **values}
         self._fp.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         self._fp.flush()
+        for sink in list(self.sinks):
+            try:
+                sink.write(row)
+            except Exception as e:  # any sink failure: the run and the JSONL file go on
+                log.warning("metric_sink_failed", sink=sink.name, error=repr(e),
+                            hint="this sink is off for the rest of the run")
+                self.sinks.remove(sink)
         return row
 
     def close(self) -> None:
         self._fp.close()
+        from asyncrl.sinks import close_sinks
+
+        close_sinks(self.sinks)
+        self.sinks = []
 
     def __enter__(self) -> MetricsWriter:
         return self

@@ -1,4 +1,4 @@
-"""Run report: PNG plots and a short Markdown summary from a run's `metrics.jsonl`.
+"""Run report: PNG plots, a short Markdown summary and the trajectory viewer of a run.
 
 Owns: reading the metric rows a run writes, summarising them (held-out accuracy before and
 after RL, wall time, steps per stage, final figures), drawing the plots, and the
@@ -10,7 +10,9 @@ Input: one JSON object per line, `{"kind": "rl_step" | "sft_step" | "eval" | "st
 Rows or keys that are missing, malformed or non-finite are skipped (a run killed mid-write
 still gets a report); a file with no usable row is a `DataError` with a clear message.
 
-Output, under `RUN_DIR/report/`: `summary.md` and, for each plot that has data, a PNG. Plots are
+Output, under `RUN_DIR/report/`: `summary.md`, for each plot that has data a PNG, and
+`viewer.html`, the trajectory viewer (`asyncrl.viewer`: the plots and every saved rollout,
+self-contained, opens from disk). Plots are
 drawn with matplotlib's object API on the Agg canvas (no pyplot, no global backend switch).
 In the step-time plot the disjoint phases (rollout, reward, update, sync) are stacked and the
 tool wait — which overlaps the rollout phase — is a separate line.
@@ -357,7 +359,8 @@ def _sft_loss_plot(rows: Sequence[Row], path: Path) -> bool:
 
 # ------------------------------------------------------------------------------ entry
 def write_report(run_dir: Path) -> Path:
-    """Write `run_dir/report/` (PNGs and `summary.md`) from `run_dir/metrics.jsonl`.
+    """Write `run_dir/report/` (PNGs, `summary.md`, `viewer.html`) from `run_dir/metrics.jsonl`
+    and the rollouts under `run_dir/eval/` and `run_dir/rollouts/`.
 
     Returns the path of `summary.md`. Raises `DataError` when there are no metrics to report.
     """
@@ -374,6 +377,9 @@ def write_report(run_dir: Path) -> Path:
     summary = summarize(rows)
     path = out / "summary.md"
     path.write_text(render_markdown(summary, run_dir.resolve().name, plots), encoding="utf-8")
+    from asyncrl.viewer import write_viewer
+
+    write_viewer(run_dir, [out / p for p in plots])
     log.info("report_written", path=str(path), plots=len(plots), rows=summary.rows)
     return path
 
@@ -381,13 +387,21 @@ def write_report(run_dir: Path) -> Path:
 def _cmd_report(args: argparse.Namespace) -> int:
     path = write_report(Path(args.run_dir))
     print(path)
+    print(path.parent / "viewer.html")
     return 0
 
 
 def register(subparsers: Any) -> None:
     """Add `asyncrl report RUN_DIR` to the CLI."""
-    p = subparsers.add_parser("report", help="write plots and a Markdown summary of a run",
-                              description="Read RUN_DIR/metrics.jsonl and write RUN_DIR/report/ "
-                                          "(PNG plots and summary.md).")
+    p = subparsers.add_parser("report", help="write plots, a Markdown summary and the "
+                                             "trajectory viewer (viewer.html) of a run",
+                              description="Read RUN_DIR/metrics.jsonl and the saved rollouts and "
+                                          "write RUN_DIR/report/: PNG plots, summary.md, and "
+                                          "viewer.html, a self-contained page (no server, no "
+                                          "network) with the plots and a browsable table of "
+                                          "every saved rollout per eval and RL step: prompt, "
+                                          "turns, tool calls with code, status and output, "
+                                          "reward, RoC's decision; filterable by correct, "
+                                          "wrong, tool error.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
     p.set_defaults(func=_cmd_report)

@@ -25,8 +25,10 @@ from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
+from asyncrl.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
 from asyncrl.rollout.eventloop import run as run_loop
+from asyncrl.rundir import pick_run_dir
 from asyncrl.stages import (
     PlateauState,
     hard_problem_ids,
@@ -59,18 +61,16 @@ class TrainState(msgspec.Struct, kw_only=True):
     run regenerates them first, in order, under the restored weights."""
 
 
-def run_dir_for(cfg: RunConfig) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
-
-
 class StageRunner:
     """Drives the stages over a live `Runtime` (the model trainer is `rt.trainer`)."""
 
     def __init__(self, rt: Any, metrics: MetricsWriter, state: TrainState,
-                 train_problems: list[Problem], eval_problems: list[Problem]) -> None:
+                 train_problems: list[Problem], eval_problems: list[Problem],
+                 progress: RunProgress | None = None) -> None:
         from asyncrl.data import ProblemStream
 
         self.rt = rt
+        self.progress = progress or RunProgress(rt.run_dir.name, stage_plans(rt.cfg))
         self.cfg: RunConfig = rt.cfg
         self.metrics = metrics
         self.state = state
@@ -120,6 +120,7 @@ class StageRunner:
         return time.monotonic() - t0
 
     async def _rollouts(self, problems: list[Problem], n: int, settings: Any) -> list[Group]:
+        self.progress.rollouts_requested(len(problems) * n)
         return [g async for g in self.rt.runner.run(problems, n, settings,
                                                     self.state.policy_version)]
 
@@ -142,6 +143,7 @@ class StageRunner:
 
     async def _run_stage(self, stage: StageSection) -> None:
         self.rt.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
+        self.progress.stage_start(self.state.stage_index, self.state.stage_step)
         self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
                            event="start", kind_=stage.kind)
         log.info("stage_start", kind=stage.kind, steps=stage.steps)
@@ -165,6 +167,7 @@ class StageRunner:
         n = self.cfg.rollout.samples_per_prompt
 
         def run_wave(problems: list[Problem], version: int) -> Any:
+            self.progress.rollouts_requested(len(problems) * n)
             return self.rt.runner.run(problems, n, settings, version)
 
         if self.cfg.rollout.max_staleness > 0 and self.cfg.algorithm.correction == "none":
@@ -211,6 +214,8 @@ class StageRunner:
             chunk = [pairs[(i + j) % len(pairs)] for j in range(bs)]
             m = await asyncio.to_thread(self.rt.trainer.sft_step, chunk)
             self.state.stage_step += 1
+            self.progress.step(self.state.stage_step, self.state.global_step,
+                               loss=m.get("sft/loss"))
             if self.state.stage_step % 10 == 0 or self.state.stage_step == stage.steps:
                 self.metrics.write("sft_step", stage=stage.name, step=self.state.global_step,
                                    sft_step=self.state.stage_step, **_floats(m, "sft/"))
@@ -287,6 +292,12 @@ class StageRunner:
                 "timing/step_s": step_s,
             }
             self.metrics.write("rl_step", **row)
+            self.progress.step(self.state.stage_step, step,
+                               reward=stats.get("rollout/reward_mean", 0.0))
+            keep_every = cfg.logging.rollouts_every
+            if keep_every and step % keep_every == 0:  # the whole wave, RoC's marks included
+                await asyncio.to_thread(save_jsonl, self.rt.run_dir / "rollouts" /
+                                        f"step_{step:06d}.jsonl", groups)
             log.info("rl_step", reward=round(stats.get("rollout/reward_mean", 0.0), 3),
                      tool_err_pos=round(stats.get("rollout/tool_error_ratio_pos", 0.0), 3),
                      kept_groups=len(kept), seconds=round(step_s, 2),
@@ -315,6 +326,7 @@ class StageRunner:
         m = {f"eval/{k}": v for k, v in summary.items()}
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
                            step=self.state.global_step, seconds=time.monotonic() - t0, **m)
+        self.progress.evaluated(self.state.global_step, m["eval/accuracy"])
         log.info("eval", label=label, accuracy=round(m["eval/accuracy"], 4), problems=len(probs))
         return m
 
@@ -396,37 +408,20 @@ def dry_run(cfg: RunConfig) -> list[str]:
     return lines
 
 
-def _pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> Path:
-    """The run directory: given, or `output_dir/name`; a fresh run never overwrites an old
-    one (a numbered suffix is added); `--resume` takes the newest existing one."""
-    if run_dir:
-        return Path(run_dir)
-    base = run_dir_for(cfg)
-    siblings = sorted((p for p in base.parent.glob(f"{base.name}*")
-                       if p.is_dir() and (p.name == base.name or p.name[len(base.name):].lstrip("-").isdigit())),
-                      key=lambda p: p.stat().st_mtime)
-    if resume:
-        if not siblings:
-            from asyncrl.errors import CheckpointError
-
-            raise CheckpointError(f"--resume: no run directory {base}* to resume")
-        return siblings[-1]
-    if not base.exists():
-        return base
-    n = 2
-    while Path(f"{base}-{n}").exists():
-        n += 1
-    return Path(f"{base}-{n}")
+def stage_plans(cfg: RunConfig) -> list[StagePlan]:
+    return [StagePlan(st.name, st.kind, st.steps) for st in cfg.stages]
 
 
 async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None
                       ) -> Path:
-    """Run the whole curriculum; returns the run directory."""
+    """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`)."""
     from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
     from asyncrl.data import load_split
+    from asyncrl.progress import instrument, progress_display
     from asyncrl.runtime import open_runtime
+    from asyncrl.sinks import open_sinks
 
-    rd = _pick_run_dir(cfg, run_dir, resume)
+    rd, _ = pick_run_dir(cfg, run_dir, resume)
     rd.mkdir(parents=True, exist_ok=True)
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=rd)
     logmod.bind_contextvars(run=rd.name)
@@ -435,6 +430,10 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
     t_start = time.monotonic()
     state = TrainState()
     ckpt = latest_checkpoint(rd) if resume else None
+    if resume and ckpt is None:
+        log.warning("resume_without_checkpoint", run_dir=str(rd),
+                    hint="no checkpoint yet: the run starts from the beginning")
+    progress = RunProgress(rd.name, stage_plans(cfg))
     async with open_runtime(cfg, rd) as rt:
         if ckpt is not None:
             saved = load_checkpoint(ckpt, rt.trainer)
@@ -442,6 +441,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
                      stage=cfg.stages[min(state.stage_index, len(cfg.stages) - 1)].name)
+        instrument(rt.runner, progress)
         tools = [t.schema for t in rt.tools] or None
         d = cfg.data
         train = load_split(d.train, d.generator_options, cfg.run.seed, "train", rt.tokenizer,
@@ -452,10 +452,12 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
         train_p, eval_p = train.problems, (evals.problems if evals is not None else [])
         n_long = (train.skipped.get("overlong_prompt", 0)
                   + (evals.skipped.get("overlong_prompt", 0) if evals is not None else 0))
-        with MetricsWriter(rd, start_time=t_start) as metrics:
+        sinks = open_sinks(cfg.logging, rd, config_mod.to_dict(cfg))
+        with MetricsWriter(rd, start_time=t_start, sinks=sinks) as metrics, \
+                progress_display(progress, cfg.logging.progress):
             metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
                           overlong_skipped=n_long)
-            loop = StageRunner(rt, metrics, state, train_p, eval_p)
+            loop = StageRunner(rt, metrics, state, train_p, eval_p, progress)
             await loop.run()
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
@@ -465,6 +467,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
     report = write_report(rd)
     log.info("run_done", run_dir=str(rd), report=str(report),
+             viewer=str(report.parent / "viewer.html"),
              wall_s=round(time.monotonic() - t_start, 1))
     return rd
 
@@ -502,6 +505,7 @@ async def _push_weights(rt: Any, version: int) -> None:
 
 def cmd_train(args: Any) -> int:
     import os
+    import sys
 
     cfg = config_mod.load(args.config, args.set)
     if int(os.environ.get("RANK", "0")) != 0 and not args.dry_run:
@@ -520,19 +524,51 @@ def cmd_train(args: Any) -> int:
             print(line)
         print("dry run: ok")
         return 0
-    rd = run_loop(train_async(cfg, resume=args.resume, run_dir=args.run_dir))
+    rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
+    print(f"asyncrl: {note}", file=sys.stderr)
+    rd = run_loop(train_async(cfg, resume=args.resume, run_dir=str(rd)))
     print(f"run directory: {rd}")
+    print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
+          f"{rd / 'report' / 'viewer.html'} (open it in a browser)")
     return 0
 
 
+TRAIN_EPILOG = """\
+run directory (output_dir/name, or --run-dir):
+  config.json      the resolved config        metrics.jsonl  one JSON row per step/eval
+  log.jsonl        every log event as JSON    checkpoints/   resumable state (--resume)
+  eval/            every eval rollout         rollouts/      RL waves (logging.rollouts_every)
+  tensorboard/, wandb/   when logging.sinks = ["tensorboard", "wandb"]
+  model-init/      the built model and tokenizer (runs without model.path)
+  final/           the trained model (a Hugging Face directory)
+  report/          summary.md, PNG plots and viewer.html, the trajectory viewer: every
+                   rollout's turns, tool calls, reward and RoC decision, filterable (rebuild
+                   it any time with `asyncrl report RUN_DIR`)
+
+A second run of the same config starts a new numbered directory (name-2, name-3, ...) and says
+so; it never reuses or overwrites a finished run. On a terminal a live progress display shows
+the stage, step, reward, held-out accuracy, rollouts, tool calls and ETA (logging.progress).
+"""
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("train", help="run a curriculum (SFT cold start, GRPO-RoC stages)")
+    import argparse
+
+    p = sub.add_parser("train", help="run a curriculum (SFT cold start, GRPO-RoC stages); "
+                                     "writes a run directory with a report and viewer",
+                       description="Run a curriculum: SFT cold start, then GRPO-RoC stages, "
+                                   "with evals and checkpoints,\na live progress display on a "
+                                   "terminal, and a report with a trajectory viewer at the end.",
+                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", help="curriculum TOML, e.g. curricula/tiny.toml")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (repeatable)")
     p.add_argument("--resume", action="store_true",
-                   help="continue the newest run of this config from its latest checkpoint")
-    p.add_argument("--run-dir", default=None, help="run directory (default: output_dir/name)")
+                   help="continue a run from its latest checkpoint: the newest run of this "
+                        "config (output_dir/name or name-N), or --run-dir's")
+    p.add_argument("--run-dir", default=None,
+                   help="run directory (default: output_dir/name, or the next free name-N); "
+                        "without --resume it must not hold a run already")
     p.add_argument("--dry-run", action="store_true",
                    help="resolve stages, data and components without starting anything")
     p.set_defaults(func=cmd_train)

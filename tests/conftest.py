@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import struct
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,35 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer, tiny_model_factory) -> Path
     from asyncrl.modeling import save
 
     return save(tiny_model_factory(0), tiny_tokenizer, tmp_path_factory.mktemp("tiny_model"))
+
+
+def _read_wandb_records(run_root: Path) -> list:
+    """The records of a W&B run's `.wandb` transaction log: a 7-byte header (`:W&B`, magic,
+    version) then LevelDB-log framing (32 KiB blocks; 7-byte chunk headers: crc, length,
+    type full/first/middle/last) around `wandb_internal_pb2.Record` messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_root.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    block, pos, parts, records = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if n == 0 and kind == 0:
+            break
+        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(parts)
+            records.append(rec)
+    return records
+
+
+@pytest.fixture
+def wandb_records():
+    """`wandb_records(run_root)`: the records of the one W&B offline run under `run_root`."""
+    return _read_wandb_records

@@ -113,8 +113,10 @@ def test_cli_command(tmp_path: Path, monkeypatch, capsys) -> None:
                         if report.register not in cli._EXTRA_COMMANDS else cli._EXTRA_COMMANDS)
     run = _write(tmp_path / "run", _full_run())
     assert cli.main(["report", str(run)]) == 0
-    # the summary's path is the command's last line of output (logs may precede it)
-    assert capsys.readouterr().out.strip().splitlines()[-1] == str(run / "report" / "summary.md")
+    # the summary's and the viewer's paths are the command's last lines (logs may precede them)
+    assert capsys.readouterr().out.strip().splitlines()[-2:] == [
+        str(run / "report" / "summary.md"), str(run / "report" / "viewer.html")]
+    assert (run / "report" / "viewer.html").stat().st_size > 10_000  # with the plots inline
 
     empty = _write(tmp_path / "empty", [])
     assert cli.main(["report", str(empty)]) == 1

@@ -1,0 +1,62 @@
+"""Run directories: which directory a `train` invocation writes, and what to tell the user.
+
+Owns: the naming rule (`output_dir/name`, then `name-2`, `name-3`, ... so that a finished run
+is never reused or overwritten), what `--resume` and an explicit `--run-dir` pick, and the one
+console line that says so. Does not own: what goes into a run directory (the train loop, the
+metrics writer, the report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.config import RunConfig
+from asyncrl.errors import CheckpointError
+
+__all__ = ["pick_run_dir", "run_dir_for"]
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def _holds_run(d: Path) -> bool:
+    return (d / "metrics.jsonl").exists() or (d / "checkpoints").exists()
+
+
+def pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> tuple[Path, str]:
+    """The run directory and a line saying what happens to it (for the console).
+
+    - no `run_dir`, no `resume`: `output_dir/name`; when that already holds a run, the first
+      free `output_dir/name-N` (N = 2, 3, ...): a finished run is never reused or overwritten.
+    - no `run_dir`, `resume`: the newest of `output_dir/name` and `output_dir/name-N`.
+    - `run_dir` given: that directory; without `resume` it must not hold a run yet (metrics or
+      checkpoints), with `resume` it must exist.
+    Raises `CheckpointError` when the rule cannot be met.
+    """
+    if run_dir:
+        rd = Path(run_dir)
+        if resume:
+            if not rd.is_dir():
+                raise CheckpointError(f"--resume: {rd} does not exist")
+            return rd, f"resuming the run in {rd}"
+        if _holds_run(rd):
+            raise CheckpointError(f"--run-dir {rd} already holds a run: pass --resume to "
+                                  "continue it, or choose another directory")
+        return rd, f"new run in {rd}"
+    base = run_dir_for(cfg)
+    siblings = sorted((p for p in base.parent.glob(f"{base.name}*")
+                       if p.is_dir() and (p.name == base.name or p.name[len(base.name):].lstrip("-").isdigit())),
+                      key=lambda p: p.stat().st_mtime)
+    if resume:
+        if not siblings:
+            raise CheckpointError(f"--resume: no run directory {base}* to resume")
+        return siblings[-1], f"resuming the newest run of this config, {siblings[-1]}"
+    if not base.exists():
+        return base, f"new run in {base}"
+    n = 2
+    while Path(f"{base}-{n}").exists():
+        n += 1
+    rd = Path(f"{base}-{n}")
+    return rd, (f"new run in {rd} ({base} already holds a run; `--resume` continues the "
+                "newest one instead)")
