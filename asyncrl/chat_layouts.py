@@ -202,10 +202,10 @@ def from_hermes(row: Mapping[str, Any]) -> Conversation:
     msgs: list[dict[str, Any]] = []
     for m in conv.messages:
         text = m["content"]
-        if m["role"] == "system" and _HERMES_TOOLS.search(text):
-            block = _HERMES_TOOLS.search(text).group(1)  # type: ignore[union-attr]
-            try:
-                listed = _json_or_literal(block)
+        blocks = [b for b in _HERMES_TOOLS.findall(text) if b.strip()]
+        if m["role"] == "system" and blocks:
+            try:  # the text also names the tags ("within <tools> </tools> XML tags")
+                listed = _json_or_literal(blocks[-1])
             except (ValueError, SyntaxError) as e:
                 raise BadRow("bad_tools", f"<tools> block is not JSON: {e}") from None
             tools = _tools(listed if isinstance(listed, list) else [listed])
@@ -292,27 +292,52 @@ def from_glaive(row: Mapping[str, Any]) -> Conversation:
     return Conversation(messages=msgs, tools=tools)
 
 
+def _split_calls(body: str) -> list[str]:
+    """`f(a=1), g(b="x, y")` -> the calls, split at top-level commas (quotes and brackets
+    respected)."""
+    items, depth, quote, cur = [], 0, "", []
+    for ch in body:
+        if quote:
+            quote = "" if ch == quote and (not cur or cur[-1] != "\\") else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    items.append("".join(cur).strip())
+    return [i for i in items if i]
+
+
 def _python_calls(text: str) -> list[dict[str, Any]] | None:
-    """`[f(a=1), g(b="x")]` as calls, or None when `text` is not such a list."""
+    """`[f(a=1), Market Trends API(b="x")]` (ToolACE's syntax: names may hold spaces) as calls,
+    or None when `text` is not such a list."""
     text = text.strip()
     if not (text.startswith("[") and text.endswith("]")):
         return None
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return None
-    if not isinstance(tree, ast.List) or not all(isinstance(e, ast.Call) for e in tree.elts):
-        return None
     calls = []
-    for c in tree.elts:
-        assert isinstance(c, ast.Call)
-        name = ast.unparse(c.func)
+    for item in _split_calls(text[1:-1]):
+        paren = item.find("(")
+        if paren <= 0 or not item.endswith(")"):
+            return None
+        name = item[:paren].strip()
         try:
-            args = {k.arg: ast.literal_eval(k.value) for k in c.keywords if k.arg}
+            call = ast.parse("f" + item[paren:], mode="eval").body
+        except SyntaxError:
+            return None
+        if not isinstance(call, ast.Call) or call.args:
+            return None
+        try:
+            args = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
         except ValueError:
             raise BadRow("bad_arguments", f"call {name!r}: arguments are not literals") from None
         calls.append(tool_call(name, args))
-    return calls
+    return calls or None
 
 
 def from_toolace(row: Mapping[str, Any]) -> Conversation:
