@@ -375,6 +375,8 @@ def dry_run(cfg: RunConfig) -> list[str]:
                 if not Path(f).exists():
                     raise ConfigError(f"stages[{i}].chat.{key}", f"no such file: {f}")
         extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
+        if st.chat is not None:
+            extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"
         plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
         lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
                      f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
