@@ -295,7 +295,9 @@ def from_glaive(row: Mapping[str, Any]) -> Conversation:
 def _split_calls(body: str) -> list[str]:
     """`f(a=1), g(b="x, y")` -> the calls, split at top-level commas (quotes and brackets
     respected)."""
-    items, depth, quote, cur = [], 0, "", []
+    items: list[str] = []
+    cur: list[str] = []
+    depth, quote = 0, ""
     for ch in body:
         if quote:
             quote = "" if ch == quote and (not cur or cur[-1] != "\\") else quote
@@ -378,8 +380,9 @@ def from_xlam(row: Mapping[str, Any]) -> Conversation:
     tools = _maybe_json(row.get("tools"), "tools")
     if not isinstance(answers, list) or not isinstance(tools, list):
         raise BadRow("bad_messages", "`answers` and `tools` must be lists")
-    msgs = [{"role": "user", "content": _text(row.get("query"), "query")},
-            {"role": "assistant", "content": "", "tool_calls": [_call_of(a) for a in answers]}]
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": _text(row.get("query"), "query")},
+        {"role": "assistant", "content": "", "tool_calls": [_call_of(a) for a in answers]}]
     return Conversation(messages=msgs, tools=[_xlam_tool(t) for t in tools])
 
 

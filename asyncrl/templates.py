@@ -89,7 +89,7 @@ class ChatTemplate:
         """(head, tail): after a call's `</tool_call>`, the loop appends `head + output + tail`
         (the end of the assistant message, the tool message, the next generation prompt)."""
         if self._wrapper is None:
-            probe = [{"role": "user", "content": "q"},
+            probe: list[Message] = [{"role": "user", "content": "q"},
                      {"role": "assistant", "content": "",
                       "tool_calls": [{"type": "function",
                                       "function": {"name": "f", "arguments": {}}}]},
