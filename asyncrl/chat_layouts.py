@@ -5,8 +5,9 @@ layout into one, and checking it. Pure functions, no I/O. Does not own: reading 
 counting bad rows (`asyncrl.chat_data`), rendering (`asyncrl.chat_render`).
 
 Layouts (`LAYOUTS`; `detect_layout` picks one from a row's keys; docs/recipe.md lists the sets):
-- `openai`   `messages` (system / user / assistant with optional `tool_calls`, `tool` results),
-             optional `tools` (function schemas, bare or wrapped in `{"type": "function"}`);
+- `openai`   `messages` (system / user / assistant with optional `tool_calls`, `tool` results;
+             the legacy `function_call` / `function` role too), optional `tools` (function
+             schemas, bare or wrapped in `{"type": "function"}`);
 - `sharegpt` `conversations` of `{from, value}` (human / gpt / system; LLaMA-Factory's
              `function_call` and `observation` turns), optional `system` and `tools`;
 - `hermes`   ShareGPT whose `gpt` turns hold `<tool_call>{...}</tool_call>` blocks, `tool` turns
@@ -145,12 +146,13 @@ def from_openai(row: Mapping[str, Any]) -> Conversation:
             raise BadRow("bad_messages", f"message {i} is not an object")
         if "role" not in m or m["role"] in (None, ""):
             raise BadRow("missing_role", f"message {i} has no role")
-        role = m["role"]
+        role = "tool" if m["role"] == "function" else m["role"]  # the legacy function role
         if role not in ROLES:
             raise BadRow("unknown_role", f"message {i} has role {role!r}; expected one of {ROLES}")
         msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"message {i}")}
-        if role == "assistant" and m.get("tool_calls"):
-            calls = _maybe_json(m["tool_calls"], f"message {i} tool_calls")
+        if role == "assistant" and (m.get("tool_calls") or m.get("function_call")):
+            calls = _maybe_json(m.get("tool_calls") or [m["function_call"]],
+                                f"message {i} tool_calls")
             if not isinstance(calls, list):
                 raise BadRow("bad_tool_call", f"message {i}: tool_calls must be a list")
             msg["tool_calls"] = [_call_of(c) for c in calls]

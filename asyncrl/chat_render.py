@@ -15,7 +15,8 @@ everything else context), with one of two renderers picked by the bound tool for
 - `builtin` (no template: the markdown format, tokenizers made on the spot): the format's own
   ChatML text, segment for segment what `asyncrl.sft.render_transcript` produces for the same
   transcript: the prompt, each assistant span (content, then its calls written with
-  `fmt.render_call` for the Python tool or as Hermes JSON for others), each tool result wrapped
+  `fmt.render_call` for the Python tool, as Hermes JSON for any other tool, whatever the
+  format: the markdown format has no syntax for them), each tool result wrapped
   by `fmt.tool_response`, and the end-of-turn token.
 
 Segments are tokenized one by one (`sft.tokenize_many`), as the loop tokenizes the prompt and
@@ -36,8 +37,8 @@ from asyncrl.templates import ASSISTANT_HEADER, CALL_CLOSE, ChatTemplate, Templa
 
 def render(conv: Conversation, fmt: formats.ToolFormat, system_prompt: str = ""
            ) -> list[list[Segment]]:
-    """The examples (segment lists) of one conversation; raises `BadRow` when it cannot be
-    rendered (`template_error`, `unsupported_tool`)."""
+    """The examples (segment lists) of one conversation; raises `BadRow` (`template_error`)
+    when the model's template cannot render it."""
     if fmt.template is not None:
         return _template_examples(conv, fmt.template)
     return [_builtin_segments(conv, fmt, system_prompt)]
@@ -102,12 +103,9 @@ def _render_calls(fmt: formats.ToolFormat, calls: Sequence[dict[str, Any]]) -> s
         args = fn["arguments"]
         if fn["name"] == formats.PYTHON_TOOL and isinstance(args.get("code"), str):
             out.append(fmt.render_call(args["code"], str(args.get("input", ""))))
-        elif fmt.name == "hermes":
-            out.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args})
-                       + "\n</tool_call>")
-        else:
-            raise BadRow("unsupported_tool", f"the {fmt.name} format can only write calls to "
-                         f"{formats.PYTHON_TOOL} with a `code` argument, not {fn['name']!r}")
+        else:  # any other tool (no syntax of its own in the markdown format): Hermes JSON
+            out.append("<tool_call>\n" + json.dumps({"name": fn["name"], "arguments": args},
+                                                    ensure_ascii=False) + "\n</tool_call>")
     return "".join(out)
 
 

@@ -167,3 +167,20 @@ def test_batch_plan_buckets_under_budgets_and_resumes() -> None:
     assert [cont.next_batch() for _ in range(3)] == taken[len(epoch0) + 2:len(epoch0) + 5]
     with pytest.raises(DataError, match="differ"):
         SFTPlan(lengths[:-1], 3, 16, 2000, cursor=mid.cursor())
+
+
+def test_builtin_formats_write_other_tools_as_hermes_json(tok) -> None:
+    """The tiny curriculum's markdown format has no syntax for a weather tool: such a chat is
+    still trained (the call written as Hermes JSON, its result in the format's wrapper)."""
+    (oa, _) = _convs("openai.jsonl")
+    (segs,) = render(oa, F.MARKDOWN)
+    trained = [s.text for s in segs if s.trained]
+    assert trained[0] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert any(s.text.startswith("```output\n{\"temp_c\": 18}") for s in segs if not s.trained)
+    legacy = to_conversation({"messages": [
+        {"role": "user", "content": "w?"},
+        {"role": "assistant", "content": None,
+         "function_call": {"name": "get_weather", "arguments": "{\"city\": \"Rome\"}"}},
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."}]})
+    assert [m["role"] for m in legacy.messages] == ["user", "assistant", "tool", "assistant"]
