@@ -366,7 +366,7 @@ class SFTChatSection(_Section, frozen=True, kw_only=True):
     max_tokens: PosInt = 4096
     """A rendered row longer than this (tokens) is a bad row (`too_long`), skipped."""
     batch_tokens: NonNegInt = 0
-    """Token budget of one optimizer step: rows of similar length are bucketed together until
+    """Token budget of one optimizer step: rows are taken (in the epoch's order) until
     `batch_size` rows or this many tokens (0 = no token limit)."""
     max_bad_fraction: Fraction = 0.05
     """The stage refuses to start when more than this share of rows is bad."""
@@ -374,6 +374,11 @@ class SFTChatSection(_Section, frozen=True, kw_only=True):
     """Held-out loss every N steps (0 = only at the end of the stage)."""
     shuffle: bool = True
     """Shuffle rows each epoch (seeded by `run.seed`); the cursor is checkpointed."""
+    bucket_by_length: bool = False
+    """Sort rows by length within windows of 32 batches before cutting them into steps (less
+    padding across steps). Off by default: such steps share a length, and often a source or a
+    kind of chat, which made the tiny parity bench's held-out loss worse (docs/recipe.md);
+    the trainer already groups similar lengths into micro-batches within a step."""
 
     def __post_init__(self) -> None:
         if not self.train:

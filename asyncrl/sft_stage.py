@@ -1,7 +1,7 @@
 """An SFT stage: its examples, their order into optimizer steps, the steps, the held-out loss.
 
-Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches bucketed by length under
-a row and token budget, with a resumable (epoch, index) cursor), and `run_sft`, the stage
+Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches under a row and token
+budget, optionally bucketed by length, with a resumable (epoch, index) cursor), and `run_sft`, the stage
 itself over the run's trainer: examples from the generator (`asyncrl.sft`, the tiny curriculum)
 or from chat files (`[stages.chat]`, `asyncrl.chat_data`), one `trainer.sft_step` per batch,
 metrics, checkpoints every `checkpoint.every_steps` stage steps, and the held-out loss
@@ -31,16 +31,16 @@ _BUCKET_BATCHES = 32
 class SFTPlan:
     """Batches of example indices, epoch after epoch; `cursor` says where the next one is.
 
-    Epoch `e`'s batches depend only on (seed, e, lengths): rows are shuffled, cut into windows
-    of `_BUCKET_BATCHES` batches, sorted by length inside a window (similar lengths share a
-    batch: less padding), cut into batches of at most `batch_size` rows and `batch_tokens`
-    tokens (0 = no limit; a row longer than the budget is a batch alone), and the batches are
-    shuffled. With `shuffle` off, file order and no bucketing.
+    Epoch `e`'s batches depend only on (seed, e, lengths): rows are shuffled and cut, in that
+    order, into batches of at most `batch_size` rows and `batch_tokens` tokens (0 = no limit;
+    a row longer than the budget is a batch alone). With `bucket`, rows are first sorted by
+    length inside windows of `_BUCKET_BATCHES` batches (similar lengths share a batch: less
+    padding) and the batches are then shuffled. With `shuffle` off, file order.
     """
 
     def __init__(self, lengths: Sequence[int], seed: int, batch_size: int = 0,
                  batch_tokens: int = 0, shuffle: bool = True,
-                 cursor: dict[str, Any] | None = None) -> None:
+                 cursor: dict[str, Any] | None = None, bucket: bool = False) -> None:
         if not lengths:
             raise DataError("an SFT stage needs at least one example")
         self.lengths = list(lengths)
@@ -48,6 +48,7 @@ class SFTPlan:
         self.batch_size = batch_size or (0 if batch_tokens else DEFAULT_BATCH)
         self.batch_tokens = batch_tokens
         self.shuffle = shuffle
+        self.bucket = bucket and shuffle
         self.fingerprint = hashlib.sha256(repr(self.lengths).encode()).hexdigest()[:16]
         self.epoch, self.index = 0, 0
         if cursor:
@@ -63,11 +64,11 @@ class SFTPlan:
         if self.shuffle:
             rng.shuffle(order)
         per = self.batch_size or max(1, len(order) // 64)
-        window = per * _BUCKET_BATCHES if self.shuffle else len(order)
+        window = per * _BUCKET_BATCHES if self.bucket else len(order)
         batches: list[list[int]] = []
         for w in range(0, len(order), window):
             part = order[w:w + window]
-            if self.shuffle:
+            if self.bucket:
                 part.sort(key=lambda i: self.lengths[i])
             cur: list[int] = []
             tokens = 0
@@ -82,7 +83,7 @@ class SFTPlan:
                 tokens += n
             if cur:
                 batches.append(cur)
-        if self.shuffle:
+        if self.bucket:
             rng.shuffle(batches)
         return batches
 
@@ -144,7 +145,8 @@ async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: A
         examples = loaded.train
         valid = [e.pair() for e in loaded.valid]
         plan = SFTPlan([len(e) for e in examples], cfg.run.seed, stage.batch_size,
-                       c.batch_tokens, c.shuffle, cursor=state.sft_cursor or None)
+                       c.batch_tokens, c.shuffle, cursor=state.sft_cursor or None,
+                       bucket=c.bucket_by_length)
 
         def next_batch() -> list[Pair]:
             batch = [examples[i].pair() for i in plan.next_batch()]

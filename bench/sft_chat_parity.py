@@ -11,7 +11,8 @@ loop logs it every 10), the held-out loss of the final weights on 256 transcript
 problems (`trainer.sft_eval`, the same set for both), the held-out accuracy and the wall time.
 Prints a table, writes `bench/results/sft_chat_parity.json`.
 
-    nice -n 10 python bench/sft_chat_parity.py [--seed 0] [--steps 600] [--set KEY=VALUE ...]
+    nice -n 10 python bench/sft_chat_parity.py [--seed 0] [--steps 600] [--bucket]
+                                               [--set KEY=VALUE ...]
 
 Tens of minutes on 2 shared CPU cores; not part of the tests.
 """
@@ -36,14 +37,14 @@ RUNS = ROOT / "runs" / "sft_parity"
 
 
 def _config(base: dict[str, Any], name: str, steps: int, chat: str | None,
-            overrides: list[str]) -> Any:
+            overrides: list[str], bucket: bool = False) -> Any:
     from asyncrl import config
 
     d = copy.deepcopy(base)
     d["run"] = {**d["run"], "name": name, "output_dir": str(RUNS)}
     sft = {**d["stages"][0], "steps": steps}
     if chat is not None:
-        sft["chat"] = {"train": [chat], "max_tokens": 1024}
+        sft["chat"] = {"train": [chat], "max_tokens": 1024, "bucket_by_length": bucket}
     d["stages"] = [sft]
     d["logging"] = {**d.get("logging", {}), "console": "none"}
     return config.from_dict(config.apply_overrides(d, overrides))
@@ -118,13 +119,16 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=0, help="SFT steps (default: the curriculum's)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--bucket", action="store_true",
+                    help="chat arm: [stages.chat] bucket_by_length = true")
     args = ap.parse_args()
     base = tomllib.loads((ROOT / "curricula" / "tiny.toml").read_text())
     base["run"]["seed"] = args.seed
     steps = args.steps or base["stages"][0]["steps"]
     tag = f"s{args.seed}-{steps}"
     gen_cfg = _config(base, f"generator-{tag}", steps, None, args.set)
-    out: dict[str, Any] = {"seed": args.seed, "steps": steps, "overrides": args.set}
+    out: dict[str, Any] = {"seed": args.seed, "steps": steps, "overrides": args.set,
+                           "bucket_by_length": args.bucket}
     RESULTS.mkdir(parents=True, exist_ok=True)
     partial = RESULTS / "sft_chat_parity.json"
     out["generator"] = _arm(gen_cfg)
@@ -134,7 +138,8 @@ def main() -> int:
     tok = modeling.load_tokenizer(Path(out["generator"]["run_dir"]) / "model-init")
     chat_file = RUNS / f"tiny-sft-{tag}.jsonl"
     out["chat_rows"] = _export(gen_cfg, tok, chat_file)
-    out["chat"] = _arm(_config(base, f"chat-{tag}", steps, str(chat_file), args.set))
+    out["chat"] = _arm(_config(base, f"chat-{tag}{'-bucket' if args.bucket else ''}", steps,
+                               str(chat_file), args.set, args.bucket))
     print(f"{'arm':<10} {'loss (last 50)':>15} {'held-out loss':>14} {'held-out acc':>13} "
           f"{'wall s':>8}")
     for arm in ("generator", "chat"):

@@ -147,23 +147,28 @@ def test_parquet_rows_and_a_held_out_split(tok, tmp_path) -> None:
 
 def test_batch_plan_buckets_under_budgets_and_resumes() -> None:
     lengths = [random.Random(i).randint(10, 300) for i in range(500)]
-    plan = SFTPlan(lengths, seed=3, batch_size=16, batch_tokens=2000)
+    plain = SFTPlan(lengths, seed=3, batch_size=16, batch_tokens=2000).epoch_batches(0)
+    assert sorted(i for b in plain for i in b) == list(range(500))
+    plan = SFTPlan(lengths, seed=3, batch_size=16, batch_tokens=2000, bucket=True)
     epoch0 = plan.epoch_batches(0)
     assert sorted(i for b in epoch0 for i in b) == list(range(500))  # each row once an epoch
     assert all(len(b) <= 16 and (sum(lengths[i] for i in b) <= 2000 or len(b) == 1)
                for b in epoch0)
     assert epoch0 != plan.epoch_batches(1)  # reshuffled per epoch
     # bucketing: rows in a batch are closer in length than random batches would be
-    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in epoch0)
-    assert spread / len(epoch0) < 60
+    def spread(batches: list[list[int]]) -> float:
+        return sum(max(lengths[i] for i in b) - min(lengths[i] for i in b)
+                   for b in batches) / len(batches)
+
+    assert spread(epoch0) < 60 < spread(plain)
     taken = [plan.next_batch() for _ in range(len(epoch0) + 5)]
-    resumed = SFTPlan(lengths, seed=3, batch_size=16, batch_tokens=2000,
+    resumed = SFTPlan(lengths, seed=3, batch_size=16, batch_tokens=2000, bucket=True,
                       cursor=SFTPlan(lengths, 3, 16, 2000).cursor())
     assert [resumed.next_batch() for _ in range(3)] == taken[:3]
-    mid = SFTPlan(lengths, 3, 16, 2000)
+    mid = SFTPlan(lengths, 3, 16, 2000, bucket=True)
     for _ in range(len(epoch0) + 2):
         mid.next_batch()
-    cont = SFTPlan(lengths, 3, 16, 2000, cursor=mid.cursor())
+    cont = SFTPlan(lengths, 3, 16, 2000, cursor=mid.cursor(), bucket=True)
     assert [cont.next_batch() for _ in range(3)] == taken[len(epoch0) + 2:len(epoch0) + 5]
     with pytest.raises(DataError, match="differ"):
         SFTPlan(lengths[:-1], 3, 16, 2000, cursor=mid.cursor())
