@@ -136,6 +136,10 @@ def _text(value: Any, where: str) -> str:
 
 
 # ------------------------------------------------------------------------------- layouts
+_OPENAI_ALIASES = {"function": "tool", "developer": "system"}
+"""The legacy `function` role (results of `function_call`) and the newer `developer` role."""
+
+
 def from_openai(row: Mapping[str, Any]) -> Conversation:
     msgs = row.get("messages")
     if not isinstance(msgs, list):
@@ -146,7 +150,7 @@ def from_openai(row: Mapping[str, Any]) -> Conversation:
             raise BadRow("bad_messages", f"message {i} is not an object")
         if "role" not in m or m["role"] in (None, ""):
             raise BadRow("missing_role", f"message {i} has no role")
-        role = "tool" if m["role"] == "function" else m["role"]  # the legacy function role
+        role = _OPENAI_ALIASES.get(m["role"], m["role"])
         if role not in ROLES:
             raise BadRow("unknown_role", f"message {i} has role {role!r}; expected one of {ROLES}")
         msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"message {i}")}
@@ -162,7 +166,8 @@ def from_openai(row: Mapping[str, Any]) -> Conversation:
 
 _SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                    "assistant": "assistant", "model": "assistant", "function_call": "assistant",
-                   "observation": "tool", "tool": "tool", "function": "tool", "ipython": "tool"}
+                   "observation": "tool", "tool": "tool", "function": "tool", "ipython": "tool",
+                   "function_response": "tool"}
 
 
 def from_sharegpt(row: Mapping[str, Any]) -> Conversation:
