@@ -12,7 +12,7 @@ problems (`trainer.sft_eval`, the same set for both), the held-out accuracy and 
 Prints a table, writes `bench/results/sft_chat_parity.json`.
 
     nice -n 10 python bench/sft_chat_parity.py [--seed 0] [--steps 600] [--bucket]
-                                               [--set KEY=VALUE ...]
+                                               [--no-shuffle] [--set KEY=VALUE ...]
 
 Tens of minutes on 2 shared CPU cores; not part of the tests.
 """
@@ -37,14 +37,15 @@ RUNS = ROOT / "runs" / "sft_parity"
 
 
 def _config(base: dict[str, Any], name: str, steps: int, chat: str | None,
-            overrides: list[str], bucket: bool = False) -> Any:
+            overrides: list[str], bucket: bool = False, shuffle: bool = True) -> Any:
     from asyncrl import config
 
     d = copy.deepcopy(base)
     d["run"] = {**d["run"], "name": name, "output_dir": str(RUNS)}
     sft = {**d["stages"][0], "steps": steps}
     if chat is not None:
-        sft["chat"] = {"train": [chat], "max_tokens": 1024, "bucket_by_length": bucket}
+        sft["chat"] = {"train": [chat], "max_tokens": 1024, "bucket_by_length": bucket,
+                       "shuffle": shuffle}
     d["stages"] = [sft]
     d["logging"] = {**d.get("logging", {}), "console": "none"}
     return config.from_dict(config.apply_overrides(d, overrides))
@@ -121,6 +122,8 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--bucket", action="store_true",
                     help="chat arm: [stages.chat] bucket_by_length = true")
+    ap.add_argument("--no-shuffle", action="store_true",
+                    help="chat arm: [stages.chat] shuffle = false (the generator's order)")
     args = ap.parse_args()
     base = tomllib.loads((ROOT / "curricula" / "tiny.toml").read_text())
     base["run"]["seed"] = args.seed
@@ -128,7 +131,7 @@ def main() -> int:
     tag = f"s{args.seed}-{steps}"
     gen_cfg = _config(base, f"generator-{tag}", steps, None, args.set)
     out: dict[str, Any] = {"seed": args.seed, "steps": steps, "overrides": args.set,
-                           "bucket_by_length": args.bucket}
+                           "bucket_by_length": args.bucket, "shuffle": not args.no_shuffle}
     RESULTS.mkdir(parents=True, exist_ok=True)
     partial = RESULTS / "sft_chat_parity.json"
     out["generator"] = _arm(gen_cfg)
@@ -138,8 +141,9 @@ def main() -> int:
     tok = modeling.load_tokenizer(Path(out["generator"]["run_dir"]) / "model-init")
     chat_file = RUNS / f"tiny-sft-{tag}.jsonl"
     out["chat_rows"] = _export(gen_cfg, tok, chat_file)
-    out["chat"] = _arm(_config(base, f"chat-{tag}{'-bucket' if args.bucket else ''}", steps,
-                               str(chat_file), args.set, args.bucket))
+    name = f"chat-{tag}{'-bucket' if args.bucket else ''}{'-ordered' if args.no_shuffle else ''}"
+    out["chat"] = _arm(_config(base, name, steps, str(chat_file), args.set, args.bucket,
+                               not args.no_shuffle))
     print(f"{'arm':<10} {'loss (last 50)':>15} {'held-out loss':>14} {'held-out acc':>13} "
           f"{'wall s':>8}")
     for arm in ("generator", "chat"):
