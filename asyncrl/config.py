@@ -98,7 +98,15 @@ class DataSection(_Section, frozen=True, kw_only=True):
     max_prompt_tokens: PosInt = 2048
     """Prompts longer than this (tool schema included) are skipped and counted."""
     system_prompt: str = ""
-    """Override of the system text; empty uses the tool-call format's default."""
+    """Override of the system text; empty uses the tool-call format's default. With the model's
+    chat template (`chat_template`) it is the system message, and the template adds the tool
+    list after it; with the built-in text it replaces the whole system text, tools included."""
+    chat_template: Literal["auto", "model", "builtin"] = "auto"
+    """Where prompts, tool responses and SFT chats get their text: `model` = the tokenizer's
+    own chat template (Hermes tool format, ChatML templates such as Qwen2.5 / Qwen3; an error
+    when it cannot be used), `builtin` = the format's own ChatML text, `auto` = the template
+    when the format is Hermes and the template renders Hermes calls, else built-in (see
+    docs/recipe.md, "Token-exact templates")."""
 
     def __post_init__(self) -> None:
         if not self.train:
@@ -355,6 +363,41 @@ class PlateauRule(_Section, frozen=True, kw_only=True):
     """Improvement smaller than this counts as none."""
 
 
+class SFTChatSection(_Section, frozen=True, kw_only=True):
+    """An SFT stage fed from chat files (`[stages.chat]`) instead of generated transcripts."""
+
+    train: list[str]
+    """Chat files (`.jsonl`, `.json`, `.parquet`), rows in one of the layouts of
+    `asyncrl.chat_layouts` (OpenAI messages, ShareGPT, Hermes, glaive, ToolACE, xLAM, Alpaca)."""
+    valid: list[str] = []
+    """Held-out chat files; empty splits `valid_fraction` of the training rows off instead."""
+    valid_fraction: Fraction = 0.0
+    """Share of training rows held out (a seeded, stable split by row) when `valid` is empty."""
+    layout: Literal["auto", "openai", "sharegpt", "hermes", "glaive", "toolace", "xlam",
+                    "alpaca"] = "auto"
+    """Row layout of every file; `auto` detects it per row."""
+    max_tokens: PosInt = 4096
+    """A rendered row longer than this (tokens) is a bad row (`too_long`), skipped."""
+    batch_tokens: NonNegInt = 0
+    """Token budget of one optimizer step: rows are taken (in the epoch's order) until
+    `batch_size` rows or this many tokens (0 = no token limit)."""
+    max_bad_fraction: Fraction = 0.05
+    """The stage refuses to start when more than this share of rows is bad."""
+    valid_every: NonNegInt = 0
+    """Held-out loss every N steps (0 = only at the end of the stage)."""
+    shuffle: bool = True
+    """Shuffle rows each epoch (seeded by `run.seed`); the cursor is checkpointed."""
+    bucket_by_length: bool = False
+    """Sort rows by length within windows of 32 batches before cutting them into steps (less
+    padding across steps). Off by default: such steps share a length, and often a source or a
+    kind of chat, which made the tiny parity bench's held-out loss worse (docs/recipe.md);
+    the trainer already groups similar lengths into micro-batches within a step."""
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise _bad("train", "name at least one chat file")
+
+
 class StageSection(_Section, frozen=True, kw_only=True):
     name: str
     """Stage name (used in logs and checkpoints)."""
@@ -375,7 +418,8 @@ class StageSection(_Section, frozen=True, kw_only=True):
     lr: NonNegFloat = 0.0
     """Learning rate for this stage; 0 keeps `algorithm.lr`."""
     batch_size: NonNegInt = 0
-    """SFT: examples per optimizer step (0 = 16)."""
+    """SFT: examples per optimizer step (0 = 16; for chat files with `chat.batch_tokens` set,
+    0 = as many as the token budget holds)."""
     examples: NonNegInt = 0
     """SFT: generated transcripts to train on (0 = steps * batch_size)."""
     tool_fraction: Fraction = 0.5
@@ -384,6 +428,8 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """SFT: share of tool transcripts whose first call fails and is then fixed."""
     fail_fix_by_level: dict[str, Fraction] = {}
     """SFT: `fail_fix_fraction` for the problems of one level (`{ "4" = 0.7 }`); others keep it."""
+    chat: SFTChatSection | None = None
+    """SFT: train on chat files (`[stages.chat]`) instead of generated transcripts."""
 
 
 # -------------------------------------------------------------------------- eval/ckpt/logs
@@ -463,6 +509,8 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         if len(set(names)) != len(names):
             raise _bad("stages", f"stage names must be unique, got {names}")
         for i, st in enumerate(self.stages):
+            if st.chat is not None and st.kind != "sft":
+                raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
             if st.kind == "sft" and st.data_filter != "all":
                 raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
             bad = [k for k in st.fail_fix_by_level if not k.isdigit()]

@@ -6,7 +6,10 @@ Owns: reading the project's problem files (`.jsonl`, `.json`, `.parquet`; rows `
 (system text and tool schema included) is longer than `data.max_prompt_tokens`; and
 `ProblemStream`, the seeded epoch iterator whose `state()` goes into checkpoints so a resumed
 run sees the same order. Also registers `asyncrl data prepare`, whose implementation lives in
-`tools/prepare_data.py` (converting DAPO-Math-17k, AIME 2024/2025 and MATH-500 into these files).
+`tools/prepare_data.py` (converting DAPO-Math-17k, AIME 2024/2025 and MATH-500 into these files)
+and `tools/prepare_chat.py` (function-calling / instruction / chat sets into chat JSONL for an
+SFT stage, see `asyncrl.chat_layouts`). `read_rows` gives the raw rows of a file to the chat
+loader (`asyncrl.chat_data`).
 
 Does not own: what a problem family generates (`asyncrl.tasks`), the prompt layout
 (`asyncrl.formats`), or which problems are hard for the current policy (the curriculum).
@@ -144,6 +147,22 @@ def _rows_parquet(path: Path) -> Iterable[tuple[str, Any]]:
 
 
 _READERS = {".jsonl": _rows_jsonl, ".json": _rows_json, ".parquet": _rows_parquet}
+
+
+def read_rows(path: str | Path) -> Iterable[tuple[int, Any]]:
+    """(line or row number, decoded row) for each row of a `.jsonl`/`.json`/`.parquet` file; a
+    line that is not JSON is yielded as a `ValueError` in place of the row. Raises `DataError`
+    for a file that cannot be read at all."""
+    p = Path(path)
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DataError(f"{p}: unknown data file type {p.suffix!r}; expected one of "
+                        f"{', '.join(SUFFIXES)}")
+    if not p.is_file():
+        raise DataError(f"{p}: data file not found")
+    for where, row in reader(p):
+        n = int(where.split()[-1])
+        yield n, (ValueError(str(row)) if isinstance(row, _BadRow) else row)
 
 
 def read_problem_file(path: str | Path) -> LoadResult:
@@ -342,16 +361,20 @@ class ProblemStream:
 
 
 # -------------------------------------------------------------------------------- CLI
-def prepare_tool() -> ModuleType:
-    """`tools/prepare_data.py` of this source tree, imported by path.
+CHAT_SETS = ("glaive", "hermes", "toolace", "xlam", "alpaca", "sharegpt", "openai")
+"""`asyncrl data prepare` sources converted to chat JSONL by `tools/prepare_chat.py`."""
+
+
+def prepare_tool(script: str = "prepare_data") -> ModuleType:
+    """`tools/<script>.py` of this source tree, imported by path.
 
     `tools/` holds operator scripts and is not installed with the package, so the module is
     found next to it (editable installs and checkouts); a plain wheel install cannot run it.
     """
-    name = "asyncrl_tools_prepare_data"
+    name = f"asyncrl_tools_{script}"
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(__file__).resolve().parent.parent / "tools" / "prepare_data.py"
+    path = Path(__file__).resolve().parent.parent / "tools" / f"{script}.py"
     if not path.is_file():
         raise DataError(f"`asyncrl data prepare` needs a source checkout of asyncrl "
                         f"({path} not found); run tools/prepare_data.py from the repository")
@@ -365,8 +388,11 @@ def prepare_tool() -> ModuleType:
 
 def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `asyncrl data prepare` (shared with `python tools/prepare_data.py`)."""
-    p.add_argument("source", choices=["dapo", "aime24", "aime25", "math500"],
-                   help="which dataset the input rows come from (its column layout)")
+    p.add_argument("source", choices=["dapo", "aime24", "aime25", "math500", *CHAT_SETS],
+                   help="which dataset the input rows come from (its column layout): math "
+                        "problems (dapo, aime24, aime25, math500) to problem JSONL, or chat / "
+                        "function-calling sets (glaive, hermes, toolace, xlam, alpaca, "
+                        "sharegpt, openai) to chat JSONL for an SFT stage")
     p.add_argument("-i", "--input", action="append", default=[], metavar="PATH_OR_HUB",
                    help="a local .parquet/.json/.jsonl file in the source's layout, or a hub "
                         "name `owner/name[:config][@split]` (needs `datasets` and network); "
@@ -379,7 +405,8 @@ def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    return int(prepare_tool().run(args))
+    script = "prepare_chat" if args.source in CHAT_SETS else "prepare_data"
+    return int(prepare_tool(script).run(args))
 
 
 def register(subparsers: Any) -> None:
@@ -387,6 +414,7 @@ def register(subparsers: Any) -> None:
     p_data = subparsers.add_parser("data", help="prepare datasets")
     data_sub = p_data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     p_prep = data_sub.add_parser(
-        "prepare", help="convert DAPO-Math-17k / AIME 2024 / AIME 2025 / MATH-500 to JSONL")
+        "prepare", help="convert DAPO-Math-17k / AIME 2024 / AIME 2025 / MATH-500 to problem "
+                        "JSONL, or function-calling / instruction / chat sets to chat JSONL")
     add_prepare_arguments(p_prep)
     p_prep.set_defaults(func=_cmd_prepare)

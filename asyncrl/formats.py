@@ -77,6 +77,11 @@ class ToolFormat:
     _parse: Any = field(repr=False)
     _response: Any = field(repr=False)
     _render_call: Any = field(repr=False)
+    _prompt: Any = field(default=None, repr=False)
+    """`(question, tools, system_prompt) -> text`; None: the built-in ChatML layout."""
+    template: Any = field(default=None, repr=False)
+    """The model's `templates.ChatTemplate` when the prompt and tool responses come from it
+    (`templates.bind_format`); None for the built-in text."""
 
     def parse(self, turn_text: str) -> Call | Malformed | None:
         """The call that ends `turn_text` (text of one assistant turn), if any."""
@@ -100,6 +105,10 @@ class ToolFormat:
 
 
 # ------------------------------------------------------------------------------------ hermes
+HERMES_SYSTEM_HEAD = ("You are a helpful assistant that solves problems with careful reasoning "
+                      "and a Python tool.\n" + ANSWER_INSTRUCTION)
+"""The Hermes system text before its tool list: with a chat template, the system message (the
+template writes the `# Tools` block itself, in the same words as `_HERMES_SYSTEM`)."""
 _HERMES_SYSTEM = (
     "You are a helpful assistant that solves problems with careful reasoning and a Python tool.\n"
     "{answer}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -197,7 +206,10 @@ def get_format(name: str) -> ToolFormat:
 # ---------------------------------------------------------------------------------- prompts
 def render_prompt(question: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None,
                   system_prompt: str = "") -> str:
-    """The ChatML prompt text up to and including the assistant's generation header."""
+    """The prompt text up to and including the assistant's generation header: the format's
+    own ChatML layout, or the model's chat template when `fmt` is bound to one."""
+    if fmt._prompt is not None:
+        return str(fmt._prompt(question, tools, system_prompt))
     system = system_prompt or fmt.system_prompt(tools)
     return (f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{question}{IM_END}\n"
             f"{IM_START}assistant\n")

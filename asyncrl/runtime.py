@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from asyncrl import formats, modeling
+from asyncrl import formats, modeling, templates
 from asyncrl.config import LocalSandboxConfig, RunConfig
 from asyncrl.log import get_logger
 
@@ -124,7 +124,10 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     from asyncrl.trainer import TRAINER_KINDS
 
     tok, model = build_tokenizer_and_model(cfg, run_dir)
-    fmt = formats.get_format(cfg.rollout.tool_format)
+    # Prompts and tool responses in the model's own chat template when it has a usable one:
+    # the ids of a rollout are then the ids the template renders (asyncrl.templates).
+    fmt = templates.bind_format(formats.get_format(cfg.rollout.tool_format), tok,
+                                cfg.data.chat_template)
     trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
                                               pad_token_id=tok.pad_token_id,
                                               temperature=cfg.rollout.temperature or 1.0)

@@ -19,6 +19,10 @@ tokenized alone as the agent loop does), the end-of-turn token (mask 1). Calls a
 text matches RL text byte for byte. Tool outputs are computed by running the (trusted,
 generated) solution program in-process with a handful of builtins, not through the sandbox.
 
+`transcript_messages` / `export_chat` give the same transcripts as OpenAI-style chat rows (for
+training them through a chat-file SFT stage, `asyncrl.chat_render` renders them back into the
+same tokens).
+
 Does not own: the training step (the trainer), the problems (`asyncrl.tasks`), the formats.
 """
 
@@ -26,11 +30,13 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import keyword
 import random
 import re
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -148,6 +154,76 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                          f"expected {problem.answer!r}")
     return [*segs, Segment(reason + fmt.render_call(code), True), Segment(response, False),
             Segment(answer, True), Segment(formats.IM_END, True)]
+
+
+def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
+                        rng: random.Random, *, code: str | None = None,
+                        tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
+                        system_prompt: str = "", max_chars: int = 256) -> dict[str, Any]:
+    """The transcript `render_transcript` makes (same arguments, same draws from `rng`), as an
+    OpenAI-style chat row `{"messages": [...], "tools": [...]}`: what `export_chat` writes and
+    `asyncrl.chat_render` renders back into the same tokens."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown transcript kind {kind!r}; expected one of {KINDS}")
+    schemas = list(tools) if tools else []
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": system_prompt or fmt.system_prompt(schemas or None)},
+        {"role": "user", "content": problem.question}]
+    answer = f"<answer>\\boxed{{{problem.answer}}}</answer>"
+    if kind == "direct":
+        msgs.append({"role": "assistant", "content": REASON_DIRECT + answer})
+        return {"messages": msgs, "tools": schemas}
+    if not tools:
+        raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
+    if code is None:
+        from asyncrl.tasks import solution_code
+
+        code = solution_code(problem)
+
+    def called(reason: str, program: str) -> tuple[str, str]:
+        status, stdout, stderr = run_trusted(program)
+        msgs.append({"role": "assistant", "content": reason, "tool_calls": [
+            {"type": "function", "function": {"name": formats.PYTHON_TOOL,
+                                              "arguments": {"code": program, "input": ""}}}]})
+        msgs.append({"role": "tool", "content": formats.render_tool_result(
+            status, stdout, stderr, TOOL_DURATION_S, max_chars)})
+        return status, stdout
+
+    reason = REASON_TOOL
+    if kind == "fail_fix":
+        broken = break_code(code, rng)
+        if called(reason, broken)[0] == "ok":
+            raise ValueError(f"problem {problem.id}: broken program {broken!r} did not fail")
+        reason = REASON_FIX
+    status, stdout = called(reason, code)
+    if status != "ok" or stdout.strip() != problem.answer:
+        raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
+                         f"expected {problem.answer!r}")
+    msgs.append({"role": "assistant", "content": answer})
+    return {"messages": msgs, "tools": schemas}
+
+
+def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: random.Random,
+                path: str | Path, tool_fraction: float = 0.5, fail_fix_fraction: float = 0.15,
+                direct_wrong_ok: bool = True, *,
+                tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS, system_prompt: str = "",
+                max_chars: int = 256, code_for: Callable[[Problem], str] | None = None,
+                fail_fix_by_level: Mapping[int, float] | None = None) -> int:
+    """Write the transcripts `build_sft_examples` would make (same arguments and `rng` state:
+    the same kinds, programs and failures, in order) as chat JSONL, one row per problem with
+    its `id`; returns the row count. Trained through a chat SFT stage they are the same
+    examples, token for token."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as fp:
+        for p in problems:
+            kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
+                               fail_fix_by_level)
+            code = code_for(p) if code_for is not None and kind != "direct" else None
+            row = transcript_messages(p, fmt, kind, rng, code=code, tools=tools,
+                                      system_prompt=system_prompt, max_chars=max_chars)
+            fp.write(json.dumps({"id": p.id, "kind": kind, **row}, ensure_ascii=False) + "\n")
+    return len(problems)
 
 
 def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,

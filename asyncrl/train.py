@@ -53,6 +53,8 @@ class TrainState(msgspec.Struct, kw_only=True):
     policy_version: int = 0
     plateau: PlateauState = msgspec.field(default_factory=PlateauState)
     data_cursor: dict[str, Any] = {}
+    sft_cursor: dict[str, Any] = {}
+    """Where a chat-file SFT stage is in its epochs (`sft_stage.SFTPlan.cursor`)."""
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None
@@ -136,6 +138,7 @@ class StageRunner:
             self.state.plateau = PlateauState()
             self._plateaued = False
             self.state.data_cursor = {}
+            self.state.sft_cursor = {}
             self.state.stage_problem_ids = None
             if self.state.stage_index < len(stages):
                 self.stream = self._make_stream()
@@ -194,32 +197,12 @@ class StageRunner:
     _producer: RolloutProducer | None = None
 
     async def _run_sft(self, stage: StageSection) -> None:
-        from asyncrl.sft import build_sft_examples
+        from asyncrl.sft_stage import run_sft
 
-        bs = stage.batch_size or 16
-        n = stage.examples or stage.steps * bs
-        probs = [self.train_problems[i % len(self.train_problems)] for i in range(n)]
-        examples = build_sft_examples(probs, self.rt.fmt, self.rt.tokenizer,
-                                      random.Random(self.cfg.run.seed),
-                                      tool_fraction=stage.tool_fraction,
-                                      fail_fix_fraction=stage.fail_fix_fraction,
-                                      fail_fix_by_level={int(k): v for k, v in
-                                                         stage.fail_fix_by_level.items()},
-                                      tools=[t.schema for t in self.rt.tools] or None,
-                                      system_prompt=self.cfg.data.system_prompt,
-                                      max_chars=self.cfg.rollout.tool_output_max_chars)
-        pairs = [(e.input_ids, e.loss_mask) for e in examples]
-        while self.state.stage_step < stage.steps:
-            i = self.state.stage_step * bs
-            chunk = [pairs[(i + j) % len(pairs)] for j in range(bs)]
-            m = await asyncio.to_thread(self.rt.trainer.sft_step, chunk)
-            self.state.stage_step += 1
-            self.progress.step(self.state.stage_step, self.state.global_step,
-                               loss=m.get("sft/loss"))
-            if self.state.stage_step % 10 == 0 or self.state.stage_step == stage.steps:
-                self.metrics.write("sft_step", stage=stage.name, step=self.state.global_step,
-                                   sft_step=self.state.stage_step, **_floats(m, "sft/"))
-                log.info("sft_step", step=self.state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
+        await run_sft(stage, self.cfg, self.rt, self.state, self.metrics, self.train_problems,
+                      lambda: self._checkpoint(force=True),
+                      on_step=lambda loss: self.progress.step(
+                          self.state.stage_step, self.state.global_step, loss=loss))
 
     async def _filter_hard(self, stage: StageSection) -> None:
         """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
@@ -400,7 +383,13 @@ def dry_run(cfg: RunConfig) -> list[str]:
                  f"{r.group_size} kept (roc={cfg.roc.kind}/{cfg.roc.positive}), "
                  f"format={r.tool_format}, temperature={r.temperature}")
     for i, st in enumerate(cfg.stages):
+        for key, files in (("train", st.chat.train), ("valid", st.chat.valid)) if st.chat else ():
+            for f in files:
+                if not Path(f).exists():
+                    raise ConfigError(f"stages[{i}].chat.{key}", f"no such file: {f}")
         extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
+        if st.chat is not None:
+            extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"
         plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
         lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
                      f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"

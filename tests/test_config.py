@@ -46,9 +46,11 @@ def test_rstar2_is_the_report_recipe() -> None:
     cfg = config.load(ROOT / "curricula" / "rstar2.toml")
     assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt,
             cfg.rollout.group_size) == (128, 32, 16)
-    budgets = [stage_budget(cfg.rollout, s) for s in cfg.stages]
+    sft, *rl = cfg.stages
+    assert sft.kind == "sft" and sft.chat is not None and cfg.data.chat_template == "model"
+    budgets = [stage_budget(cfg.rollout, s) for s in rl]
     assert budgets == [8192, 12288, 12288]
-    assert cfg.stages[-1].data_filter == "hard"
+    assert [s.kind for s in rl] == ["rl"] * 3 and rl[-1].data_filter == "hard"
     assert cfg.engine.kind == "sglang" and cfg.trainer.kind == "megatron"
 
 

@@ -11,7 +11,8 @@ Contract:
   takes one optimizer step per mini-batch with `asyncrl.algo.loss.grpo_loss`. Returns flat
   float metrics named `train/…`.
 - `sft_step(examples)`: one optimizer step of masked cross-entropy on (token ids, loss mask)
-  pairs (the SFT cold start). Returns `sft/…` metrics.
+  pairs (the SFT cold start). Returns `sft/…` metrics. `sft_eval(examples)`: the same loss
+  without an update (held-out loss; `sft/loss` is the token mean).
 - `state_dict_for_sync()`: full (unsharded) weights by HF parameter name, for an in-process
   engine; `export_hf(path)` writes an HF model directory (weights and config, not the
   tokenizer) for engines that load from disk and for users.
@@ -43,6 +44,8 @@ class Trainer(Protocol):
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]: ...
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]: ...
+
+    def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]: ...
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]: ...
 

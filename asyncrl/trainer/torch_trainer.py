@@ -286,6 +286,21 @@ class TorchTrainer:
                     "sft/optimizer_step": float(self._opt_step)})
         return out
 
+    @torch.no_grad()
+    def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """Masked cross-entropy of `examples` under the current weights, without an update
+        (a held-out loss): `sft/loss` (token mean) and `sft/tokens`."""
+        seqs = batching.sequences_from_sft(examples)
+        stats = StepStats()
+        for mb in self._plan(seqs):
+            t = self._tensors(mb)
+            lp = token_logprobs(self._logits(t), t["input_ids"])
+            stats.add(sft_loss(lp, t["mask"])[1])
+        stats.reduce(self.device)
+        out = stats.means("sft/")
+        out["sft/loss"] = out.pop("sft/nll", 0.0)
+        return out
+
     # ---------------------------------------------------------------------- weights/state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         if self._fsdp:

@@ -108,6 +108,15 @@ def test_sft_step_equals_the_torch_trainer(cpu_megatron):
     assert_metrics_close(mine, ref)
 
 
+def test_sft_eval_equals_the_torch_trainer(cpu_megatron):
+    hf = hf_model("qwen3")
+    tt, mt = torch_trainer(hf), megatron_trainer(hf)
+    ref, mine = tt.sft_eval(sft_examples()), mt.sft_eval(sft_examples())
+    assert mine["sft/tokens"] == ref["sft/tokens"]
+    assert mine["sft/loss"] == pytest.approx(ref["sft/loss"], rel=1e-4)
+    assert mt.sft_step(sft_examples())["sft/loss"] == pytest.approx(mine["sft/loss"], rel=1e-4)
+
+
 def test_save_and_load_state_continue_identically(cpu_megatron, tmp_path):
     hf = hf_model("qwen3")
     a = megatron_trainer(hf, warmup_steps=3)

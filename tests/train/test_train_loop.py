@@ -167,10 +167,16 @@ def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None
     train.write_text('{"id": "a", "question": "1+1?", "answer": "2"}\n')
     with pytest.raises(ConfigError, match=r"data\.eval"):
         dry_run(config.load(base, [f'model.path="{model}"', f'data.train="{train}"']))
-    cfg = config.load(base, [f'model.path="{model}"', f'data.train="{train}"',
-                             f'data.eval="{train}"'])
+    ok = [f'model.path="{model}"', f'data.train="{train}"', f'data.eval="{train}"']
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.chat\.train"):
+        dry_run(config.load(base, ok))  # the cold-start SFT stage's chat files
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                    '{"role": "assistant", "content": "hello"}]}\n')
+    cfg = config.load(base, [*ok, f'stages.0.chat.train=["{chat}"]'])
     plan = dry_run(cfg)
     text = "\n".join(plan)
+    assert "stage 0 cold-start-sft: sft" in text and "chat files: 1" in text
     assert "stage1-8k" in text and "budget 8192" in text and "budget 12288" in text
     assert "filter=hard" in text and "engine: sglang; trainer: megatron" in text
 

@@ -170,6 +170,19 @@ def test_sft_step_lowers_masked_cross_entropy():
     assert last["sft/loss"] < 0.5 * first["sft/loss"]
 
 
+def test_sft_eval_is_the_step_loss_without_an_update():
+    tr = make(lr=3e-3)
+    examples = [([5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 0, 1, 1, 1, 1, 1]),
+                ([20, 21, 22, 23, 24], [0, 0, 1, 1, 1])]
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    held = tr.sft_eval(examples)
+    assert all(torch.equal(v, tr.model.state_dict()[k]) for k, v in before.items())
+    step = tr.sft_step(examples)  # reports the loss of the weights before its update
+    assert held["sft/tokens"] == 8 and held["sft/loss"] == pytest.approx(step["sft/loss"],
+                                                                         rel=1e-5)
+    assert tr.sft_eval(examples)["sft/loss"] < held["sft/loss"]
+
+
 def test_lr_warmup_set_lr_and_scale():
     tr = make(lr=1e-3, warmup_steps=4)
     batch = rl_batch(0)

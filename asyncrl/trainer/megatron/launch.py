@@ -38,7 +38,7 @@ log = get_logger(__name__)
 
 _CONTROL: Any = None
 CONTROL_TIMEOUT = timedelta(days=7)
-_METHODS = ("train_step", "sft_step", "state_dict_for_sync", "export_hf", "save_state",
+_METHODS = ("train_step", "sft_step", "sft_eval", "state_dict_for_sync", "export_hf", "save_state",
             "load_state", "set_lr")
 
 
@@ -118,6 +118,9 @@ class RankZeroTrainer:
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         return self._call("sft_step", examples)
+
+    def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        return self._call("sft_eval", examples)
 
     def state_dict_for_sync(self) -> Any:
         return self._call("state_dict_for_sync")

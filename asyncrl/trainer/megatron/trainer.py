@@ -247,6 +247,19 @@ class MegatronTrainer:
                     "sft/optimizer_step": float(self._opt_step)})
         return out
 
+    @torch.no_grad()
+    def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """Masked cross-entropy of `examples` without an update (a held-out loss)."""
+        seqs = batching.sequences_from_sft(examples)
+        stats = StepStats()
+        for mb in self._plan(seqs):
+            t = self._tensors(mb)
+            lp = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"])
+            stats.add(sft_loss(lp, t["mask"])[1])
+        out = self._means(stats, "sft/")
+        out["sft/loss"] = out.pop("sft/nll", 0.0)
+        return out
+
     def _means(self, stats: StepStats, prefix: str) -> dict[str, float]:
         """Metrics summed over all ranks. TP ranks hold copies of their replica's sums, which
         cancels in every `x_sum / tokens` mean and leaves maxima and minima alone; only the

@@ -1,0 +1,196 @@
+"""An SFT stage: its examples, their order into optimizer steps, the steps, the held-out loss.
+
+Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches under a row and token
+budget, optionally bucketed by length, with a resumable (epoch, index) cursor), and `run_sft`, the stage
+itself over the run's trainer: examples from the generator (`asyncrl.sft`, the tiny curriculum)
+or from chat files (`[stages.chat]`, `asyncrl.chat_data`), one `trainer.sft_step` per batch,
+metrics, checkpoints every `checkpoint.every_steps` stage steps, and the held-out loss
+(`trainer.sft_eval`). Does not own: the stage order, evaluation by rollouts, or checkpoint I/O
+(the train loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from asyncrl.config import StageSection
+from asyncrl.errors import DataError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
+
+DEFAULT_BATCH = 16
+_BUCKET_BATCHES = 32
+"""Length buckets span this many batches' worth of rows (sorted within, batches shuffled)."""
+
+
+class SFTPlan:
+    """Batches of example indices, epoch after epoch; `cursor` says where the next one is.
+
+    Epoch `e`'s batches depend only on (seed, e, lengths): rows are shuffled and cut, in that
+    order, into batches of at most `batch_size` rows and `batch_tokens` tokens (0 = no limit;
+    a row longer than the budget is a batch alone). With `bucket`, rows are first sorted by
+    length inside windows of `_BUCKET_BATCHES` batches (similar lengths share a batch: less
+    padding) and the batches are then shuffled. With `shuffle` off, file order.
+    """
+
+    def __init__(self, lengths: Sequence[int], seed: int, batch_size: int = 0,
+                 batch_tokens: int = 0, shuffle: bool = True,
+                 cursor: dict[str, Any] | None = None, bucket: bool = False) -> None:
+        if not lengths:
+            raise DataError("an SFT stage needs at least one example")
+        self.lengths = list(lengths)
+        self.seed = seed
+        self.batch_size = batch_size or (0 if batch_tokens else DEFAULT_BATCH)
+        self.batch_tokens = batch_tokens
+        self.shuffle = shuffle
+        self.bucket = bucket and shuffle
+        self.fingerprint = hashlib.sha256(repr(self.lengths).encode()).hexdigest()[:16]
+        self.epoch, self.index = 0, 0
+        if cursor:
+            if cursor.get("fingerprint") != self.fingerprint:
+                raise DataError("the SFT examples differ from the checkpoint's: resume with "
+                                "the same data files and tokenizer")
+            self.epoch, self.index = int(cursor["epoch"]), int(cursor["index"])
+        self._batches = self.epoch_batches(self.epoch)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        order = list(range(len(self.lengths)))
+        rng = random.Random(f"asyncrl.sft:{self.seed}:{epoch}")
+        if self.shuffle:
+            rng.shuffle(order)
+        per = self.batch_size or max(1, len(order) // 64)
+        window = per * _BUCKET_BATCHES if self.bucket else len(order)
+        batches: list[list[int]] = []
+        for w in range(0, len(order), window):
+            part = order[w:w + window]
+            if self.bucket:
+                part.sort(key=lambda i: self.lengths[i])
+            cur: list[int] = []
+            tokens = 0
+            for i in part:
+                n = self.lengths[i]
+                full = (self.batch_size and len(cur) >= self.batch_size) or (
+                    self.batch_tokens and tokens + n > self.batch_tokens)
+                if cur and full:
+                    batches.append(cur)
+                    cur, tokens = [], 0
+                cur.append(i)
+                tokens += n
+            if cur:
+                batches.append(cur)
+        if self.bucket:
+            rng.shuffle(batches)
+        return batches
+
+    def next_batch(self) -> list[int]:
+        if self.index >= len(self._batches):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._batches = self.epoch_batches(self.epoch)
+        batch = self._batches[self.index]
+        self.index += 1
+        return batch
+
+    def cursor(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index, "fingerprint": self.fingerprint}
+
+
+Pair = tuple[list[int], list[int]]
+
+
+def generator_pairs(stage: StageSection, cfg: Any, rt: Any, problems: Sequence[Any]) -> list[Pair]:
+    """The tiny curriculum's generated transcripts (`asyncrl.sft`), in generation order."""
+    from asyncrl.sft import build_sft_examples
+
+    n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
+    probs = [problems[i % len(problems)] for i in range(n)]
+    examples = build_sft_examples(
+        probs, rt.fmt, rt.tokenizer, random.Random(cfg.run.seed),
+        tool_fraction=stage.tool_fraction, fail_fix_fraction=stage.fail_fix_fraction,
+        fail_fix_by_level={int(k): v for k, v in stage.fail_fix_by_level.items()},
+        tools=[t.schema for t in rt.tools] or None, system_prompt=cfg.data.system_prompt,
+        max_chars=cfg.rollout.tool_output_max_chars)
+    return [(e.input_ids, e.loss_mask) for e in examples]
+
+
+async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: Any,
+                  problems: Sequence[Any], checkpoint: Callable[[], Awaitable[None]],
+                  on_step: Callable[[float | None], None] | None = None) -> None:
+    """Run `stage` from `state.stage_step` to `stage.steps`. `state.sft_cursor` holds the chat
+    path's cursor across checkpoints; the generator path's order is a function of the step.
+    `on_step(loss)` runs after every step (the progress display)."""
+    trainer = rt.trainer
+    valid: list[Pair] = []
+    if stage.chat is None:
+        pairs = generator_pairs(stage, cfg, rt, problems)
+        bs = stage.batch_size or DEFAULT_BATCH
+
+        def next_batch() -> list[Pair]:
+            i = state.stage_step * bs
+            return [pairs[(i + j) % len(pairs)] for j in range(bs)]
+    else:
+        from asyncrl.chat_data import load_chat
+
+        c = stage.chat
+        loaded = await asyncio.to_thread(
+            load_chat, c.train, rt.fmt, rt.tokenizer, valid=c.valid,
+            valid_fraction=c.valid_fraction, layout=c.layout, max_tokens=c.max_tokens,
+            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
+            max_bad_fraction=c.max_bad_fraction)
+        metrics.write("sft_data", stage=stage.name, step=state.global_step, rows=loaded.rows,
+                      train=len(loaded.train), valid=len(loaded.valid), bad=loaded.num_bad,
+                      **{f"bad/{k}": v for k, v in loaded.skipped.items()})
+        examples = loaded.train
+        valid = [e.pair() for e in loaded.valid]
+        plan = SFTPlan([len(e) for e in examples], cfg.run.seed, stage.batch_size,
+                       c.batch_tokens, c.shuffle, cursor=state.sft_cursor or None,
+                       bucket=c.bucket_by_length)
+
+        def next_batch() -> list[Pair]:
+            batch = [examples[i].pair() for i in plan.next_batch()]
+            state.sft_cursor = plan.cursor()
+            return batch
+
+    every_valid = stage.chat.valid_every if stage.chat is not None else 0
+    while state.stage_step < stage.steps:
+        m = await asyncio.to_thread(trainer.sft_step, next_batch())
+        state.stage_step += 1  # SFT steps do not advance `global_step` (the RL step count)
+        if on_step is not None:
+            on_step(m.get("sft/loss"))
+        last = state.stage_step == stage.steps
+        if state.stage_step % 10 == 0 or last:
+            metrics.write("sft_step", stage=stage.name, step=state.global_step,
+                          sft_step=state.stage_step, **_floats(m))
+            log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
+        if valid and ((every_valid and state.stage_step % every_valid == 0) or last):
+            await held_out_loss(stage, trainer, valid, state, metrics)
+        ckpt = cfg.checkpoint.every_steps
+        if not last and ckpt and state.stage_step % ckpt == 0:
+            await checkpoint()
+
+
+async def held_out_loss(stage: StageSection, trainer: Any, valid: Sequence[Pair], state: Any,
+                        metrics: Any) -> float:
+    """Token-mean loss on the held-out examples (chunks of the stage's batch size)."""
+    bs = stage.batch_size or DEFAULT_BATCH
+    nll, tokens = 0.0, 0.0
+    for i in range(0, len(valid), bs):
+        m = await asyncio.to_thread(trainer.sft_eval, list(valid[i:i + bs]))
+        n = m.get("sft/tokens", 0.0)
+        nll += m.get("sft/loss", 0.0) * n
+        tokens += n
+    loss = nll / tokens if tokens else 0.0
+    metrics.write("sft_valid", stage=stage.name, step=state.global_step,
+                  sft_step=state.stage_step, **{"sft/valid_loss": loss,
+                                                "sft/valid_tokens": tokens})
+    log.info("sft_valid", step=state.stage_step, loss=round(loss, 4))
+    return loss
+
+
+def _floats(m: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in m.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
