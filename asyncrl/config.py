@@ -448,7 +448,10 @@ class EvalSection(_Section, frozen=True, kw_only=True):
 
 class CheckpointSection(_Section, frozen=True, kw_only=True):
     every_steps: NonNegInt = 10
-    """Save every N steps (0 = only at stage ends)."""
+    """Save every N RL steps (0 = only at stage ends)."""
+    sft_every_steps: NonNegInt = 200
+    """Save every N steps of an SFT stage (0 = only at its end): SFT steps are many and cheap,
+    and a large model's checkpoint is not."""
     keep_last: PosInt = 2
     """Checkpoints kept on disk."""
 

@@ -149,18 +149,24 @@ def _rows_parquet(path: Path) -> Iterable[tuple[str, Any]]:
 _READERS = {".jsonl": _rows_jsonl, ".json": _rows_json, ".parquet": _rows_parquet}
 
 
+def _reader(p: Path, also: str) -> Any:
+    """The row reader for `p`'s file type; `DataError` for an unknown type or a missing file
+    (`also` names what else the caller would have accepted)."""
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise DataError(f"{p}: unknown data file type {p.suffix!r}; expected one of "
+                        f"{', '.join(SUFFIXES)}{also}")
+    if not p.is_file():
+        raise DataError(f"{p}: data file not found")
+    return reader
+
+
 def read_rows(path: str | Path) -> Iterable[tuple[int, Any]]:
     """(line or row number, decoded row) for each row of a `.jsonl`/`.json`/`.parquet` file; a
     line that is not JSON is yielded as a `ValueError` in place of the row. Raises `DataError`
     for a file that cannot be read at all."""
     p = Path(path)
-    reader = _READERS.get(p.suffix.lower())
-    if reader is None:
-        raise DataError(f"{p}: unknown data file type {p.suffix!r}; expected one of "
-                        f"{', '.join(SUFFIXES)}")
-    if not p.is_file():
-        raise DataError(f"{p}: data file not found")
-    for where, row in reader(p):
+    for where, row in _reader(p, "")(p):
         n = int(where.split()[-1])
         yield n, (ValueError(str(row)) if isinstance(row, _BadRow) else row)
 
@@ -168,12 +174,7 @@ def read_rows(path: str | Path) -> Iterable[tuple[int, Any]]:
 def read_problem_file(path: str | Path) -> LoadResult:
     """All good rows of a problem file, with bad rows counted and reported (never raised)."""
     p = Path(path)
-    reader = _READERS.get(p.suffix.lower())
-    if reader is None:
-        raise DataError(f"{p}: unknown data file type {p.suffix!r}; expected one of "
-                        f"{', '.join(SUFFIXES)} or {GENERATOR_PREFIX}NAME")
-    if not p.is_file():
-        raise DataError(f"{p}: data file not found")
+    reader = _reader(p, f" or {GENERATOR_PREFIX}NAME")
     problems: list[Problem] = []
     skipped: Counter[str] = Counter()
     errors: list[str] = []

@@ -168,7 +168,7 @@ async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: A
             log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
         if valid and ((every_valid and state.stage_step % every_valid == 0) or last):
             await held_out_loss(stage, trainer, valid, state, metrics)
-        ckpt = cfg.checkpoint.every_steps
+        ckpt = cfg.checkpoint.sft_every_steps
         if not last and ckpt and state.stage_step % ckpt == 0:
             await checkpoint()
 

@@ -68,7 +68,7 @@ def _setup(tmp_path: Path, steps: int) -> config.RunConfig:
                     "lr": 3e-3, "chat": {"train": [str(chat)], "valid_fraction": 0.2,
                                          "valid_every": 10, "max_bad_fraction": 0.1,
                                          "max_tokens": 512}}],
-        "checkpoint": {"every_steps": 10, "keep_last": 1},
+        "checkpoint": {"sft_every_steps": 10, "keep_last": 1},
         "logging": {"console": "none"},
     })
 
