@@ -40,6 +40,8 @@ bench:
     {{python}} bench/tool_fire.py
     {{python}} bench/loop_capacity.py
     {{python}} bench/scheduler_sim.py
+    {{python}} bench/local_engine.py --quick --churn
+    {{python}} bench/metric_sinks.py
 
 # GRPO-RoC vs plain GRPO on the tiny curriculum (two full tiny runs per seed).
 bench-ablation *ARGS:
