@@ -1,7 +1,8 @@
 """The `local` engine: an in-process torch engine with continuous batching over an HF causal LM.
 
-Owns: admission of requests into one running batch under a fixed KV token budget, the batched
-left-padded KV cache (rows join and leave between steps), per-request sampling (greedy,
+Owns: admission of requests into one running batch under a fixed KV token budget, which row of
+the batched left-padded KV cache each request holds (the cache's row operations are
+`batch.BatchCache`), per-request sampling (greedy,
 temperature, top-p, seeds), stop rules (token ids, strings, `max_new_tokens`), streaming each
 request's tokens to its consumer, preemption when the running batch would outgrow the budget,
 and in-process weight updates with a version number. Does not own: which requests arrive or
@@ -58,6 +59,7 @@ from asyncrl.engine.base import (
     TokenDelta,
     WeightUpdate,
 )
+from asyncrl.engine.batch import BatchCache
 from asyncrl.engine.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
@@ -122,16 +124,6 @@ class _Out:
     finish: str | None
 
 
-@dataclass
-class _BatchState:
-    """The worker thread's batch: a left-padded cache, its 2-D mask and next positions."""
-
-    cache: Any = None
-    mask: Any = None
-    pos: Any = None
-    rows: int = 0
-
-
 class LocalEngine:
     """In-process continuous-batching engine over an HF causal LM (see the module docstring).
 
@@ -174,7 +166,7 @@ class LocalEngine:
         self._rows: list[_Seq | None] = []
         self._held = 0
         self._admit_seq = itertools.count()
-        self._batch = _BatchState()
+        self._batch = BatchCache()
         self._work = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._driver: asyncio.Task[None] | None = None
@@ -205,7 +197,7 @@ class LocalEngine:
             self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
                                          policy_version=self.policy_version))
         self._rows = []
-        self._batch = _BatchState()
+        self._batch = BatchCache()
         self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> LocalEngine:
@@ -398,7 +390,7 @@ class LocalEngine:
                         if seq is not None and seq.state != _DONE:
                             self._finish(seq, err)
                     self._rows = []
-                    self._batch = _BatchState()
+                    self._batch = BatchCache()
                     continue
                 self.steps += 1
                 self._apply(plan, outs)
@@ -415,14 +407,12 @@ class LocalEngine:
         torch = self._torch
         outs: list[_Out] = []
         with torch.inference_mode():
-            if plan.compact is not None:
-                self._compact(plan.compact)
             b = self._batch
+            if plan.compact is not None:
+                b.compact(plan.compact)
             if plan.freed:
-                idx = torch.tensor(plan.freed, device=self._device)
-                b.mask[idx] = 0  # a dead row attends only to its own dummy tokens from now on
-                b.pos[idx] = 0
-            self._trim()
+                b.free(plan.freed)
+            b.trim()
             if plan.decode:
                 last = torch.full((b.rows, 1), self._pad_id, dtype=torch.long)
                 seqs = [plan.rows[i] for i in plan.decode]
@@ -430,7 +420,7 @@ class LocalEngine:
                 last[rows, 0] = torch.tensor([s.generated[-1] for s in seqs])  # type: ignore[union-attr]
                 live = torch.zeros(b.rows, dtype=torch.long)
                 live[rows] = 1
-                b.mask = torch.cat([b.mask, b.mask.new_ones((b.rows, 1))], dim=1)
+                b.begin_decode()
                 out = self._model(input_ids=last.to(self._device), attention_mask=b.mask,
                                   position_ids=b.pos.unsqueeze(1), past_key_values=b.cache,
                                   use_cache=True)
@@ -442,32 +432,6 @@ class LocalEngine:
             if plan.prefill:
                 outs.extend(self._prefill(plan.prefill, plan.fill))
         return outs
-
-    def _compact(self, keep: list[int]) -> None:
-        """Keep only `keep` rows of the batch (one copy of the cache)."""
-        b = self._batch
-        if not keep:
-            self._batch = _BatchState()
-            return
-        idx = self._torch.tensor(keep, device=self._device)
-        for layer in b.cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)
-            layer.values = layer.values.index_select(0, idx)
-        b.mask = b.mask.index_select(0, idx)
-        b.pos = b.pos.index_select(0, idx)
-        b.rows = len(keep)
-
-    def _trim(self) -> None:
-        """Drop leading columns no row attends to (a view: nothing is copied)."""
-        b = self._batch
-        if b.rows == 0:
-            return
-        first = int(b.mask.any(dim=0).int().argmax())
-        if first > 0:
-            for layer in b.cache.layers:
-                layer.keys = layer.keys[:, :, first:, :]
-                layer.values = layer.values[:, :, first:, :]
-            b.mask = b.mask[:, first:]
 
     def _prefill(self, seqs: list[_Seq], fill: list[int]) -> list[_Out]:
         """Prefill `seqs` together, write the first `len(fill)` into those dead rows, append
@@ -487,63 +451,15 @@ class LocalEngine:
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
         lens = [len(c) for c in ctxs]
         if fill:
-            self._fill(fill, cache, lens[:len(fill)])
+            self._batch.fill(fill, cache, lens[:len(fill)])
             rest = torch.arange(len(fill), len(seqs), device=self._device)
             for layer in cache.layers:
                 layer.keys = layer.keys.index_select(0, rest)
                 layer.values = layer.values.index_select(0, rest)
             mask = mask.index_select(0, rest)
         if len(fill) < len(seqs):
-            self._merge(cache, mask, torch.tensor(lens[len(fill):], device=self._device))
+            self._batch.append(cache, mask, torch.tensor(lens[len(fill):], device=self._device))
         return self._sample(out.logits[:, -1, :], seqs)
-
-    def _fill(self, rows: list[int], cache: Any, lens: list[int]) -> None:
-        """Write the first `len(rows)` prefilled rows of `cache` into those dead batch rows,
-        right-aligned with the batch (no copy of the batch's cache unless it must widen past
-        what its buffers hold)."""
-        b = self._batch
-        width = b.mask.shape[1]
-        if max(lens) > width:
-            self._widen(max(lens) - width)
-            width = b.mask.shape[1]
-        for old, new in zip(b.cache.layers, cache.layers, strict=True):
-            n = new.keys.shape[2]
-            for i, (r, ln) in enumerate(zip(rows, lens, strict=True)):
-                old.keys[r, :, width - ln:] = new.keys[i, :, n - ln:]
-                old.values[r, :, width - ln:] = new.values[i, :, n - ln:]
-        for r, ln in zip(rows, lens, strict=True):
-            b.mask[r] = 0
-            b.mask[r, width - ln:] = 1
-            b.pos[r] = ln
-
-    def _widen(self, extra: int) -> None:
-        """Give the batch `extra` more leading columns, masked out for every row."""
-        F = self._torch.nn.functional
-        b = self._batch
-        for layer in b.cache.layers:
-            if not layer.widen_left(extra):
-                layer.keys = F.pad(layer.keys, (0, 0, extra, 0))
-                layer.values = F.pad(layer.values, (0, 0, extra, 0))
-        b.mask = F.pad(b.mask, (extra, 0))
-
-    def _merge(self, cache: Any, mask: Any, pos: Any) -> None:
-        """Append freshly prefilled rows to the batch, left-padding the shorter side."""
-        torch = self._torch
-        F = torch.nn.functional
-        b = self._batch
-        if b.rows == 0:
-            self._batch = _BatchState(cache=cache, mask=mask, pos=pos, rows=mask.shape[0])
-            return
-        lo, ln = b.mask.shape[1], mask.shape[1]
-        width = max(lo, ln)
-        for old, new in zip(b.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([F.pad(old.keys, (0, 0, width - lo, 0)),
-                                  F.pad(new.keys, (0, 0, width - ln, 0))], dim=0)
-            old.values = torch.cat([F.pad(old.values, (0, 0, width - lo, 0)),
-                                    F.pad(new.values, (0, 0, width - ln, 0))], dim=0)
-        b.mask = torch.cat([F.pad(b.mask, (width - lo, 0)), F.pad(mask, (width - ln, 0))], dim=0)
-        b.pos = torch.cat([b.pos, pos])
-        b.rows += mask.shape[0]
 
     def _sample(self, logits: Any, seqs: list[_Seq]) -> list[_Out]:
         toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
