@@ -63,6 +63,13 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
     }
 
 
+def numeric(m: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric (non-bool) values of a trainer's metrics dict as floats, each key under
+    `prefix` unless it already starts with it."""
+    return {(k if not prefix or k.startswith(prefix) else prefix + k): float(v)
+            for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def group_rollouts(groups: Iterable[Group]) -> list[Rollout]:
     return [r for g in groups for r in g.rollouts]
 

@@ -20,6 +20,7 @@ from typing import Any
 from asyncrl.config import StageSection
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
+from asyncrl.metrics import numeric
 
 log = get_logger(__name__)
 
@@ -164,7 +165,7 @@ async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: A
         last = state.stage_step == stage.steps
         if state.stage_step % 10 == 0 or last:
             metrics.write("sft_step", stage=stage.name, step=state.global_step,
-                          sft_step=state.stage_step, **_floats(m))
+                          sft_step=state.stage_step, **numeric(m))
             log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
         if valid and ((every_valid and state.stage_step % every_valid == 0) or last):
             await held_out_loss(stage, trainer, valid, state, metrics)
@@ -189,8 +190,3 @@ async def held_out_loss(stage: StageSection, trainer: Any, valid: Sequence[Pair]
                                                 "sft/valid_tokens": tokens})
     log.info("sft_valid", step=state.stage_step, loss=round(loss, 4))
     return loss
-
-
-def _floats(m: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in m.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}

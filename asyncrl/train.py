@@ -24,7 +24,7 @@ from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
-from asyncrl.metrics import MetricsWriter, group_rollouts, rollout_stats
+from asyncrl.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
 from asyncrl.rollout.eventloop import run as run_loop
@@ -268,7 +268,7 @@ class StageRunner:
                 "problem_ids": [p.id for p in problems],
                 "reward/mean": stats.get("rollout/reward_mean", 0.0),
                 "train/accuracy": stats.get("rollout/reward_mean", 0.0),
-                **stats, **_floats(roc_m, "roc/"), **_floats(train_m, ""), **async_m,
+                **stats, **numeric(roc_m, "roc/"), **numeric(train_m), **async_m,
                 "timing/rollout_s": rollout_s,
                 "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
                 "timing/update_s": update_s, "timing/sync_s": sync_s,
@@ -334,14 +334,6 @@ class StageRunner:
         await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
                                 self.rt.trainer, msgspec.to_builtins(self.state),
                                 keep_last=self.cfg.checkpoint.keep_last)
-
-
-def _floats(m: dict[str, Any], prefix: str) -> dict[str, float]:
-    out = {}
-    for k, v in m.items():
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[k if not prefix or k.startswith(prefix) else prefix + k] = float(v)
-    return out
 
 
 def _as_rng_state(s: Any) -> tuple:
