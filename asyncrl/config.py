@@ -417,6 +417,10 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """End the stage early when the eval metric stops improving."""
     lr: NonNegFloat = 0.0
     """Learning rate for this stage; 0 keeps `algorithm.lr`."""
+    lr_decay_steps: NonNegInt = 0
+    """The last N steps of this stage take the learning rate linearly down to zero (a
+    warmup-stable-decay schedule: a short cold start ends on settled weights, not on the
+    noise of its last large steps). 0 = no decay."""
     batch_size: NonNegInt = 0
     """SFT: examples per optimizer step (0 = 16; for chat files with `chat.batch_tokens` set,
     0 = as many as the token budget holds)."""
@@ -424,6 +428,8 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """SFT: generated transcripts to train on (0 = steps * batch_size)."""
     tool_fraction: Fraction = 0.5
     """SFT: share of transcripts that call the tool (the rest answer directly)."""
+    tool_fraction_by_level: dict[str, Fraction] = {}
+    """SFT: `tool_fraction` for the problems of one level (`{ "1" = 0.2, "3" = 0.8 }`)."""
     fail_fix_fraction: Fraction = 0.15
     """SFT: share of tool transcripts whose first call fails and is then fixed."""
     fail_fix_by_level: dict[str, Fraction] = {}
@@ -516,10 +522,15 @@ class RunConfig(_Section, frozen=True, kw_only=True):
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
             if st.kind == "sft" and st.data_filter != "all":
                 raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
-            bad = [k for k in st.fail_fix_by_level if not k.isdigit()]
-            if bad:
-                raise ValueError(f"stages[{i}].fail_fix_by_level: keys are levels (\"4\"), "
-                                 f"got {bad[0]!r}")
+            if st.lr_decay_steps > st.steps:
+                raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than the "
+                                 f"stage's {st.steps} steps")
+            for key, by_level in (("fail_fix_by_level", st.fail_fix_by_level),
+                                  ("tool_fraction_by_level", st.tool_fraction_by_level)):
+                bad = [k for k in by_level if not k.isdigit()]
+                if bad:
+                    raise ValueError(f"stages[{i}].{key}: keys are levels (\"4\"), "
+                                     f"got {bad[0]!r}")
 
 
 # ---------------------------------------------------------------------------- load / dump

@@ -208,7 +208,8 @@ def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: rando
                 direct_wrong_ok: bool = True, *,
                 tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS, system_prompt: str = "",
                 max_chars: int = 256, code_for: Callable[[Problem], str] | None = None,
-                fail_fix_by_level: Mapping[int, float] | None = None) -> int:
+                fail_fix_by_level: Mapping[int, float] | None = None,
+                tool_fraction_by_level: Mapping[int, float] | None = None) -> int:
     """Write the transcripts `build_sft_examples` would make (same arguments and `rng` state:
     the same kinds, programs and failures, in order) as chat JSONL, one row per problem with
     its `id`; returns the row count. Trained through a chat SFT stage they are the same
@@ -218,7 +219,7 @@ def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: rando
     with out.open("w", encoding="utf-8") as fp:
         for p in problems:
             kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
-                               fail_fix_by_level)
+                               fail_fix_by_level, tool_fraction_by_level)
             code = code_for(p) if code_for is not None and kind != "direct" else None
             row = transcript_messages(p, fmt, kind, rng, code=code, tools=tools,
                                       system_prompt=system_prompt, max_chars=max_chars)
@@ -228,19 +229,22 @@ def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: rando
 
 def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,
                 fail_fix_fraction: float, direct_wrong_ok: bool = True,
-                fail_fix_by_level: Mapping[int, float] | None = None) -> str:
+                fail_fix_by_level: Mapping[int, float] | None = None,
+                tool_fraction_by_level: Mapping[int, float] | None = None) -> str:
     """Draw a transcript kind: the tool with probability `tool_fraction` (then, with probability
     `fail_fix_fraction`, a failing call fixed); else a direct answer. With `direct_wrong_ok`
     False, problems above level 1 always use the tool (direct answers only where a small model
     can plausibly compute them). `fail_fix_by_level` overrides `fail_fix_fraction` for problems
     of the listed levels (`Problem.difficulty`): a cold start that often calls the tool wrong at
-    the harder levels leaves RL tool errors to remove there, as a real model's first steps do."""
-    use_tool = rng.random() < tool_fraction
+    the harder levels leaves RL tool errors to remove there, as a real model's first steps do.
+    `tool_fraction_by_level` likewise overrides `tool_fraction`: a cold start that answers easy
+    problems in its head and calls the tool for hard ones, as a real model does."""
+    level = int(problem.difficulty or 0)
+    use_tool = rng.random() < (tool_fraction_by_level or {}).get(level, tool_fraction)
     if not direct_wrong_ok and (problem.difficulty or 0) > 1:
         use_tool = True
     if not use_tool:
         return "direct"
-    level = int(problem.difficulty or 0)
     frac = (fail_fix_by_level or {}).get(level, fail_fix_fraction)
     return "fail_fix" if rng.random() < frac else "tool"
 
@@ -275,17 +279,22 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                        system_prompt: str = "", max_chars: int = 256,
                        code_for: Callable[[Problem], str] | None = None,
-                       fail_fix_by_level: Mapping[int, float] | None = None) -> list[SFTExample]:
+                       fail_fix_by_level: Mapping[int, float] | None = None,
+                       tool_fraction_by_level: Mapping[int, float] | None = None,
+                       ) -> list[SFTExample]:
     """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
 
     `fail_fix_fraction` is a share of the tool-using examples; `fail_fix_by_level` replaces it
-    for the problems of the levels it lists. `tools`, `system_prompt` and
+    (and `tool_fraction_by_level` replaces `tool_fraction`) for the problems of the levels it
+    lists. `tools`, `system_prompt` and
     `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
     `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
     program (default: its task family's). Deterministic for the same `rng` state.
     """
     checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
-               *((f"fail_fix_by_level[{lv}]", v) for lv, v in (fail_fix_by_level or {}).items())]
+               *((f"fail_fix_by_level[{lv}]", v) for lv, v in (fail_fix_by_level or {}).items()),
+               *((f"tool_fraction_by_level[{lv}]", v)
+                 for lv, v in (tool_fraction_by_level or {}).items())]
     for name, v in checked:
         if not 0.0 <= v <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {v}")
@@ -295,7 +304,7 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     kinds, rendered = [], []
     for p in problems:
         kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
-                           fail_fix_by_level)
+                           fail_fix_by_level, tool_fraction_by_level)
         code = code_for(p) if code_for is not None and kind != "direct" else None
         kinds.append(kind)
         rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,

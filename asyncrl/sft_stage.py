@@ -21,6 +21,7 @@ from asyncrl.config import StageSection
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
 from asyncrl.metrics import numeric
+from asyncrl.stages import stage_lr
 
 log = get_logger(__name__)
 
@@ -113,6 +114,7 @@ def generator_pairs(stage: StageSection, cfg: Any, rt: Any, problems: Sequence[A
         probs, rt.fmt, rt.tokenizer, random.Random(cfg.run.seed),
         tool_fraction=stage.tool_fraction, fail_fix_fraction=stage.fail_fix_fraction,
         fail_fix_by_level={int(k): v for k, v in stage.fail_fix_by_level.items()},
+        tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
         tools=[t.schema for t in rt.tools] or None, system_prompt=cfg.data.system_prompt,
         max_chars=cfg.rollout.tool_output_max_chars)
     return [(e.input_ids, e.loss_mask) for e in examples]
@@ -158,6 +160,8 @@ async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: A
 
     every_valid = stage.chat.valid_every if stage.chat is not None else 0
     while state.stage_step < stage.steps:
+        if stage.lr_decay_steps:
+            trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, state.stage_step))
         m = await asyncio.to_thread(trainer.sft_step, next_batch())
         state.stage_step += 1  # SFT steps do not advance `global_step` (the RL step count)
         if on_step is not None:

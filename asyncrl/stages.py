@@ -48,8 +48,14 @@ def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
     return {pid for pid, c in correct_counts.items() if c < k}
 
 
-def stage_lr(stage: StageSection, base_lr: float) -> float:
-    return stage.lr or base_lr
+def stage_lr(stage: StageSection, base_lr: float, step: int = 0) -> float:
+    """The stage's learning rate before its step `step` (0-based): its `lr` (else `base_lr`),
+    scaled linearly down over the last `lr_decay_steps` steps (step k of n gets (n - k) / n of
+    it, so the last step still moves)."""
+    lr = stage.lr or base_lr
+    n = stage.lr_decay_steps
+    left = stage.steps - step
+    return lr * left / n if n and left < n else lr
 
 
 def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:

@@ -255,6 +255,8 @@ class StageRunner:
             t0 = time.monotonic()
             train_m: dict[str, float] = {}
             if kept:
+                if stage.lr_decay_steps:
+                    self.rt.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
                 train_m = await asyncio.to_thread(self.rt.trainer.train_step, batch)
             update_s = time.monotonic() - t0
             sync_s = await self._sync() if kept else 0.0

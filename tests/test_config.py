@@ -87,6 +87,8 @@ def test_rstar2_is_the_report_recipe() -> None:
         ("stages.0.kind=\"ppo\"", "stages[0].kind"),
         ("stages.0.fail_fix_by_level={ \"4\" = 1.5 }", "stages[0].fail_fix_by_level[...]"),
         ("stages.0.fail_fix_by_level={ \"four\" = 0.5 }", "stages[0].fail_fix_by_level"),
+        ("stages.0.lr_decay_steps=1000000", "stages[0].lr_decay_steps"),
+        ("stages.0.tool_fraction_by_level={ \"easy\" = 0.5 }", "stages[0].tool_fraction_by_level"),
         ("checkpoint.keep_last=0", "checkpoint.keep_last"),
         ("logging.level=\"loud\"", "logging.level"),
     ],

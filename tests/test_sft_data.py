@@ -165,6 +165,26 @@ def test_fail_fix_by_level_overrides_the_fraction_for_those_levels(task_tokenize
                                fail_fix_by_level={4: 1.5})
 
 
+def test_tool_fraction_by_level_overrides_the_share_of_tool_transcripts(task_tokenizer) -> None:
+    """tiny.toml's cold start: easy problems mostly answered directly, hard ones with the tool."""
+    probs = tasks.generate("tiny_math", {"train_size": 900, "eval_size": 0,
+                                         "levels": [1, 2, 3]}, seed=0)[0]
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(4),
+                                tool_fraction=0.5, tool_fraction_by_level={1: 0.2, 3: 0.8})
+    level = {p.id: p.difficulty for p in probs}
+
+    def tool_share(lv: int) -> float:
+        kinds = [e.kind for e in ex if level[e.problem_id] == lv]
+        return 1 - kinds.count("direct") / len(kinds)
+
+    assert tool_share(1) == pytest.approx(0.2, abs=0.06)
+    assert tool_share(2) == pytest.approx(0.5, abs=0.07)  # not listed: keeps tool_fraction
+    assert tool_share(3) == pytest.approx(0.8, abs=0.06)
+    with pytest.raises(ValueError, match=r"tool_fraction_by_level\[1\]"):
+        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3),
+                               tool_fraction_by_level={1: -0.1})
+
+
 def test_level_4_transcripts_fit_the_evidence_budget() -> None:
     """evidence.toml: 200 response tokens in every RL stage, level 4 included (its fail-fix
     transcripts carry two multi-line programs and their outputs)."""

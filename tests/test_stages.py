@@ -45,3 +45,12 @@ def test_stage_overrides() -> None:
     assert stage_budget(r, StageSection(name="x", steps=1, max_response_tokens=50)) == 50
     assert stage_lr(StageSection(name="x", steps=1), 1e-6) == 1e-6
     assert stage_lr(StageSection(name="x", steps=1, lr=3e-4), 1e-6) == 3e-4
+
+
+def test_lr_decays_linearly_over_the_last_steps() -> None:
+    st = StageSection(name="x", steps=10, lr=1e-3, lr_decay_steps=4)
+    lrs = [stage_lr(st, 1e-6, k) for k in range(10)]
+    assert lrs[:7] == [1e-3] * 7  # steps 0-6 keep the stage's rate
+    assert lrs[7:] == [1e-3 * 3 / 4, 1e-3 * 2 / 4, 1e-3 * 1 / 4]  # the last step still moves
+    whole = StageSection(name="y", steps=4, lr_decay_steps=4)
+    assert [stage_lr(whole, 1.0, k) for k in range(4)] == [1.0, 0.75, 0.5, 0.25]

@@ -66,6 +66,7 @@ name = "sft"
 kind = "sft"
 steps = 2
 batch_size = 4
+lr_decay_steps = 2
 [[stages]]
 name = "rl"
 steps = 4
@@ -117,6 +118,8 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert [r["stage"] for r in steps] == ["rl"] * 4 + ["hard"]
     assert _rows(full, "sft_step") and _rows(full, "hard_filter")
+    # lr_decay_steps = 2 of 2: the last SFT step runs at half the stage's rate
+    assert _rows(full, "sft_step")[-1]["sft/lr"] == pytest.approx(5e-4)
     labels = [r["label"] for r in _rows(full, "eval")]
     assert labels[0] == "after_sft" and labels[-1] == "final"
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
