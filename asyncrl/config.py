@@ -523,14 +523,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             if st.kind == "sft" and st.data_filter != "all":
                 raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
             if st.lr_decay_steps > st.steps:
-                raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than the "
-                                 f"stage's {st.steps} steps")
+                raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than "
+                                 f"the stage's {st.steps} steps")
             for key, by_level in (("fail_fix_by_level", st.fail_fix_by_level),
                                   ("tool_fraction_by_level", st.tool_fraction_by_level)):
                 bad = [k for k in by_level if not k.isdigit()]
                 if bad:
-                    raise ValueError(f"stages[{i}].{key}: keys are levels (\"4\"), "
-                                     f"got {bad[0]!r}")
+                    raise ValueError(f"stages[{i}].{key}: keys are levels "
+                                     f"(\"4\"), got {bad[0]!r}")
 
 
 # ---------------------------------------------------------------------------- load / dump

@@ -71,7 +71,8 @@ def _export(cfg: Any, tok: Any, path: Path) -> int:
     return sft.export_chat(probs, fmt, random.Random(cfg.run.seed), path,
                            tool_fraction=st.tool_fraction, fail_fix_fraction=st.fail_fix_fraction,
                            fail_fix_by_level={int(k): v for k, v in st.fail_fix_by_level.items()},
-                           tool_fraction_by_level={int(k): v for k, v in st.tool_fraction_by_level.items()},
+                           tool_fraction_by_level={
+                               int(k): v for k, v in st.tool_fraction_by_level.items()},
                            tools=tools, system_prompt=d.system_prompt,
                            max_chars=cfg.rollout.tool_output_max_chars)
 
