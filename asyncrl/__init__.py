@@ -1,33 +1,44 @@
 """asyncrl: agentic RL with a Python tool (the rStar2-Agent method), asyncio-first.
 
 The embeddable surface (`from asyncrl import ...`) is the async rollout engine: engines,
-tools, the agent loop, the scheduler and the records they produce.
+tools, the agent loop, the scheduler and the records they produce. Its names load on first use
+(PEP 562), so `import asyncrl.config` or `import asyncrl.api` never pulls in torch; only the
+names that need it (`LocalEngine`, `build_engines`) do, when touched.
+
+The package, from the inside out: `errors`, `records`, `config` (import nothing of the project
+beyond errors); `formats`, `templates`, `modeling`; the components `rollout/`, `engine/`,
+`algo/`, `trainer/`, `sft/`, `tasks/`, `observe/`, `prepare/`; the orchestration `runtime`,
+`stages`, `train`; and `cli/` on top. A component never imports the orchestration.
 """
 
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("asyncrl")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+local"
 
-__all__ = ["__version__"]
+# name -> the module that defines it
+_EXPORTS = {
+    "exact_match_reward": "asyncrl.api",
+    "rollout_groups": "asyncrl.api",
+    "run_loop": "asyncrl.api",
+    "LocalEngine": "asyncrl.engine.local",
+    "build_engines": "asyncrl.engine.registry",
+    "FunctionTool": "asyncrl.rollout",
+    "PythonTool": "asyncrl.rollout",
+    "RolloutRunner": "asyncrl.rollout",
+    "RolloutSettings": "asyncrl.rollout",
+    "Tool": "asyncrl.rollout",
+    "ToolOutcome": "asyncrl.rollout",
+    "run_rollout": "asyncrl.rollout",
+}
 
-# The async rollout engine (agent loop, tools, scheduler, runner, engines): embeddable surface.
-from asyncrl.api import exact_match_reward, rollout_groups, run_loop
-from asyncrl.engine.local import LocalEngine
-from asyncrl.engine.registry import build_engines
-from asyncrl.rollout import (
-    FunctionTool,
-    PythonTool,
-    RolloutRunner,
-    RolloutSettings,
-    Tool,
-    ToolOutcome,
-    run_rollout,
-)
-
-__all__ += [
+__all__ = [
     "FunctionTool",
     "LocalEngine",
     "PythonTool",
@@ -35,9 +46,37 @@ __all__ += [
     "RolloutSettings",
     "Tool",
     "ToolOutcome",
+    "__version__",
     "build_engines",
     "exact_match_reward",
     "rollout_groups",
     "run_loop",
     "run_rollout",
 ]
+
+if TYPE_CHECKING:
+    from asyncrl.api import exact_match_reward, rollout_groups, run_loop
+    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.registry import build_engines
+    from asyncrl.rollout import (
+        FunctionTool,
+        PythonTool,
+        RolloutRunner,
+        RolloutSettings,
+        Tool,
+        ToolOutcome,
+        run_rollout,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncrl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,6 +1,6 @@
 """Run configuration: one frozen msgspec Struct per component, composed into `RunConfig`.
 
-Owns: the schema of a curriculum TOML file, its defaults (the values of DESIGN.md), loading
+Owns: the schema of a curriculum TOML file, its defaults (the values of docs/architecture.md), loading
 from TOML, `--set a.b.c=value` overrides, validation with the failing key's dotted path, and
 writing the resolved config as JSON. Does not own: what the components do with their section
 (each component receives only its own section, never the whole `RunConfig`).
@@ -368,7 +368,7 @@ class SFTChatSection(_Section, frozen=True, kw_only=True):
 
     train: list[str]
     """Chat files (`.jsonl`, `.json`, `.parquet`), rows in one of the layouts of
-    `asyncrl.chat_layouts` (OpenAI messages, ShareGPT, Hermes, glaive, ToolACE, xLAM, Alpaca)."""
+    `asyncrl.sft.layouts` (OpenAI messages, ShareGPT, Hermes, glaive, ToolACE, xLAM, Alpaca)."""
     valid: list[str] = []
     """Held-out chat files; empty splits `valid_fraction` of the training rows off instead."""
     valid_fraction: Fraction = 0.0
@@ -475,7 +475,7 @@ class LoggingSection(_Section, frozen=True, kw_only=True):
     sinks: list[Literal["tensorboard", "wandb"]] = []
     """Metric sinks besides `metrics.jsonl` (always written): `tensorboard` (event files in
     `RUN_DIR/tensorboard/`, the `tensorboard` extra) and `wandb` (a W&B run in `RUN_DIR/wandb/`,
-    the `wandb` extra). Same metric names as `metrics.jsonl`; see `asyncrl/sinks.py`."""
+    the `wandb` extra). Same metric names as `metrics.jsonl`; see `asyncrl/observe/sinks.py`."""
     wandb_project: str = "asyncrl"
     """W&B project of the `wandb` sink."""
     wandb_entity: str = ""

@@ -5,11 +5,8 @@ Owns: reading the project's problem files (`.jsonl`, `.json`, `.parquet`; rows `
 `Problem` records; counting bad rows instead of crashing on them; dropping problems whose prompt
 (system text and tool schema included) is longer than `data.max_prompt_tokens`; and
 `ProblemStream`, the seeded epoch iterator whose `state()` goes into checkpoints so a resumed
-run sees the same order. Also registers `asyncrl data prepare`, whose implementation lives in
-`tools/prepare_data.py` (converting DAPO-Math-17k, AIME 2024/2025 and MATH-500 into these files)
-and `tools/prepare_chat.py` (function-calling / instruction / chat sets into chat JSONL for an
-SFT stage, see `asyncrl.chat_layouts`). `read_rows` gives the raw rows of a file to the chat
-loader (`asyncrl.chat_data`).
+run sees the same order. `read_rows` gives the raw rows of a file to the chat loader
+(`asyncrl.sft.chat`). The files are made by `asyncrl data prepare` (`asyncrl.prepare`).
 
 Does not own: what a problem family generates (`asyncrl.tasks`), the prompt layout
 (`asyncrl.formats`), or which problems are hard for the current policy (the curriculum).
@@ -21,17 +18,13 @@ field, wrong type, empty text, duplicate id) is skipped, counted by reason in
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.util
 import json
 import random
-import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
 
 from asyncrl.errors import DataError
@@ -359,63 +352,3 @@ class ProblemStream:
                 f"{state.get('num_problems')} then): resume with the same data files, or start "
                 "a new data cursor")
         return cls(problems, seed, bool(state.get("shuffle", True)), epoch, position)
-
-
-# -------------------------------------------------------------------------------- CLI
-CHAT_SETS = ("glaive", "hermes", "toolace", "xlam", "alpaca", "sharegpt", "openai")
-"""`asyncrl data prepare` sources converted to chat JSONL by `tools/prepare_chat.py`."""
-
-
-def prepare_tool(script: str = "prepare_data") -> ModuleType:
-    """`tools/<script>.py` of this source tree, imported by path.
-
-    `tools/` holds operator scripts and is not installed with the package, so the module is
-    found next to it (editable installs and checkouts); a plain wheel install cannot run it.
-    """
-    name = f"asyncrl_tools_{script}"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parent.parent / "tools" / f"{script}.py"
-    if not path.is_file():
-        raise DataError(f"`asyncrl data prepare` needs a source checkout of asyncrl "
-                        f"({path} not found); run tools/prepare_data.py from the repository")
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def add_prepare_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of `asyncrl data prepare` (shared with `python tools/prepare_data.py`)."""
-    p.add_argument("source", choices=["dapo", "aime24", "aime25", "math500", *CHAT_SETS],
-                   help="which dataset the input rows come from (its column layout): math "
-                        "problems (dapo, aime24, aime25, math500) to problem JSONL, or chat / "
-                        "function-calling sets (glaive, hermes, toolace, xlam, alpaca, "
-                        "sharegpt, openai) to chat JSONL for an SFT stage")
-    p.add_argument("-i", "--input", action="append", default=[], metavar="PATH_OR_HUB",
-                   help="a local .parquet/.json/.jsonl file in the source's layout, or a hub "
-                        "name `owner/name[:config][@split]` (needs `datasets` and network); "
-                        "repeatable, rows are concatenated in order; default: the source's hub "
-                        "name(s)")
-    p.add_argument("-o", "--output", required=True, metavar="PATH",
-                   help="output JSONL; the summary goes beside it as PATH.summary.json")
-    p.add_argument("--keep-non-english", action="store_true",
-                   help="dapo: keep problems with Chinese text (default: English subset only)")
-
-
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    script = "prepare_chat" if args.source in CHAT_SETS else "prepare_data"
-    return int(prepare_tool(script).run(args))
-
-
-def register(subparsers: Any) -> None:
-    """Add `asyncrl data prepare` to the CLI (called by `asyncrl.cli`)."""
-    p_data = subparsers.add_parser("data", help="prepare datasets")
-    data_sub = p_data.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
-    p_prep = data_sub.add_parser(
-        "prepare", help="convert DAPO-Math-17k / AIME 2024 / AIME 2025 / MATH-500 to problem "
-                        "JSONL, or function-calling / instruction / chat sets to chat JSONL")
-    add_prepare_arguments(p_prep)
-    p_prep.set_defaults(func=_cmd_prepare)

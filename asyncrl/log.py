@@ -42,7 +42,7 @@ class _Tee:
 
 class _CurrentStderr:
     """Writes to `sys.stderr` as it is at each line, not as it was at `configure`: a live
-    progress display (`asyncrl.progress`) swaps in rich's proxy, which prints log lines above
+    progress display (`asyncrl.observe.progress`) swaps in rich's proxy, which prints log lines above
     the display instead of through it."""
 
     def write(self, text: str) -> int:

@@ -13,29 +13,45 @@ import copy
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from asyncrl import formats, modeling, templates
 from asyncrl.config import LocalSandboxConfig, RunConfig
+from asyncrl.errors import AsyncRLError
 from asyncrl.log import get_logger
+
+if TYPE_CHECKING:
+    from asyncrl.engine.base import Engine
+    from asyncrl.reward import MathReward
+    from asyncrl.rollout import RolloutRunner, Tool
+    from asyncrl.trainer.base import Trainer
 
 log = get_logger(__name__)
 
 
 @dataclass
 class Runtime:
-    """The live components of a run."""
+    """The live components of a run, each behind its protocol: the loop sees no concrete kind."""
 
     cfg: RunConfig
     run_dir: Path
     tokenizer: Any
-    trainer: Any
-    engines: list[Any]
-    runner: Any
-    tools: list[Any]
-    reward: Any
+    """A Hugging Face tokenizer (`PreTrainedTokenizerBase`; typed loosely to keep this module
+    free of transformers)."""
+    trainer: Trainer | None
+    """None when opened `with_trainer=False` (evaluation)."""
+    engines: list[Engine]
+    runner: RolloutRunner
+    tools: list[Tool]
+    reward: MathReward
     fmt: formats.ToolFormat
     sandbox_isolation: str
+
+    def need_trainer(self) -> Trainer:
+        """The trainer; a runtime opened for evaluation has none."""
+        if self.trainer is None:
+            raise AsyncRLError("this runtime was opened without a trainer (with_trainer=False)")
+        return self.trainer
 
 
 def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
@@ -61,9 +77,9 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
 def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
     src = cfg.data.train
     if src.startswith("generator:"):
-        from asyncrl import tasks
+        from asyncrl.sft.coldstart import corpus
 
-        return list(tasks.corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
+        return list(corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
     from asyncrl.data import load_problems
 
     probs = load_problems(src, cfg.data.generator_options, cfg.run.seed, "train").problems
@@ -144,7 +160,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                 await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any], e))
             else:
                 stack.push_async_callback(e.close)
-        tools = []
+        tools: list[Tool] = []
         if cfg.rollout.tools:
             time_limit = getattr(cfg.sandbox, "time_limit_s", 4.0)
             tools = [PythonTool(client, time_limit_s=time_limit,

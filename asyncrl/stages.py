@@ -2,13 +2,15 @@
 
 Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
 problems a `hard` stage trains on (those the current policy does not solve k/k), and the
-learning rate and response budget in force. Does not own: running rollouts or evaluations
-(the train loop feeds results in).
+learning rate and response budget in force; `TrainState`, where a run is in its curriculum (the
+part of a checkpoint besides weights and optimizer). Does not own: running rollouts or
+evaluations (the train loop feeds results in).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 
@@ -20,6 +22,25 @@ class PlateauState(msgspec.Struct, kw_only=True):
 
     best: float | None = None
     since_best: int = 0
+
+
+class TrainState(msgspec.Struct, kw_only=True):
+    """Everything besides weights and optimizer that a resumed run needs."""
+
+    stage_index: int = 0
+    stage_step: int = 0
+    global_step: int = 0
+    policy_version: int = 0
+    plateau: PlateauState = msgspec.field(default_factory=PlateauState)
+    data_cursor: dict[str, Any] = {}
+    sft_cursor: dict[str, Any] = {}
+    """Where a chat-file SFT stage is in its epochs (`asyncrl.sft.stage.SFTPlan.cursor`)."""
+    stage_problem_ids: list[str] | None = None
+    """The hard-filtered problem ids of the current stage (None = all)."""
+    rng_state: Any = None
+    pending_problem_ids: list[str] = []
+    """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
+    run regenerates them first, in order, under the restored weights."""
 
 
 def plateau_update(rule: PlateauRule, state: PlateauState, metrics: Mapping[str, float]

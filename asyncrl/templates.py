@@ -6,7 +6,7 @@ from it (the text between an assistant's `</tool_call>` and the next generation)
 `bind_format`: a `ToolFormat` whose prompt and tool responses come from the template, so that
 the ids the agent loop builds for a multi-turn rollout are the ids the template renders for the
 same conversation. Does not own: splitting a conversation into trained and untrained spans
-(`asyncrl.chat_render`), parsing calls (`asyncrl.formats`).
+(`asyncrl.sft.render`), parsing calls (`asyncrl.formats`).
 
 Token-exactness, and its deliberate limits (docs/recipe.md "Token-exact templates"):
 - the prompt is the template's rendering of `[system, user]` with the generation prompt; a

@@ -24,13 +24,13 @@ from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.engine.base import WeightUpdate
-from asyncrl.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
-from asyncrl.progress import RunProgress, StagePlan
+from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
+from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
-from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rundir import pick_run_dir
 from asyncrl.stages import (
     PlateauState,
+    TrainState,
     hard_problem_ids,
     plateau_update,
     stage_budget,
@@ -40,38 +40,21 @@ from asyncrl.stages import (
 
 if TYPE_CHECKING:
     from asyncrl.rollout.producer import RolloutProducer
+    from asyncrl.runtime import Runtime
 
 log = logmod.get_logger(__name__)
 
 
-class TrainState(msgspec.Struct, kw_only=True):
-    """Everything besides weights and optimizer that a resumed run needs."""
-
-    stage_index: int = 0
-    stage_step: int = 0
-    global_step: int = 0
-    policy_version: int = 0
-    plateau: PlateauState = msgspec.field(default_factory=PlateauState)
-    data_cursor: dict[str, Any] = {}
-    sft_cursor: dict[str, Any] = {}
-    """Where a chat-file SFT stage is in its epochs (`sft_stage.SFTPlan.cursor`)."""
-    stage_problem_ids: list[str] | None = None
-    """The hard-filtered problem ids of the current stage (None = all)."""
-    rng_state: Any = None
-    pending_problem_ids: list[str] = []
-    """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
-    run regenerates them first, in order, under the restored weights."""
-
-
 class StageRunner:
-    """Drives the stages over a live `Runtime` (the model trainer is `rt.trainer`)."""
+    """Drives the stages over a live `Runtime` (the model trainer is `rt.trainer`, which it needs)."""
 
-    def __init__(self, rt: Any, metrics: MetricsWriter, state: TrainState,
+    def __init__(self, rt: Runtime, metrics: MetricsWriter, state: TrainState,
                  train_problems: list[Problem], eval_problems: list[Problem],
                  progress: RunProgress | None = None) -> None:
         from asyncrl.data import ProblemStream
 
         self.rt = rt
+        self.trainer = rt.need_trainer()
         self.progress = progress or RunProgress(rt.run_dir.name, stage_plans(rt.cfg))
         self.cfg: RunConfig = rt.cfg
         self.metrics = metrics
@@ -145,7 +128,7 @@ class StageRunner:
         await self.evaluate(label="final")
 
     async def _run_stage(self, stage: StageSection) -> None:
-        self.rt.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
+        self.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
         self.progress.stage_start(self.state.stage_index, self.state.stage_step)
         self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
                            event="start", kind_=stage.kind)
@@ -197,7 +180,7 @@ class StageRunner:
     _producer: RolloutProducer | None = None
 
     async def _run_sft(self, stage: StageSection) -> None:
-        from asyncrl.sft_stage import run_sft
+        from asyncrl.sft.stage import run_sft
 
         await run_sft(stage, self.cfg, self.rt, self.state, self.metrics, self.train_problems,
                       lambda: self._checkpoint(force=True),
@@ -256,8 +239,8 @@ class StageRunner:
             train_m: dict[str, float] = {}
             if kept:
                 if stage.lr_decay_steps:
-                    self.rt.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
-                train_m = await asyncio.to_thread(self.rt.trainer.train_step, batch)
+                    self.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
+                train_m = await asyncio.to_thread(self.trainer.train_step, batch)
             update_s = time.monotonic() - t0
             sync_s = await self._sync() if kept else 0.0
             self.state.stage_step += 1
@@ -334,7 +317,7 @@ class StageRunner:
                                           if prod is not None else [])
         self.state.rng_state = self.rng.getstate()
         await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
-                                self.rt.trainer, msgspec.to_builtins(self.state),
+                                self.trainer, msgspec.to_builtins(self.state),
                                 keep_last=self.cfg.checkpoint.keep_last)
 
 
@@ -400,9 +383,9 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
     """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`)."""
     from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
     from asyncrl.data import load_split
-    from asyncrl.progress import instrument, progress_display
+    from asyncrl.observe.progress import instrument, progress_display
+    from asyncrl.observe.sinks import open_sinks
     from asyncrl.runtime import open_runtime
-    from asyncrl.sinks import open_sinks
 
     rd, _ = pick_run_dir(cfg, run_dir, resume)
     rd.mkdir(parents=True, exist_ok=True)
@@ -419,7 +402,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
     progress = RunProgress(rd.name, stage_plans(cfg))
     async with open_runtime(cfg, rd) as rt:
         if ckpt is not None:
-            saved = load_checkpoint(ckpt, rt.trainer)
+            saved = load_checkpoint(ckpt, rt.need_trainer())
             state = msgspec.convert(saved, TrainState)
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
@@ -444,9 +427,9 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
             await loop.run()
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
-        rt.trainer.export_hf(rd / "final")
+        rt.need_trainer().export_hf(rd / "final")
         rt.tokenizer.save_pretrained(rd / "final")  # a complete HF directory for every tool
-    from asyncrl.report import write_report
+    from asyncrl.observe.report import write_report
 
     report = write_report(rd)
     log.info("run_done", run_dir=str(rd), report=str(report),
@@ -455,7 +438,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
     return rd
 
 
-async def _push_weights(rt: Any, version: int) -> None:
+async def _push_weights(rt: Runtime, version: int) -> None:
     """New weights to every engine, the way `engine.weight_sync` says (engines without the key,
     e.g. the in-process one, take tensors). "disk": the trainer exports an HF directory under
     `RUN_DIR/weights/v{version}` and the engines load it from there (the previous version's
@@ -466,11 +449,11 @@ async def _push_weights(rt: Any, version: int) -> None:
 
     if getattr(rt.cfg.engine, "weight_sync", "tensor") == "disk":
         path = Path(rt.run_dir) / "weights" / f"v{version}"
-        await asyncio.to_thread(rt.trainer.export_hf, path)
+        await asyncio.to_thread(rt.need_trainer().export_hf, path)
         update = WeightUpdate(version=version, path=str(path))
     else:
         update = WeightUpdate(version=version,
-                              state_dict=await asyncio.to_thread(rt.trainer.state_dict_for_sync))
+                              state_dict=await asyncio.to_thread(rt.need_trainer().state_dict_for_sync))
     results = await asyncio.gather(*(e.update_weights(update) for e in rt.engines),
                                    return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
@@ -484,74 +467,3 @@ async def _push_weights(rt: Any, version: int) -> None:
         for old in Path(update.path).parent.glob("v*"):
             if old.name != f"v{version}":
                 await asyncio.to_thread(shutil.rmtree, old, True)
-
-
-def cmd_train(args: Any) -> int:
-    import os
-    import sys
-
-    cfg = config_mod.load(args.config, args.set)
-    if int(os.environ.get("RANK", "0")) != 0 and not args.dry_run:
-        # Under torchrun only rank 0 runs the event loop; the others serve its trainer calls.
-        if cfg.trainer.kind != "megatron":
-            from asyncrl.errors import ConfigError
-
-            raise ConfigError("trainer.kind", "multi-process runs need trainer.kind = "
-                              "\"megatron\" (or torch with its own torchrun launch)")
-        from asyncrl.trainer.megatron.launch import follow
-
-        follow()
-        return 0
-    if args.dry_run:
-        for line in dry_run(cfg):
-            print(line)
-        print("dry run: ok")
-        return 0
-    rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
-    print(f"asyncrl: {note}", file=sys.stderr)
-    rd = run_loop(train_async(cfg, resume=args.resume, run_dir=str(rd)))
-    print(f"run directory: {rd}")
-    print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
-          f"{rd / 'report' / 'viewer.html'} (open it in a browser)")
-    return 0
-
-
-TRAIN_EPILOG = """\
-run directory (output_dir/name, or --run-dir):
-  config.json      the resolved config        metrics.jsonl  one JSON row per step/eval
-  log.jsonl        every log event as JSON    checkpoints/   resumable state (--resume)
-  eval/            every eval rollout         rollouts/      RL waves (logging.rollouts_every)
-  tensorboard/, wandb/   when logging.sinks = ["tensorboard", "wandb"]
-  model-init/      the built model and tokenizer (runs without model.path)
-  final/           the trained model (a Hugging Face directory)
-  report/          summary.md, PNG plots and viewer.html, the trajectory viewer: every
-                   rollout's turns, tool calls, reward and RoC decision, filterable (rebuild
-                   it any time with `asyncrl report RUN_DIR`)
-
-A second run of the same config starts a new numbered directory (name-2, name-3, ...) and says
-so; it never reuses or overwrites a finished run. On a terminal a live progress display shows
-the stage, step, reward, held-out accuracy, rollouts, tool calls and ETA (logging.progress).
-"""
-
-
-def register(sub: Any) -> None:
-    import argparse
-
-    p = sub.add_parser("train", help="run a curriculum (SFT cold start, GRPO-RoC stages); "
-                                     "writes a run directory with a report and viewer",
-                       description="Run a curriculum: SFT cold start, then GRPO-RoC stages, "
-                                   "with evals and checkpoints,\na live progress display on a "
-                                   "terminal, and a report with a trajectory viewer at the end.",
-                       epilog=TRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", help="curriculum TOML, e.g. curricula/tiny.toml")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (repeatable)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue a run from its latest checkpoint: the newest run of this "
-                        "config (output_dir/name or name-N), or --run-dir's")
-    p.add_argument("--run-dir", default=None,
-                   help="run directory (default: output_dir/name, or the next free name-N); "
-                        "without --resume it must not hold a run already")
-    p.add_argument("--dry-run", action="store_true",
-                   help="resolve stages, data and components without starting anything")
-    p.set_defaults(func=cmd_train)

@@ -68,7 +68,7 @@ def _stages(kind: str, n_rl: int) -> str:
 
 
 def _train(run_dir: Path, sets: list[str]) -> float:
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", str(CURRICULUM), "--run-dir",
+    cmd = [sys.executable, "-m", "asyncrl.cli.main", "train", str(CURRICULUM), "--run-dir",
            str(run_dir), "--set", "logging.console=none",
            *(arg for s in sets for arg in ("--set", s))]
     t0 = time.monotonic()

@@ -33,7 +33,7 @@ def probe(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from asyncrl import formats, tasks
-    from asyncrl.sft import REASON_TOOL
+    from asyncrl.sft.coldstart import REASON_TOOL
     from asyncrl.tasks import tiny_math
 
     tok = AutoTokenizer.from_pretrained(path)

@@ -3,7 +3,7 @@
 Starts, once, the in-process ``SandboxPool`` and one ``sandbox serve`` node per front-end
 count (``--front-ends 1,2``: ``--front-ends N`` each, all with ``--workers`` zygotes), then for
 ``--rounds`` rounds runs the same closed loop (``--concurrency`` callers, ``--calls`` calls of
-each ``--workloads`` program from ``../shared/bench/tool-workloads.json``) against each of
+each ``--workloads`` program from ``bench/tool-workloads.json``) against each of
 them in turn. Idle systems cost no CPU (their zygotes sleep), so each round compares the
 modes under the same background load; the figure is the median over rounds of each mode's
 calls/s divided by the pool's in the same round. The issue's bar: HTTP >= 90% of the pool.

@@ -9,7 +9,7 @@ through:
 - ``tensorboard``: plus TensorBoard event files,
 - ``wandb``: plus an offline W&B run (`wandb-core` service; startup and finish timed apart).
 
-With ``--run-dir RUN_DIR`` it also times `asyncrl.viewer.write_viewer` on that run (reading
+With ``--run-dir RUN_DIR`` it also times `asyncrl.observe.viewer.write_viewer` on that run (reading
 its eval/ and rollouts/ records, decoding turns, writing the page) and reports the page size.
 
     python bench/metric_sinks.py [--rows 500] [--keys 90] [--run-dir RUN_DIR]
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.config import LoggingSection  # noqa: E402
-from asyncrl.metrics import MetricsWriter  # noqa: E402
-from asyncrl.sinks import open_sinks  # noqa: E402
+from asyncrl.observe.metrics import MetricsWriter  # noqa: E402
+from asyncrl.observe.sinks import open_sinks  # noqa: E402
 
 
 def _row(step: int, keys: int) -> dict[str, object]:
@@ -87,7 +87,7 @@ def main() -> None:
               f"{r['row_ms_mean']:>8} {r['row_ms_p50']:>7} {r['row_ms_p99']:>7} {r['close_s']:>8}")
     viewer = None
     if args.run_dir:
-        from asyncrl.viewer import load_sections, write_viewer
+        from asyncrl.observe.viewer import load_sections, write_viewer
 
         run = Path(args.run_dir)
         plots = sorted((run / "report").glob("*.png"))

@@ -97,7 +97,7 @@ def log(out_dir: Path, msg: str) -> None:
 def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what: str) -> None:
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "train", str(curriculum), "--run-dir",
+    cmd = [sys.executable, "-m", "asyncrl.cli.main", "train", str(curriculum), "--run-dir",
            str(run_dir), *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
     log(out_dir, f"start {what}")
     t0 = time.monotonic()

@@ -21,7 +21,7 @@ lognormal (median 2,800 model tokens, sigma 0.9: mean ~4K, the report's stage-1 
 heavy tail, cut at the 8,192 budget);
 tool calls per rollout heavy-tailed (P(k) ~ (k+1)^-1.6, k < 10), turns split the response at
 random; tool outputs 30-250 tokens; tool latency drawn from the measured local sandbox pool
-(the standard workloads W1-W6 of ../shared/bench/tool-workloads.json), or a lognormal model when
+(the standard workloads W1-W6 of bench/tool-workloads.json), or a lognormal model when
 the pool cannot start.
 
 Policies compared:
@@ -427,7 +427,7 @@ def measured_latency(samples: int) -> tuple[list[float], str]:
     """Latencies (s) of the standard sandbox workloads W1-W6 on the local pool."""
     import asyncio
 
-    workloads_path = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tool-workloads.json"
+    workloads_path = Path(__file__).resolve().parent / "tool-workloads.json"
     try:
         import sandbox
 

@@ -58,8 +58,9 @@ def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 def _export(cfg: Any, tok: Any, path: Path) -> int:
     """The transcripts the generator path trains on, as chat rows (see sft_stage.generator_pairs)."""
-    from asyncrl import formats, sft
+    from asyncrl import formats
     from asyncrl.data import load_split
+    from asyncrl.sft import coldstart as sft
 
     fmt = formats.get_format(cfg.rollout.tool_format)
     d, st = cfg.data, cfg.stages[0]
@@ -79,8 +80,9 @@ def _export(cfg: Any, tok: Any, path: Path) -> int:
 
 def _held_out_loss(cfg: Any, run_dir: Path) -> float:
     """Token-mean NLL of the final weights on transcripts of the eval problems."""
-    from asyncrl import formats, modeling, sft
+    from asyncrl import formats, modeling
     from asyncrl.data import load_split
+    from asyncrl.sft import coldstart as sft
     from asyncrl.trainer import TRAINER_KINDS
 
     tok = modeling.load_tokenizer(run_dir / "final")

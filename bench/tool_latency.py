@@ -1,6 +1,6 @@
 """Tool-call latency and throughput of the sandbox, against a naive baseline.
 
-The standard workloads of ``../shared/bench/tool-workloads.json`` (W1..W7), exactly as given,
+The standard workloads of ``bench/tool-workloads.json`` (W1..W7), exactly as given,
 at its concurrency points (closed loop: ``concurrency`` callers, each sending its next call
 when the previous one is answered), against
 
@@ -66,7 +66,7 @@ from sandbox import (  # noqa: E402
     PoolConfig,
 )
 
-DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "tool-workloads.json"
+DEFAULT_WORKLOADS = Path(__file__).resolve().parent / "tool-workloads.json"
 RESULTS = ROOT / "bench" / "results" / "tool_latency.json"
 RESULTS_OPEN = ROOT / "bench" / "results" / "tool_latency_open.json"
 

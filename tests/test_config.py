@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl import config
-from asyncrl.cli import main as cli_main
+from asyncrl.cli.main import main as cli_main
 from asyncrl.errors import ConfigError
 from asyncrl.stages import stage_budget
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.metrics import rollout_stats
+from asyncrl.observe.metrics import rollout_stats
 from asyncrl.records import Rollout, ToolCall, ToolStatus
 
 

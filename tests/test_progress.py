@@ -7,7 +7,7 @@ import io
 import types
 from typing import Any
 
-from asyncrl.progress import (
+from asyncrl.observe.progress import (
     RunProgress,
     StagePlan,
     instrument,

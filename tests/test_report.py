@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import cli, report
+from asyncrl.cli import main as cli
 from asyncrl.errors import DataError
+from asyncrl.observe import report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -108,9 +109,7 @@ def test_empty_or_missing_metrics_is_a_clear_error(tmp_path: Path) -> None:
         report.write_report(tmp_path / "nowhere")
 
 
-def test_cli_command(tmp_path: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli, "_EXTRA_COMMANDS", [*cli._EXTRA_COMMANDS, report.register]
-                        if report.register not in cli._EXTRA_COMMANDS else cli._EXTRA_COMMANDS)
+def test_cli_command(tmp_path: Path, capsys) -> None:
     run = _write(tmp_path / "run", _full_run())
     assert cli.main(["report", str(run)]) == 0
     # the summary's and the viewer's paths are the command's last lines (logs may precede them)
@@ -126,6 +125,6 @@ def test_cli_command(tmp_path: Path, monkeypatch, capsys) -> None:
 
 def test_register_adds_the_subcommand() -> None:
     parser = argparse.ArgumentParser()
-    report.register(parser.add_subparsers())
+    cli._register_report(parser.add_subparsers())
     args = parser.parse_args(["report", "runs/tiny"])
-    assert args.run_dir == "runs/tiny" and args.func is report._cmd_report
+    assert args.run_dir == "runs/tiny" and args.func is cli._cmd_report

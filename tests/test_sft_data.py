@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from asyncrl import formats as F
-from asyncrl import sft, tasks
+from asyncrl import tasks
+from asyncrl.sft import coldstart as sft
 
 OPTS = {"train_size": 600, "eval_size": 20, "levels": [1, 2, 3]}
 
@@ -23,7 +24,7 @@ def task_tokenizer():
     """The tiny curriculum's tokenizer: trained on the task corpus, vocab 1024."""
     from asyncrl.modeling import train_tokenizer
 
-    return train_tokenizer(tasks.corpus("tiny_math", OPTS, seed=0), vocab_size=1024)
+    return train_tokenizer(sft.corpus("tiny_math", OPTS, seed=0), vocab_size=1024)
 
 
 def _runs(ex: sft.SFTExample, tok) -> list[tuple[int, str]]:
@@ -191,7 +192,7 @@ def test_level_4_transcripts_fit_the_evidence_budget() -> None:
     from asyncrl.modeling import train_tokenizer
 
     opts = {"train_size": 400, "eval_size": 0, "levels": [1, 2, 3, 4]}
-    tok = train_tokenizer(tasks.corpus("tiny_math", opts, seed=0), vocab_size=1024)
+    tok = train_tokenizer(sft.corpus("tiny_math", opts, seed=0), vocab_size=1024)
     probs = [p for p in tasks.generate("tiny_math", opts, seed=0)[0] if p.difficulty == 4]
     ex = sft.build_sft_examples(probs, F.MARKDOWN, tok, random.Random(2), tool_fraction=1.0,
                                 fail_fix_fraction=1.0)

@@ -15,8 +15,8 @@ import pytest
 from asyncrl import config
 from asyncrl.config import LoggingSection
 from asyncrl.errors import ConfigError
-from asyncrl.metrics import MetricsWriter
-from asyncrl.sinks import open_sinks, scalars
+from asyncrl.observe.metrics import MetricsWriter
+from asyncrl.observe.sinks import open_sinks, scalars
 
 ROWS: list[dict[str, Any]] = [
     {"kind": "data", "step": 0, "train": 64, "eval": 8, "overlong_skipped": 0},

@@ -16,12 +16,12 @@ import pytest_asyncio
 from fakes.scripted_engine import ScriptedEngine
 
 from asyncrl import formats
-from asyncrl.chat_layouts import Conversation, check
-from asyncrl.chat_render import render
 from asyncrl.errors import ConfigError
 from asyncrl.records import RolloutStatus, StopReason, ToolStatus
 from asyncrl.rollout import PythonTool, RolloutSettings, run_rollout
-from asyncrl.sft import tokenize
+from asyncrl.sft.coldstart import tokenize
+from asyncrl.sft.layouts import Conversation, check
+from asyncrl.sft.render import render
 from asyncrl.templates import ChatTemplate, TemplateError, bind_format
 
 sandbox = pytest.importorskip("sandbox")

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl import modeling, report
+from asyncrl import modeling
+from asyncrl.observe import report
+from asyncrl.observe.viewer import load_sections, render_page, rollout_view
 from asyncrl.records import (
     Group,
     Problem,
@@ -24,7 +26,6 @@ from asyncrl.records import (
     Turn,
     save_jsonl,
 )
-from asyncrl.viewer import load_sections, render_page, rollout_view
 
 KNOWN_CODE = 'x = 17 * 3\nprint(x)  # </script><script>window.pwned = 1</script>'
 HOSTILE = '<img src=x onerror="window.pwned = 2"> </script><!-- & \u2028 {{DATA}}'

@@ -4,7 +4,8 @@
 # Run the same command on every trainer node; node 0 is the head. Rank 0 (on the head) runs
 # the event loop (rollouts, RoC, engines, metrics, checkpoints); every other rank holds its
 # Megatron shards and follows rank 0's trainer calls over torch.distributed
-# (asyncrl/trainer/megatron/launch.py). See docs/multinode.md.
+# (asyncrl/cli/launch.py; the followers are asyncrl/trainer/megatron/launch.py). See
+# docs/multinode.md.
 #
 # Two nodes of 8 GPUs, head at 10.0.0.1:
 #   node 0:  NNODES=2 NODE_RANK=0 HEAD_NODE=10.0.0.1 tools/launch_multinode.sh my_rstar2.toml
@@ -12,7 +13,7 @@
 # i.e. on each node:
 #   torchrun --nnodes 2 --node-rank $NODE_RANK --nproc-per-node 8 \
 #     --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29500 --rdzv-id asyncrl \
-#     -m asyncrl.trainer.megatron.launch train my_rstar2.toml
+#     -m asyncrl.cli.launch train my_rstar2.toml
 #
 # Extra arguments go to `asyncrl train` (e.g. --set trainer.tensor_parallel=8, --resume).
 # The world (NNODES x GPUS_PER_NODE) must be a multiple of trainer.tensor_parallel; the rest
@@ -43,7 +44,7 @@ export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}  # megatron
 
 cmd=(torchrun --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node "$GPUS_PER_NODE"
      --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:$PORT" --rdzv-id "$RDZV_ID"
-     -m asyncrl.trainer.megatron.launch train "$@")
+     -m asyncrl.cli.launch train "$@")
 
 if [ "${DRY_RUN:-0}" = "1" ]; then
   printf '%q ' "${cmd[@]}"; echo

@@ -16,7 +16,7 @@ until it is released.
 
 Policies (`POLICIES`, chosen by name):
 - `kv` (the rStar2-Agent scheduler): the engine with the most free KV takes the head. The
-  reservation ratio starts at `initial_ratio` (1.0: the worst case of DESIGN.md) and is steered
+  reservation ratio starts at `initial_ratio` (1.0: the worst case of docs/architecture.md) and is steered
   by the KV use engines report: while rollouts are queued and the engines' mean utilisation is
   below `target`, it decays (over-reservation must not leave KV idle); when any engine reports
   more than `high`, it is raised at once (that engine is about to preempt). One ratio serves all

@@ -1,6 +1,6 @@
 """The agent loop: one rollout, token-in/token-out, with tool calls fired mid-generation.
 
-Owns: `RolloutSettings`, the turn loop (`AgentLoop.advance`), the stop conditions of DESIGN.md,
+Owns: `RolloutSettings`, the turn loop (`AgentLoop.advance`), the stop conditions of docs/architecture.md,
 and building the `records.Rollout` (token ids, loss mask, logprobs, turns, tool calls, timing,
 status). `run_rollout` runs one rollout start to end on one engine. Does not own: which engine
 serves a rollout (the scheduler), rewards and groups (the runner), or tool execution (tools).

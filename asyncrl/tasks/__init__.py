@@ -1,15 +1,16 @@
 """Built-in task families, chosen by name (`data.train = "generator:NAME"`).
 
 Owns: the registry `TASK_FAMILIES` and the three things a run asks of a family — `generate`
-its (train, eval) problems, the `solution_code` of a problem (for SFT transcripts), and a
-tokenizer `corpus`. Does not own: reading problems from files, or batching them.
+its (train, eval) problems and the `solution_code` of a problem (for SFT transcripts). Does not
+own: reading problems from files, batching them, or the tokenizer corpus built from their
+transcripts (`asyncrl.sft.coldstart.corpus`).
 
     train, eval_set = generate("tiny_math", {"train_size": 4000, "eval_size": 128}, seed=0)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from asyncrl.records import Problem
@@ -43,24 +44,3 @@ def generate(name: str, options: Mapping[str, Any],
 def solution_code(problem: Problem) -> str:
     """A Python program whose stdout is `problem.answer`; the family is `problem.source`."""
     return get_family(problem.source).solution_code(problem)
-
-
-def corpus(name: str, options: Mapping[str, Any], seed: int, *,
-           tool_formats: Sequence[str] = ("markdown", "hermes"),
-           max_transcripts: int = 3000) -> Iterator[str]:
-    """Text to train a local tokenizer on: every string the model will read or write.
-
-    Full SFT transcripts (system prompt, question, reasoning markup, tool calls, tool outputs,
-    failing calls, answers, end of turn) of up to `max_transcripts` train problems, each kind of
-    transcript and each tool-call format in turn. Eval problems are left out: they share the
-    templates, so nothing is missing, and no eval text shapes the vocabulary.
-    """
-    import random
-
-    # Imported here: `asyncrl.sft` builds on this package (it asks for `solution_code`).
-    from asyncrl import formats, sft
-
-    train, _ = generate(name, options, seed)
-    fmts = [formats.get_format(f) for f in tool_formats]
-    rng = random.Random(f"{name}/corpus/{seed}")
-    yield from sft.corpus_texts(train[:max_transcripts], fmts, rng)

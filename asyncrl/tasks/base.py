@@ -3,7 +3,7 @@
 Owns: the `TaskFamily` record the registry holds, the `Form` of a templated question (its
 English text, the Python that answers it, and an independent exact computation of the answer),
 and validation of a family's options. Does not own: any particular family (see `tiny_math`),
-how problems are turned into transcripts (`asyncrl.sft`), or how they are read from files.
+how problems are turned into transcripts (`asyncrl.sft.coldstart`), or how they are read from files.
 
 Everything here is pure: same options and seed, same problems, on every machine (seeds are
 strings hashed by `random.Random`, which is stable across processes, unlike `hash()`).

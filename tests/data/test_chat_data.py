@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from asyncrl import formats as F
-from asyncrl import sft, tasks
-from asyncrl.chat_data import load_chat
-from asyncrl.chat_layouts import BadRow, detect_layout, to_conversation
-from asyncrl.chat_render import render
+from asyncrl import tasks
 from asyncrl.errors import DataError
-from asyncrl.sft_stage import SFTPlan
+from asyncrl.sft import coldstart as sft
+from asyncrl.sft.chat import load_chat
+from asyncrl.sft.layouts import BadRow, detect_layout, to_conversation
+from asyncrl.sft.render import render
+from asyncrl.sft.stage import SFTPlan
 
 FIX = Path(__file__).parent / "fixtures" / "chat"
 OPTS = {"train_size": 300, "eval_size": 10, "levels": [1, 2, 3]}
@@ -30,7 +31,7 @@ def problems():
 def tok():
     from asyncrl.modeling import train_tokenizer
 
-    return train_tokenizer(tasks.corpus("tiny_math", OPTS, seed=0), vocab_size=512)
+    return train_tokenizer(sft.corpus("tiny_math", OPTS, seed=0), vocab_size=512)
 
 
 def _convs(name: str) -> list:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl import formats as F
-from asyncrl.chat_data import load_chat
-from asyncrl.cli import main
+from asyncrl.cli.main import main
+from asyncrl.sft.chat import load_chat
 
 FIX = Path(__file__).parent / "fixtures" / "chat"
 

@@ -1,4 +1,4 @@
-"""tools/prepare_data.py on hand-written fixtures in each source's layout."""
+"""`asyncrl data prepare` (asyncrl/prepare/problems.py) on hand-written fixtures in each source's layout."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.data import prepare_tool, read_problem_file
+from asyncrl.data import read_problem_file
 from asyncrl.errors import DataError
+from asyncrl.prepare import problems as prep
 
 FIXTURES = Path(__file__).parent / "fixtures"
-prep = prepare_tool()
 
 
 def _read(path: Path) -> list[dict]:
@@ -139,7 +139,7 @@ def test_missing_input_file_and_nothing_usable_are_clear_errors(tmp_path: Path) 
 def test_cli_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from asyncrl import data
+    from asyncrl.cli import data
 
     parser = argparse.ArgumentParser(prog="asyncrl")
     data.register(parser.add_subparsers(dest="command"))

@@ -57,7 +57,7 @@ def test_launch_helper_prints_a_two_node_torchrun_command():
     assert out[:3] == ["torchrun", "--nnodes", "2"]
     assert "--node-rank" in out and out[out.index("--node-rank") + 1] == "1"
     assert out[out.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
-    assert out[-5:] == ["-m", "asyncrl.trainer.megatron.launch", "train", "run.toml", "--resume"]
+    assert out[-5:] == ["-m", "asyncrl.cli.launch", "train", "run.toml", "--resume"]
 
 
 def test_followers_get_a_path_for_a_model_loaded_from_disk(tmp_path):

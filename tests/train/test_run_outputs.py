@@ -23,8 +23,8 @@ import pytest
 
 from asyncrl import config
 from asyncrl.errors import CheckpointError
+from asyncrl.observe.sinks import scalars
 from asyncrl.rundir import pick_run_dir
-from asyncrl.sinks import scalars
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def tty_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     cfg = tmp / "micro.toml"
     cfg.write_text(MICRO)
     run_dir = tmp / "run"
-    rc, out = _in_pty([sys.executable, "-m", "asyncrl.cli", "train", str(cfg), "--run-dir",
+    rc, out = _in_pty([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
                        str(run_dir)])
     assert rc == 0, out[-4000:]
     return run_dir, ANSI.sub("", out)
@@ -179,7 +179,7 @@ def test_every_metric_reaches_tensorboard_and_wandb(tty_run: tuple[Path, str],
 @pytest.mark.timeout(600)
 def test_the_viewer_has_the_rl_waves_with_roc_decisions(tty_run: tuple[Path, str]) -> None:
     run_dir, _ = tty_run
-    from asyncrl.viewer import load_sections
+    from asyncrl.observe.viewer import load_sections
 
     assert sorted(p.name for p in (run_dir / "rollouts").iterdir()) == [
         f"step_00000{i}.jsonl" for i in (1, 2, 3)]
@@ -241,7 +241,7 @@ def test_the_cli_refuses_to_reuse_a_finished_run_dir(tmp_path: Path) -> None:
     cfg.write_text(MICRO)
     _finish(tmp_path / "done")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "asyncrl.cli", "train", str(cfg), "--run-dir",
+    p = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
                         str(tmp_path / "done")], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 1

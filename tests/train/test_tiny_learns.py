@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tiny_curriculum_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "tiny"
     proc = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "train", "curricula/tiny.toml", "--run-dir",
+        [sys.executable, "-m", "asyncrl.cli.main", "train", "curricula/tiny.toml", "--run-dir",
          str(run_dir), "--set", "logging.console=json"],
         cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

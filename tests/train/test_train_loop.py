@@ -96,7 +96,7 @@ def _write_config(tmp_path: Path) -> Path:
 def _train(cfg: Path, run_dir: Path, *extra: str, wait: bool = True) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl.cli", "train", str(cfg), "--run-dir", str(run_dir),
+        [sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir", str(run_dir),
          *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if wait:
         out, _ = proc.communicate(timeout=600)
@@ -125,7 +125,7 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
     assert (full / "report" / "summary.md").exists()
     # the report reads the names the loop really writes
-    from asyncrl.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES
+    from asyncrl.observe.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES
     written = {"rl_step": set().union(*steps), "eval": set().union(*_rows(full, "eval"))}
     # (this micro run makes no policy update, so the trainer's own train/* losses are absent)
     missing = [k for k in (*FINAL_KEYS, *(k for k, _ in STACKED_TIMES))

@@ -17,15 +17,15 @@ longer on rollouts between two calls than NCCL's watchdog allows a pending colle
 A HF model passed to `make_trainer` reaches the followers as its directory when it was loaded
 from one (each rank then reads only its tensors), else pickled whole (tiny runs).
 
-Entry point: `torchrun ... -m asyncrl.trainer.megatron.launch train CONFIG [--set ...]` runs
-`asyncrl train` on rank 0 and `follow()` elsewhere (see tools/launch_multinode.sh).
+The torchrun entry point is `asyncrl.cli.launch`: `torchrun ... -m asyncrl.cli.launch train
+CONFIG [--set ...]` runs `asyncrl train` on rank 0 and `follow()` elsewhere (see
+tools/launch_multinode.sh).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: A
     if rank != 0:
         raise RuntimeError(
             f"rank {rank} is building the Megatron trainer itself: under torchrun only rank 0 "
-            "runs `asyncrl train`; start the run with `python -m asyncrl.trainer.megatron.launch "
+            "runs `asyncrl train`; start the run with `python -m asyncrl.cli.launch "
             "train CONFIG` (tools/launch_multinode.sh) so the other ranks follow rank 0")
     _send(("init", _portable_model(model), cfg, algo, pad_token_id, kwargs))
     proxy = RankZeroTrainer(MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs))
@@ -171,18 +171,3 @@ def follow() -> None:
             raise RuntimeError(f"follower got an unknown call {name!r}")
         getattr(trainer, name)(*args, **kwargs)
     log.info("follower_done", rank=rank)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`asyncrl` CLI on rank 0, `follow()` on every other rank."""
-    rank, _ = world()
-    if rank == 0:
-        from asyncrl.cli import main as cli_main
-
-        return cli_main(argv)
-    follow()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

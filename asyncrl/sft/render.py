@@ -20,7 +20,7 @@ everything else context), with one of two renderers picked by the bound tool for
   by `fmt.tool_response`, and the end-of-turn token.
 
 Segments are tokenized one by one (`sft.tokenize_many`), as the loop tokenizes the prompt and
-each tool response on its own. Does not own: reading rows (`asyncrl.chat_data`).
+each tool response on its own. Does not own: reading rows (`asyncrl.sft.chat`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl import formats
-from asyncrl.chat_layouts import BadRow, Conversation
-from asyncrl.sft import Segment
+from asyncrl.sft.coldstart import Segment
+from asyncrl.sft.layouts import BadRow, Conversation
 from asyncrl.templates import ASSISTANT_HEADER, CALL_CLOSE, ChatTemplate, TemplateError
 
 

@@ -3,7 +3,7 @@
 Owns: the `MetricSink` interface, the TensorBoard and Weights & Biases sinks, the registry
 that `logging.sinks` picks from, and the one rule that turns a metric row into named scalars
 (`scalars`), so every sink shows the same names as `metrics.jsonl`. Does not own: the JSONL
-file (`asyncrl.metrics.MetricsWriter`, always written, the source of `asyncrl report`) or what
+file (`asyncrl.observe.metrics.MetricsWriter`, always written, the source of `asyncrl report`) or what
 the train loop logs.
 
 Naming rule (`scalars`): every finite number of a row becomes one scalar. A key that already

@@ -20,7 +20,7 @@ from asyncrl.log import get_logger
 from asyncrl.records import Group, Rollout, RolloutStatus
 
 if TYPE_CHECKING:
-    from asyncrl.sinks import MetricSink
+    from asyncrl.observe.sinks import MetricSink
 
 log = get_logger(__name__)
 
@@ -77,7 +77,7 @@ def group_rollouts(groups: Iterable[Group]) -> list[Rollout]:
 class MetricsWriter:
     """Appends one JSON object per line to `run_dir/metrics.jsonl`; stamps time since start.
 
-    Each row then goes to every sink in `sinks` (`asyncrl.sinks`: TensorBoard, W&B). A sink
+    Each row then goes to every sink in `sinks` (`asyncrl.observe.sinks`: TensorBoard, W&B). A sink
     that raises is logged once and dropped: the JSONL file, the record the report reads, never
     loses a row because of a sink. `close` closes the sinks too.
     """
@@ -105,7 +105,7 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._fp.close()
-        from asyncrl.sinks import close_sinks
+        from asyncrl.observe.sinks import close_sinks
 
         close_sinks(self.sinks)
         self.sinks = []

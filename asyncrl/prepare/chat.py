@@ -2,10 +2,9 @@
 
     asyncrl data prepare glaive  -i glaive-function-calling-v2.json -o data/sft/glaive.jsonl
     asyncrl data prepare xlam    -o data/sft/xlam.jsonl        # hub name (needs network)
-    python tools/prepare_chat.py hermes -i func_calling.json -o data/sft/hermes.jsonl
 
 Owns: the default hub names of the supported sets, converting every row with
-`asyncrl.chat_layouts` (the layouts themselves live there, as the SFT stage reads them too),
+`asyncrl.sft.layouts` (the layouts themselves live there, as the SFT stage reads them too),
 and the summary written beside the output. Every input row is accounted for: written, or
 skipped with a reason (the first of each reason shown as `input:line N: message`). The output
 rows are `{"id", "messages", "tools"}` in the checked layout: a `[stages.chat]` file the SFT
@@ -29,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.chat_layouts import BadRow, to_conversation
-from asyncrl.data import prepare_tool
 from asyncrl.errors import DataError
+from asyncrl.prepare import problems as prep
+from asyncrl.sft.layouts import BadRow, to_conversation
 
 HUB: dict[str, tuple[str, ...]] = {
     "glaive": ("glaiveai/glaive-function-calling-v2@train",),
@@ -64,7 +63,6 @@ def prepare_chat(layout: str, inputs: list[str], output: str | Path) -> ChatSumm
     """Convert `inputs` (default: the set's hub names) into `output`; summary beside it."""
     if layout not in HUB:
         raise DataError(f"unknown chat set {layout!r}; expected one of {sorted(HUB)}")
-    prep = prepare_tool()
     inputs = list(inputs) or list(HUB[layout])
     if not inputs:
         raise DataError(f"{layout}: no default input; give files with -i")
@@ -93,8 +91,8 @@ def prepare_chat(layout: str, inputs: list[str], output: str | Path) -> ChatSumm
     if not lines:
         raise DataError(f"{layout}: no usable rows in {', '.join(inputs)} "
                         f"(read {summary.rows_in}, skipped {summary.skipped or 'none'})")
-    prep._atomic_write(out, "".join(lines).encode())
-    prep._atomic_write(prep.summary_path(out), (json.dumps(summary.as_dict(), indent=2,
+    prep.atomic_write(out, "".join(lines).encode())
+    prep.atomic_write(prep.summary_path(out), (json.dumps(summary.as_dict(), indent=2,
                                                            ensure_ascii=False) + "\n").encode())
     return summary
 
@@ -108,16 +106,3 @@ def run(args: Any) -> int:
         print(f"  first {reason}: {example}", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    import argparse
-
-    from asyncrl.data import add_prepare_arguments
-
-    parser = argparse.ArgumentParser(prog="prepare_chat", description=__doc__.split("\n")[0])
-    add_prepare_arguments(parser)
-    try:
-        sys.exit(run(parser.parse_args()))
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)

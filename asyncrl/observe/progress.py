@@ -10,7 +10,7 @@ pipe, a file or CI. While it is up, stderr goes through rich's proxy, so log lin
 scrolling above the display (`asyncrl.log` writes to whatever `sys.stderr` is at each line).
 Rich refreshes it from its own timer thread, which only reads the state's numbers.
 
-Does not own: what is logged or written to `metrics.jsonl` (the train loop, `asyncrl.metrics`).
+Does not own: what is logged or written to `metrics.jsonl` (the train loop, `asyncrl.observe.metrics`).
 """
 
 from __future__ import annotations

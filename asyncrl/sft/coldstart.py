@@ -19,11 +19,15 @@ tokenized alone as the agent loop does), the end-of-turn token (mask 1). Calls a
 text matches RL text byte for byte. Tool outputs are computed by running the (trusted,
 generated) solution program in-process with a handful of builtins, not through the sandbox.
 
+`corpus` gives the text a local tokenizer is trained on: these transcripts for a task family's
+train problems, in every tool-call format.
+
 `transcript_messages` / `export_chat` give the same transcripts as OpenAI-style chat rows (for
-training them through a chat-file SFT stage, `asyncrl.chat_render` renders them back into the
+training them through a chat-file SFT stage, `asyncrl.sft.render` renders them back into the
 same tokens).
 
-Does not own: the training step (the trainer), the problems (`asyncrl.tasks`), the formats.
+Does not own: the training step (the trainer), the problems (`asyncrl.tasks`, which never
+imports this package), the formats.
 """
 
 from __future__ import annotations
@@ -162,7 +166,7 @@ def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
                         system_prompt: str = "", max_chars: int = 256) -> dict[str, Any]:
     """The transcript `render_transcript` makes (same arguments, same draws from `rng`), as an
     OpenAI-style chat row `{"messages": [...], "tools": [...]}`: what `export_chat` writes and
-    `asyncrl.chat_render` renders back into the same tokens."""
+    `asyncrl.sft.render` renders back into the same tokens."""
     if kind not in KINDS:
         raise ValueError(f"unknown transcript kind {kind!r}; expected one of {KINDS}")
     schemas = list(tools) if tools else []
@@ -322,3 +326,21 @@ def corpus_texts(problems: Iterable[Problem], fmts: Sequence[formats.ToolFormat]
         kind = KINDS[i % len(KINDS)]
         fmt = fmts[(i // len(KINDS)) % len(fmts)]
         yield "".join(s.text for s in render_transcript(p, fmt, kind, rng))
+
+
+def corpus(name: str, options: Mapping[str, Any], seed: int, *,
+           tool_formats: Sequence[str] = ("markdown", "hermes"),
+           max_transcripts: int = 3000) -> Iterator[str]:
+    """Text to train a local tokenizer on: every string the model will read or write.
+
+    Full SFT transcripts (system prompt, question, reasoning markup, tool calls, tool outputs,
+    failing calls, answers, end of turn) of up to `max_transcripts` train problems, each kind of
+    transcript and each tool-call format in turn. Eval problems are left out: they share the
+    templates, so nothing is missing, and no eval text shapes the vocabulary.
+    """
+    from asyncrl import tasks
+
+    train, _ = tasks.generate(name, options, seed)
+    fmts = [formats.get_format(f) for f in tool_formats]
+    rng = random.Random(f"{name}/corpus/{seed}")
+    yield from corpus_texts(train[:max_transcripts], fmts, rng)

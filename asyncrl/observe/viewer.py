@@ -20,7 +20,7 @@ rollouts are not trained: their decision is `-`.
 
 Per-turn text is decoded from the token spans with the run's tokenizer (`RUN_DIR/model-init`,
 `RUN_DIR/final`, or the config's tokenizer or model path); without one, the response is shown
-as one block. Does not own: the metrics report (`asyncrl.report`) or what a run saves.
+as one block. Does not own: the metrics report (`asyncrl.observe.report`) or what a run saves.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _json_for_script(data: Any) -> str:
 
 def render_page(title: str, sections: list[dict[str, Any]], plots: Sequence[Path]) -> str:
     """Pure: the page's HTML from the template, `sections` (`load_sections`) and PNG files."""
-    template = resources.files("asyncrl").joinpath("viewer_template.html").read_text("utf-8")
+    template = resources.files("asyncrl.observe").joinpath("viewer_template.html").read_text("utf-8")
     imgs = "\n".join(
         f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
         f'{base64.b64encode(p.read_bytes()).decode("ascii")}"><figcaption>'

@@ -23,9 +23,9 @@ log = logmod.get_logger(__name__)
 
 async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
                    temperature: float | None = None, max_problems: int = 0) -> dict[str, Any]:
-    from asyncrl import metrics as metrics_mod
     from asyncrl.data import load_split
     from asyncrl.evaluation import format_table, summarize, write_summary
+    from asyncrl.observe import metrics as metrics_mod
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime

@@ -2,8 +2,8 @@
 
 Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches under a row and token
 budget, optionally bucketed by length, with a resumable (epoch, index) cursor), and `run_sft`, the stage
-itself over the run's trainer: examples from the generator (`asyncrl.sft`, the tiny curriculum)
-or from chat files (`[stages.chat]`, `asyncrl.chat_data`), one `trainer.sft_step` per batch,
+itself over the run's trainer: examples from the generator (`asyncrl.sft.coldstart`, the tiny curriculum)
+or from chat files (`[stages.chat]`, `asyncrl.sft.chat`), one `trainer.sft_step` per batch,
 metrics, checkpoints every `checkpoint.every_steps` stage steps, and the held-out loss
 (`trainer.sft_eval`). Does not own: the stage order, evaluation by rollouts, or checkpoint I/O
 (the train loop).
@@ -15,13 +15,17 @@ import asyncio
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import StageSection
+from asyncrl.config import RunConfig, StageSection
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
-from asyncrl.metrics import numeric
-from asyncrl.stages import stage_lr
+from asyncrl.observe.metrics import MetricsWriter, numeric
+from asyncrl.records import Problem
+from asyncrl.stages import TrainState, stage_lr
+
+if TYPE_CHECKING:
+    from asyncrl.runtime import Runtime
 
 log = get_logger(__name__)
 
@@ -62,7 +66,7 @@ class SFTPlan:
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         order = list(range(len(self.lengths)))
-        rng = random.Random(f"asyncrl.sft:{self.seed}:{epoch}")
+        rng = random.Random(f"asyncrl.sft.coldstart:{self.seed}:{epoch}")
         if self.shuffle:
             rng.shuffle(order)
         per = self.batch_size or max(1, len(order) // 64)
@@ -104,9 +108,10 @@ class SFTPlan:
 Pair = tuple[list[int], list[int]]
 
 
-def generator_pairs(stage: StageSection, cfg: Any, rt: Any, problems: Sequence[Any]) -> list[Pair]:
-    """The tiny curriculum's generated transcripts (`asyncrl.sft`), in generation order."""
-    from asyncrl.sft import build_sft_examples
+def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
+                    problems: Sequence[Problem]) -> list[Pair]:
+    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation order."""
+    from asyncrl.sft.coldstart import build_sft_examples
 
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
     probs = [problems[i % len(problems)] for i in range(n)]
@@ -120,13 +125,13 @@ def generator_pairs(stage: StageSection, cfg: Any, rt: Any, problems: Sequence[A
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 
-async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: Any,
-                  problems: Sequence[Any], checkpoint: Callable[[], Awaitable[None]],
+async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: TrainState,
+                  metrics: MetricsWriter, problems: Sequence[Problem], checkpoint: Callable[[], Awaitable[None]],
                   on_step: Callable[[float | None], None] | None = None) -> None:
     """Run `stage` from `state.stage_step` to `stage.steps`. `state.sft_cursor` holds the chat
     path's cursor across checkpoints; the generator path's order is a function of the step.
     `on_step(loss)` runs after every step (the progress display)."""
-    trainer = rt.trainer
+    trainer = rt.need_trainer()
     valid: list[Pair] = []
     if stage.chat is None:
         pairs = generator_pairs(stage, cfg, rt, problems)
@@ -136,7 +141,7 @@ async def run_sft(stage: StageSection, cfg: Any, rt: Any, state: Any, metrics: A
             i = state.stage_step * bs
             return [pairs[(i + j) % len(pairs)] for j in range(bs)]
     else:
-        from asyncrl.chat_data import load_chat
+        from asyncrl.sft.chat import load_chat
 
         c = stage.chat
         loaded = await asyncio.to_thread(

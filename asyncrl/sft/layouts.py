@@ -2,7 +2,7 @@
 
 Owns: `Conversation` (OpenAI-style `messages` and `tools`), converting a row of each supported
 layout into one, and checking it. Pure functions, no I/O. Does not own: reading files and
-counting bad rows (`asyncrl.chat_data`), rendering (`asyncrl.chat_render`).
+counting bad rows (`asyncrl.sft.chat`), rendering (`asyncrl.sft.render`).
 
 Layouts (`LAYOUTS`; `detect_layout` picks one from a row's keys; docs/recipe.md lists the sets):
 - `openai`   `messages` (system / user / assistant with optional `tool_calls`, `tool` results;

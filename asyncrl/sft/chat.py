@@ -4,7 +4,7 @@ Owns: `load_chat` (rows of one or more files -> tokenized `ChatExample`s through
 `chat_layouts.to_conversation` and `chat_render.render`), the bad-row accounting (every bad row
 counted by reason and reported as `path:line: reason: message`, never raised), the refusal to
 start when too many rows are bad, and the held-out split. Does not own: the layouts, the
-rendering, the batches of a stage (`asyncrl.sft_stage`).
+rendering, the batches of a stage (`asyncrl.sft.stage`).
 
 Bad rows: not JSON, not an object, no known layout, a message without a role or with an unknown
 one, a tool result without a call, invalid JSON in a call's `arguments`, a call without a name,
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl import formats
-from asyncrl.chat_layouts import BadRow, to_conversation
-from asyncrl.chat_render import render
 from asyncrl.data import read_rows
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
-from asyncrl.sft import Segment, tokenize_many
+from asyncrl.sft.coldstart import Segment, tokenize_many
+from asyncrl.sft.layouts import BadRow, to_conversation
+from asyncrl.sft.render import render
 
 log = get_logger(__name__)
 

@@ -11,7 +11,7 @@ Rows or keys that are missing, malformed or non-finite are skipped (a run killed
 still gets a report); a file with no usable row is a `DataError` with a clear message.
 
 Output, under `RUN_DIR/report/`: `summary.md`, for each plot that has data a PNG, and
-`viewer.html`, the trajectory viewer (`asyncrl.viewer`: the plots and every saved rollout,
+`viewer.html`, the trajectory viewer (`asyncrl.observe.viewer`: the plots and every saved rollout,
 self-contained, opens from disk). Plots are
 drawn with matplotlib's object API on the Agg canvas (no pyplot, no global backend switch).
 In the step-time plot the disjoint phases (rollout, reward, update, sync) are stacked and the
@@ -22,7 +22,6 @@ Does not own: writing metrics (the run's metrics sink) or deciding what a run lo
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -37,7 +36,7 @@ log = get_logger(__name__)
 
 Row = dict[str, Any]
 
-# the names the train loop writes (asyncrl.train, asyncrl.metrics, asyncrl.algo.roc, the
+# the names the train loop writes (asyncrl.train, asyncrl.observe.metrics, asyncrl.algo.roc, the
 # trainers); tests/train/test_train_loop.py checks every one appears in a real rl_step row
 FINAL_KEYS = (
     "reward/mean", "train/accuracy", "rollout/response_tokens_mean", "rollout/tool_calls_mean",
@@ -377,31 +376,8 @@ def write_report(run_dir: Path) -> Path:
     summary = summarize(rows)
     path = out / "summary.md"
     path.write_text(render_markdown(summary, run_dir.resolve().name, plots), encoding="utf-8")
-    from asyncrl.viewer import write_viewer
+    from asyncrl.observe.viewer import write_viewer
 
     write_viewer(run_dir, [out / p for p in plots])
     log.info("report_written", path=str(path), plots=len(plots), rows=summary.rows)
     return path
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    path = write_report(Path(args.run_dir))
-    print(path)
-    print(path.parent / "viewer.html")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add `asyncrl report RUN_DIR` to the CLI."""
-    p = subparsers.add_parser("report", help="write plots, a Markdown summary and the "
-                                             "trajectory viewer (viewer.html) of a run",
-                              description="Read RUN_DIR/metrics.jsonl and the saved rollouts and "
-                                          "write RUN_DIR/report/: PNG plots, summary.md, and "
-                                          "viewer.html, a self-contained page (no server, no "
-                                          "network) with the plots and a browsable table of "
-                                          "every saved rollout per eval and RL step: prompt, "
-                                          "turns, tool calls with code, status and output, "
-                                          "reward, RoC's decision; filterable by correct, "
-                                          "wrong, tool error.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
-    p.set_defaults(func=_cmd_report)

@@ -1,7 +1,7 @@
 """Convert public math datasets into the project's problem JSONL.
 
-    python tools/prepare_data.py dapo    -i dapo.parquet  -o data/dapo_math_17k.jsonl
-    python tools/prepare_data.py aime24  -o data/aime24.jsonl          # hub name (needs network)
+    asyncrl data prepare dapo    -i dapo.parquet  -o data/dapo_math_17k.jsonl
+    asyncrl data prepare aime24  -o data/aime24.jsonl          # hub name (needs network)
     asyncrl data prepare math500 -i math500.jsonl -o data/math500.jsonl
 
 Owns: the column layouts of the supported sources, stripping DAPO's instruction wrapper,
@@ -29,7 +29,6 @@ a pure function of the input rows (same input, byte-identical output and summary
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -358,7 +357,7 @@ def convert_rows(source: str, rows: Iterator[tuple[str, str, Any]], summary: Sum
     summary.examples = dict(sorted(summary.examples.items()))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -396,8 +395,8 @@ def prepare(source: str, inputs: list[str], output: str | Path,
     if not lines:
         raise DataError(f"{source}: no usable rows in {', '.join(inputs)} "
                         f"(read {summary.rows_in}, skipped {summary.skipped or 'none'})")
-    _atomic_write(out, "".join(lines).encode())
-    _atomic_write(summary_path(out),
+    atomic_write(out, "".join(lines).encode())
+    atomic_write(summary_path(out),
                   (json.dumps(summary.as_dict(), indent=2, ensure_ascii=False) + "\n").encode())
     return summary
 
@@ -413,8 +412,8 @@ def format_summary(summary: Summary) -> str:
     return f"{summary.source} -> {summary.output}\n{body}"
 
 
-def run(args: argparse.Namespace) -> int:
-    """The `prepare` command on parsed arguments (see `asyncrl.data.add_prepare_arguments`)."""
+def run(args: Any) -> int:
+    """`asyncrl data prepare` on parsed arguments (`asyncrl.cli.data`)."""
     summary = prepare(args.source, args.input, args.output, args.keep_non_english)
     print(format_summary(summary))
     print(f"summary: {summary_path(Path(summary.output))}")
@@ -422,19 +421,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"  first {reason}: {example}", file=sys.stderr)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    from asyncrl.data import add_prepare_arguments
-
-    parser = argparse.ArgumentParser(prog="prepare_data", description=__doc__.split("\n")[0])
-    add_prepare_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,9 @@
-"""The `asyncrl` command line.
+"""The `asyncrl` command line: the parser, dispatch, and an error's exit code.
 
-Owns: argument parsing and dispatch to the commands' implementations, which are imported lazily
-so `asyncrl --help` stays fast and torch is not loaded for commands that do not need it.
+Owns: the top-level parser and the list of commands (each registered by its module in
+`asyncrl.cli`: `train`, `eval`, `data`, and here `config`, `report`, `sandbox`), dispatch, and
+mapping errors to exit codes. The commands' bodies import the library lazily so
+`asyncrl --help` stays fast and torch is not loaded for commands that do not need it.
 A user error (bad config, missing file) prints one clear line and exits 2; it never shows a
 traceback.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from asyncrl import __version__
 from asyncrl.errors import AsyncRLError, ConfigError
@@ -66,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands contributed by other modules: each is `register(subparsers)` adding its parser with
 # `set_defaults(func=...)`. Listed here (not discovered) so the CLI surface is visible in one place.
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from asyncrl import data, report, train
+    from asyncrl.cli import data, eval, train
 
-    return [train.register, _register_eval, report.register, data.register, _register_sandbox]
+    return [train.register, eval.register, _register_report, data.register, _register_sandbox]
 
 
 def _register_sandbox(sub: argparse._SubParsersAction) -> None:
@@ -81,10 +85,28 @@ def _register_sandbox(sub: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=run_serve)
 
 
-def _register_eval(sub: argparse._SubParsersAction) -> None:
-    from asyncrl import eval_cmd
+def _cmd_report(args: argparse.Namespace) -> int:
+    from asyncrl.observe.report import write_report
 
-    eval_cmd.register(sub)
+    path = write_report(Path(args.run_dir))
+    print(path)
+    print(path.parent / "viewer.html")
+    return 0
+
+
+def _register_report(subparsers: Any) -> None:
+    p = subparsers.add_parser("report", help="write plots, a Markdown summary and the "
+                                             "trajectory viewer (viewer.html) of a run",
+                              description="Read RUN_DIR/metrics.jsonl and the saved rollouts and "
+                                          "write RUN_DIR/report/: PNG plots, summary.md, and "
+                                          "viewer.html, a self-contained page (no server, no "
+                                          "network) with the plots and a browsable table of "
+                                          "every saved rollout per eval and RL step: prompt, "
+                                          "turns, tool calls with code, status and output, "
+                                          "reward, RoC's decision; filterable by correct, "
+                                          "wrong, tool error.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (holds metrics.jsonl)")
+    p.set_defaults(func=_cmd_report)
 
 
 _EXTRA_COMMANDS = _extra_commands()
