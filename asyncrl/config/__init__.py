@@ -1,0 +1,86 @@
+"""Run configuration: the schema (`schema`) and loading it from TOML (`loading`).
+
+`from asyncrl.config import RunConfig, load` is the usual use; every name of both modules is
+here. Imports nothing from the project but `errors`, and no torch.
+
+Variants (engine, trainer, sandbox) are tagged unions on the `kind` key; msgspec resolves the
+tag, so an unknown kind is an error that names `engine.kind`.
+"""
+
+from asyncrl.config.loading import (
+    apply_overrides,
+    dump_json,
+    from_dict,
+    load,
+    to_dict,
+    write_resolved,
+)
+from asyncrl.config.schema import (
+    AlgorithmSection,
+    CheckpointSection,
+    DataSection,
+    EngineConfig,
+    EvalSection,
+    Fraction,
+    LocalEngineConfig,
+    LocalSandboxConfig,
+    LoggingSection,
+    MegatronTrainerConfig,
+    ModelSection,
+    NonNegFloat,
+    NonNegInt,
+    PlateauRule,
+    PosFloat,
+    PosInt,
+    RemoteSandboxConfig,
+    RocSection,
+    RolloutSection,
+    RunConfig,
+    RunSection,
+    SandboxConfig,
+    SFTChatSection,
+    SGLangEngineConfig,
+    StageSection,
+    TokenizerSection,
+    TorchTrainerConfig,
+    TrainerConfig,
+    VLLMEngineConfig,
+)
+
+__all__ = [
+    "AlgorithmSection",
+    "CheckpointSection",
+    "DataSection",
+    "EngineConfig",
+    "EvalSection",
+    "Fraction",
+    "LocalEngineConfig",
+    "LocalSandboxConfig",
+    "LoggingSection",
+    "MegatronTrainerConfig",
+    "ModelSection",
+    "NonNegFloat",
+    "NonNegInt",
+    "PlateauRule",
+    "PosFloat",
+    "PosInt",
+    "RemoteSandboxConfig",
+    "RocSection",
+    "RolloutSection",
+    "RunConfig",
+    "RunSection",
+    "SFTChatSection",
+    "SGLangEngineConfig",
+    "SandboxConfig",
+    "StageSection",
+    "TokenizerSection",
+    "TorchTrainerConfig",
+    "TrainerConfig",
+    "VLLMEngineConfig",
+    "apply_overrides",
+    "dump_json",
+    "from_dict",
+    "load",
+    "to_dict",
+    "write_resolved",
+]

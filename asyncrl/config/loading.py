@@ -1,0 +1,147 @@
+"""Loading a curriculum: TOML in, `--set` overrides, validation errors that name the key, JSON out.
+
+Owns: `load` (TOML file + `--set a.b.c=value` overrides -> `RunConfig`), `from_dict`,
+`apply_overrides`, translating msgspec's validation errors into `ConfigError` with the failing
+key's dotted path, and writing the resolved config (`to_dict`, `dump_json`, `write_resolved`).
+Does not own: the schema (`asyncrl.config.schema`).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asyncrl.config.schema import RunConfig
+from asyncrl.errors import ConfigError
+
+_PATH_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_FIELD_RE = re.compile(r"^(?P<field>[\w\[\]\.]+): (?P<msg>.*)$", re.S)
+
+
+def _dotted(path: str) -> str:
+    """msgspec's `$.a.b[2].c` -> `a.b[2].c`."""
+    return path[1:] if path.startswith(".") else path
+
+
+def _translate(err: msgspec.ValidationError) -> ConfigError:
+    m = _PATH_RE.match(str(err))
+    assert m is not None  # the regex matches any string
+    msg, path = m.group("msg"), _dotted(m.group("path") or "")
+    unknown = re.match(r"Object contains unknown field `(\w+)`", msg)
+    if unknown:
+        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return ConfigError(key, "unknown key")
+    missing = re.match(r"Object missing required field `(\w+)`", msg)
+    if missing:
+        key = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return ConfigError(key, "required key is missing")
+    bad_tag = re.match(r"Invalid value '([^']*)'", msg)
+    if bad_tag and path.endswith("kind"):
+        kinds = {"engine.kind": "local, sglang, vllm", "trainer.kind": "torch, megatron",
+                 "sandbox.kind": "local, remote"}.get(path, "")
+        return ConfigError(path, f"unknown kind {bad_tag.group(1)!r}; expected one of: {kinds}")
+    field = _FIELD_RE.match(msg)
+    if field:
+        key = f"{path}.{field.group('field')}" if path else field.group("field")
+        return ConfigError(key, field.group("msg"))
+    return ConfigError(path or "<root>", msg)
+
+
+# A variant table written without `kind` means the default variant.
+_DEFAULT_KINDS = {"engine": "local", "trainer": "torch", "sandbox": "local"}
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """Validate a plain dict (as parsed from TOML) into a `RunConfig`."""
+    data = dict(data)
+    for section, default_kind in _DEFAULT_KINDS.items():
+        if isinstance(data.get(section), dict) and "kind" not in data[section]:
+            data[section] = {"kind": default_kind, **data[section]}
+    try:
+        return msgspec.convert(data, RunConfig, strict=True)
+    except msgspec.ValidationError as e:
+        raise _translate(e) from None
+
+
+def _parse_value(text: str) -> Any:
+    """An override's value, read as a TOML value when it parses as one, else as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides to a raw config dict (returns a new dict).
+
+    Values are parsed as TOML (`3`, `1e-6`, `true`, `"x"`, `[1, 2]`); a bare word is a string.
+    `stages.N.key=value` addresses the N-th stage. Types are checked afterwards by `from_dict`,
+    so `rollout.group_size=abc` fails naming `rollout.group_size`.
+    """
+    import copy
+
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(item, "override must look like key.path=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(key, "empty segment in override key")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            where = ".".join(parts[: i + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(where, f"no list item {part!r} (have {len(node)})")
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError(where, "is a value, not a table")
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(where, "is a value, not a table")
+        last = parts[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(key, f"no list item {last!r}")
+            node[int(last)] = _parse_value(raw.strip())
+        else:
+            node[last] = _parse_value(raw.strip())
+    return out
+
+
+def load(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Load a curriculum TOML file, apply overrides, validate. Raises `ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError("<file>", f"cannot read {p}: {e.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("<file>", f"{p} is not valid TOML: {e}") from None
+    return from_dict(apply_overrides(data, overrides or []))
+
+
+def to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config (defaults filled in) as plain data."""
+    return msgspec.to_builtins(cfg)
+
+
+def dump_json(cfg: RunConfig) -> bytes:
+    """The resolved config as indented JSON bytes."""
+    return msgspec.json.format(msgspec.json.encode(cfg), indent=2)
+
+
+def write_resolved(cfg: RunConfig, run_dir: Path) -> Path:
+    """Write `config.json` (the resolved config) into the run directory."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "config.json"
+    out.write_bytes(dump_json(cfg) + b"\n")
+    return out
