@@ -7,7 +7,10 @@ Modules:
   and token-budget micro-batch packing, pure Python.
 - `schedule`: the learning-rate schedule (warmup, constant or cosine), pure Python.
 - `loss`: token logprobs, the clipped-ratio policy loss with dual-clip, the masked SFT loss and
-  the metric accumulator. The only module here that imports torch (it is trainer-side code).
+  the metric accumulator.
+- `offpolicy`: the behaviour-policy corrections and the trainer/sampler mismatch metrics.
+- `step`: the RL and SFT steps, written once over the `StepBackend` each trainer implements.
+  `loss`, `offpolicy` and `step` import torch (trainer-side code); the rest is pure Python.
 
 Nothing here owns a model, an optimizer or a process group; trainers do.
 """

@@ -2,18 +2,16 @@
 (DDP / FSDP2) under torchrun.
 
 Owns: the model's device placement and parallel wrapper, the AdamW optimizer and its
-schedule, the RL step (old-logprob recomputation, mini-batches, packed micro-batches, gradient
-accumulation, clipping) and the SFT step, weight export and trainer state. Does not own: the
-loss, packing or metric definitions (`asyncrl.algo`, shared with the megatron trainer), RoC,
-checkpoint layout (`asyncrl.checkpoint`) or the loop.
+schedule, how a micro-batch becomes tensors and logits, weight export and trainer state. The
+RL and SFT steps themselves are `asyncrl.algo.step`'s, shared with the megatron trainer: this
+trainer is their `StepBackend`. Does not own: the steps, the loss, packing or metric
+definitions (`asyncrl.algo`), RoC, checkpoint layout (`asyncrl.checkpoint`) or the loop.
 
 Data parallel: every rank calls `train_step` with the same `Batch`. Each mini-batch is sharded
 over ranks by `algo.batching.shard` (balanced by tokens, computed identically everywhere), each
 rank packs its share, and ranks with fewer micro-batches run one-token dummies so that every
 rank makes the same number of forward/backward calls (DDP and FSDP2 collectives stay matched).
-The loss of a micro-batch is divided by the mini-batch's trained-token count over all ranks
-and multiplied by the world size (DDP and FSDP2 average gradients), so the update equals the
-single-process update on the whole batch, up to float summation order.
+Every rank is a replica (`dp_size` = world size); see `algo.step` for the loss normalisation.
 
 Dropout should be 0 (the default of the HF configs used): the old logprobs are recomputed in
 train mode, and the ratio is only 1 at the first step when both passes see the same network.
@@ -30,15 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.algo import batching, offpolicy
+from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
-from asyncrl.algo.loss import (
-    StepStats,
-    grpo_loss,
-    sft_loss,
-    token_logprobs,
-    token_logprobs_and_entropy,
-)
+from asyncrl.algo.loss import StepStats, token_logprobs, token_logprobs_and_entropy
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
 from asyncrl.errors import TrainerError
@@ -51,7 +43,8 @@ STATE_FILE = "trainer.pt"
 
 
 class TorchTrainer:
-    """Implements `asyncrl.trainer.base.Trainer` for an HF `PreTrainedModel`.
+    """Implements `asyncrl.trainer.base.Trainer` for an HF `PreTrainedModel`, and
+    `asyncrl.algo.step.StepBackend` for the shared steps.
 
     `temperature` is the sampling temperature of the rollouts (logprobs are computed on
     `logits / temperature`, matching the engine's). `total_steps` is the number of optimizer
@@ -128,13 +121,20 @@ class TorchTrainer:
     def _fsdp(self) -> bool:
         return self.world_size > 1 and self.cfg.parallel == "fsdp2"
 
-    def _no_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        if self.world_size > 1 and self.cfg.parallel == "ddp" and not last:
+    # ------------------------------------------------- step hooks (`algo.step.StepBackend`)
+    @property
+    def dp_size(self) -> int:
+        """Every rank is a data-parallel replica (DDP and FSDP2 both average gradients)."""
+        return self.world_size
+
+    def accumulate(self, index: int, count: int) -> contextlib.AbstractContextManager[Any]:
+        """DDP keeps gradients local until the last micro-batch of an optimizer step; FSDP2
+        reduces every backward (its sharded gradients cannot wait)."""
+        if self.world_size > 1 and self.cfg.parallel == "ddp" and index < count - 1:
             return self._module.no_sync()
         return contextlib.nullcontext()
 
-    # --------------------------------------------------------------------------- planning
-    def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
+    def plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
         """This rank's micro-batches for one mini-batch, padded with dummies to the count of
         the busiest rank (every rank computes every rank's packing; no collective needed)."""
         budget = self.cfg.micro_batch_tokens
@@ -149,7 +149,7 @@ class TorchTrainer:
         n = max(1, *counts)
         return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
 
-    def _tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
+    def tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
         """A micro-batch as `[B, T]` tensors: one row per sequence, right-padded.
 
         Rows rather than one packed row: with position-id packing the model needs a
@@ -188,8 +188,14 @@ class TorchTrainer:
                            use_cache=False)
         return out.logits
 
-    # ------------------------------------------------------------------------- optimizer
-    def _optimizer_step(self, lr_scale: float) -> tuple[float, float]:
+    def logprobs(self, t: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        return token_logprobs(self._logits(t), t["input_ids"], temperature)
+
+    def logprobs_and_entropy(self, t: dict[str, torch.Tensor], temperature: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_and_entropy(self._logits(t), t["input_ids"], temperature)
+
+    def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
         if hasattr(norm, "full_tensor"):
@@ -203,103 +209,24 @@ class TorchTrainer:
         self._opt_step += 1
         return float(norm), lr
 
+    def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
+        stats.reduce(self.device)
+        return stats.means(prefix)
+
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
-        """One RL step (see `base.Trainer`). Blocking."""
-        seqs = batching.sequences_from_batch(batch)
-        if not seqs:
-            log.warning("train_step_empty", step=batch.step)
-            return {"train/sequences": 0.0, "train/optimizer_steps": 0.0}
-        minis = batching.split_minibatches(seqs, self.algo.optimizer_steps_per_rl_step)
-        plans = [self._plan(mini) for mini in minis]
-        stats = StepStats()
-
-        # Old (proximal) logprobs under the weights that will be updated; the engine's
-        # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`.
-        quant = offpolicy.RatioQuantiles()
-        olds: list[list[torch.Tensor]] = []
-        with torch.no_grad():
-            for plan in plans:
-                olds.append([])
-                for mb in plan:
-                    t = self._tensors(mb)
-                    old = token_logprobs(self._logits(t), t["input_ids"], self.temperature)
-                    olds[-1].append(old)
-                    stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
-                                                       t["lag"]))
-                    quant.add(old, t["sampling_logprobs"], t["mask"])
-
-        norms, lr = [], 0.0
-        for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
-            normalizer = float(sum(s.num_loss_tokens for s in mini))
-            for i, (mb, old) in enumerate(zip(plan, old_plan, strict=True)):
-                t = self._tensors(mb)
-                with self._no_sync(last=i == len(plan) - 1):
-                    # log-probs and entropy (a metric) from one chunked pass over the logits
-                    lp, ent = token_logprobs_and_entropy(self._logits(t), t["input_ids"],
-                                                         self.temperature)
-                    coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
-                                                        t["mask"])
-                    loss, m = grpo_loss(lp, old, t["advantages"], t["mask"],
-                                        self.algo.eps_low, self.algo.eps_high,
-                                        self.algo.dual_clip, normalizer=normalizer, coef=coef)
-                    (loss * self.world_size).backward()
-                stats.add(m)
-                stats.add(cm)
-                stats.add({"entropy_sum": (ent * t["mask"]).sum()})
-            norm, lr = self._optimizer_step(lr_scale)
-            norms.append(norm)
-
-        stats.reduce(self.device)
-        out = stats.means("train/")
-        out["train/loss"] = out.get("train/pg_loss", 0.0)
-        out.update(quant.metrics("train/"))
-        out.update({
-            "train/grad_norm": sum(norms) / len(norms),
-            "train/grad_norm_max": max(norms),
-            "train/lr": lr,
-            "train/sequences": float(len(seqs)),
-            "train/mini_batches": float(len(minis)),
-            "train/micro_batches": float(sum(len(p) for p in plans)),
-            "train/optimizer_step": float(self._opt_step),
-        })
-        return out
+        """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking."""
+        return step.rl_step(self, batch, self.algo, temperature=self.temperature,
+                            lr_scale=lr_scale)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples."""
-        seqs = batching.sequences_from_sft(examples)
-        plan = self._plan(seqs)
-        normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
-        stats = StepStats()
-        for i, mb in enumerate(plan):
-            t = self._tensors(mb)
-            with self._no_sync(last=i == len(plan) - 1):
-                lp = token_logprobs(self._logits(t), t["input_ids"])
-                loss, m = sft_loss(lp, t["mask"], normalizer=normalizer)
-                (loss * self.world_size).backward()
-            stats.add(m)
-        norm, lr = self._optimizer_step(1.0)
-        stats.reduce(self.device)
-        out = stats.means("sft/")
-        out["sft/loss"] = out.pop("sft/nll", 0.0)
-        out.update({"sft/grad_norm": norm, "sft/lr": lr, "sft/examples": float(len(seqs)),
-                    "sft/optimizer_step": float(self._opt_step)})
-        return out
+        return step.sft_step(self, examples)
 
-    @torch.no_grad()
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """Masked cross-entropy of `examples` under the current weights, without an update
         (a held-out loss): `sft/loss` (token mean) and `sft/tokens`."""
-        seqs = batching.sequences_from_sft(examples)
-        stats = StepStats()
-        for mb in self._plan(seqs):
-            t = self._tensors(mb)
-            lp = token_logprobs(self._logits(t), t["input_ids"])
-            stats.add(sft_loss(lp, t["mask"])[1])
-        stats.reduce(self.device)
-        out = stats.means("sft/")
-        out["sft/loss"] = out.pop("sft/nll", 0.0)
-        return out
+        return step.sft_eval(self, examples)
 
     # ---------------------------------------------------------------------- weights/state
     def _full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,12 +1,14 @@
 """The Megatron trainer: `trainer.kind = "megatron"` behind the `asyncrl.trainer.base.Trainer`
 interface, with tensor and data parallelism from megatron-core.
 
-Owns: turning a HF model (object or directory) into a sharded megatron-core `GPTModel`, the
-RL and SFT steps on it, the optimizer, weight export (HF names, gathered over TP) and trainer
-state. Shares with the torch trainer, not copies: batching, sharding and packing
-(`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `offpolicy` corrections and mismatch
-metrics / `StepStats` (`asyncrl.algo.loss`) and the lr schedule (`asyncrl.algo.schedule`). Does not own the loop,
-RoC, or how other ranks receive their calls (`launch.py`).
+Owns: turning a HF model (object or directory) into a sharded megatron-core `GPTModel`, how a
+micro-batch becomes tensors and (vocab-parallel) log-probs on it, the optimizer, weight export
+(HF names, gathered over TP) and trainer state. Shares with the torch trainer, not copies: the
+RL and SFT steps (`asyncrl.algo.step`; this trainer is their `StepBackend`), batching, sharding
+and packing (`asyncrl.algo.batching`), `grpo_loss` / `sft_loss` / `offpolicy` corrections and
+mismatch metrics / `StepStats` (`asyncrl.algo.loss`) and the lr schedule
+(`asyncrl.algo.schedule`). Does not own the loop, RoC, or how other ranks receive their calls
+(`launch.py`).
 
 Layout: world = TP x PP x DP (PP = 1 for now). Each mini-batch is sharded over the DP ranks by
 `batching.shard`; all TP ranks of a replica see the same micro-batches. A packed micro-batch
@@ -24,6 +26,7 @@ The model itself is in the training dtype, norms included (`model.build_gpt`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.algo import batching, offpolicy
+from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
-from asyncrl.algo.loss import StepStats, grpo_loss, sft_loss
+from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
 from asyncrl.errors import TrainerError
@@ -48,7 +51,8 @@ log = get_logger(__name__)
 
 
 class MegatronTrainer:
-    """Implements `asyncrl.trainer.base.Trainer` on a megatron-core GPT model.
+    """Implements `asyncrl.trainer.base.Trainer` on a megatron-core GPT model, and
+    `asyncrl.algo.step.StepBackend` for the shared steps.
 
     `model` is a HF `PreTrainedModel` (its weights are copied; tiny runs and tests), the path
     of a HF directory (each rank reads only the tensors it needs, one at a time), or a HF
@@ -118,8 +122,19 @@ class MegatronTrainer:
                         device_gib=round(total / 2**30, 1))
         return kind
 
-    # --------------------------------------------------------------------------- planning
-    def _plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
+    # ------------------------------------------------- step hooks (`algo.step.StepBackend`)
+    @property
+    def dp_size(self) -> int:
+        return self.layout.dp_size
+
+    def accumulate(self, index: int, count: int) -> contextlib.AbstractContextManager[Any]:
+        """Clears the gradients (megatron's DDP grad buffers) before the first micro-batch;
+        they are reduced over DP once, in the optimizer step, so nothing to hold back."""
+        if index == 0:
+            self._opt.zero_grad()
+        return contextlib.nullcontext()
+
+    def plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
         """This DP rank's micro-batches for one mini-batch, padded with dummies to the count
         of the busiest DP rank (every rank computes every rank's packing; no collective)."""
         dp, me = self.layout.dp_size, self.layout.dp_rank
@@ -134,7 +149,7 @@ class MegatronTrainer:
         n = max(1, *counts)
         return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
 
-    def _tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
+    def tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
         """A packed micro-batch as right-padded rows, one sequence per row `[n, longest]`."""
         starts = [0] + [i for i in range(1, mb.num_tokens)
                         if mb.seq_index[i] != mb.seq_index[i - 1]]
@@ -158,8 +173,16 @@ class MegatronTrainer:
     def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
         return mmodel.forward_logits(self._opt.module, t["input_ids"])
 
-    # ------------------------------------------------------------------------- optimizer
-    def _optimizer_step(self, lr_scale: float) -> tuple[float, float]:
+    def logprobs(self, t: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+        """Over the vocabulary split across TP ranks (`vocab_parallel`)."""
+        return vocab_parallel.token_logprobs(self._logits(t), t["input_ids"], temperature)
+
+    def logprobs_and_entropy(self, t: dict[str, torch.Tensor], temperature: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        return vocab_parallel.token_logprobs_and_entropy(self._logits(t), t["input_ids"],
+                                                         temperature)
+
+    def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
         lr = self._base_lr * lr_scale * lr_factor(self._opt_step, self.algo.warmup_steps,
                                                   self.algo.lr_schedule, self.total_steps)
         norm = self._opt.step(lr, self.algo.grad_clip)
@@ -168,99 +191,20 @@ class MegatronTrainer:
 
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
-        """One RL step (see `base.Trainer`). Blocking; every rank calls it with the batch."""
-        seqs = batching.sequences_from_batch(batch)
-        if not seqs:
-            log.warning("train_step_empty", step=batch.step)
-            return {"train/sequences": 0.0, "train/optimizer_steps": 0.0}
-        minis = batching.split_minibatches(seqs, self.algo.optimizer_steps_per_rl_step)
-        plans = [self._plan(mini) for mini in minis]
-        stats = StepStats()
-        dp = self.layout.dp_size
-        temp = self.temperature
-
-        quant = offpolicy.RatioQuantiles()
-        olds: list[list[torch.Tensor]] = []
-        with torch.no_grad():
-            for plan in plans:
-                olds.append([])
-                for mb in plan:
-                    t = self._tensors(mb)
-                    old = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"], temp)
-                    olds[-1].append(old)
-                    stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
-                                                       t["lag"]))
-                    quant.add(old, t["sampling_logprobs"], t["mask"])
-
-        norms, lr = [], 0.0
-        for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
-            normalizer = float(sum(s.num_loss_tokens for s in mini))
-            self._opt.zero_grad()
-            for mb, old in zip(plan, old_plan, strict=True):
-                t = self._tensors(mb)
-                # log-probs and entropy (a metric) from one chunked pass over the logits
-                lp, ent = vocab_parallel.token_logprobs_and_entropy(self._logits(t),
-                                                                    t["input_ids"], temp)
-                coef, cm = offpolicy.correction_for(self.algo, old, t["sampling_logprobs"],
-                                                    t["mask"])
-                loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], self.algo.eps_low,
-                                    self.algo.eps_high, self.algo.dual_clip,
-                                    normalizer=normalizer, coef=coef)
-                (loss * dp).backward()
-                stats.add(m)
-                stats.add(cm)
-                stats.add({"entropy_sum": (ent * t["mask"]).sum()})
-            norm, lr = self._optimizer_step(lr_scale)
-            norms.append(norm)
-
-        out = self._means(stats, "train/")
-        out["train/loss"] = out.get("train/pg_loss", 0.0)
-        out.update(quant.metrics("train/"))
-        out.update({
-            "train/grad_norm": sum(norms) / len(norms),
-            "train/grad_norm_max": max(norms),
-            "train/lr": lr,
-            "train/sequences": float(len(seqs)),
-            "train/mini_batches": float(len(minis)),
-            "train/micro_batches": float(sum(len(p) for p in plans)),
-            "train/optimizer_step": float(self._opt_step),
-        })
-        return out
+        """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking; every rank calls it
+        with the batch."""
+        return step.rl_step(self, batch, self.algo, temperature=self.temperature,
+                            lr_scale=lr_scale)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples."""
-        seqs = batching.sequences_from_sft(examples)
-        plan = self._plan(seqs)
-        normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
-        stats = StepStats()
-        self._opt.zero_grad()
-        for mb in plan:
-            t = self._tensors(mb)
-            lp = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"])
-            loss, m = sft_loss(lp, t["mask"], normalizer=normalizer)
-            (loss * self.layout.dp_size).backward()
-            stats.add(m)
-        norm, lr = self._optimizer_step(1.0)
-        out = self._means(stats, "sft/")
-        out["sft/loss"] = out.pop("sft/nll", 0.0)
-        out.update({"sft/grad_norm": norm, "sft/lr": lr, "sft/examples": float(len(seqs)),
-                    "sft/optimizer_step": float(self._opt_step)})
-        return out
+        return step.sft_step(self, examples)
 
-    @torch.no_grad()
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """Masked cross-entropy of `examples` without an update (a held-out loss)."""
-        seqs = batching.sequences_from_sft(examples)
-        stats = StepStats()
-        for mb in self._plan(seqs):
-            t = self._tensors(mb)
-            lp = vocab_parallel.token_logprobs(self._logits(t), t["input_ids"])
-            stats.add(sft_loss(lp, t["mask"])[1])
-        out = self._means(stats, "sft/")
-        out["sft/loss"] = out.pop("sft/nll", 0.0)
-        return out
+        return step.sft_eval(self, examples)
 
-    def _means(self, stats: StepStats, prefix: str) -> dict[str, float]:
+    def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
         """Metrics summed over all ranks. TP ranks hold copies of their replica's sums, which
         cancels in every `x_sum / tokens` mean and leaves maxima and minima alone; only the
         plain `tokens` count is divided back by the copies."""
@@ -335,6 +279,7 @@ class MegatronTrainer:
 
     @property
     def optimizer_step(self) -> int:
+        """Optimizer steps taken so far (restored by `load_state`)."""
         return self._opt_step
 
     def close(self) -> None:

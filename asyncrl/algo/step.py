@@ -1,0 +1,198 @@
+"""One RL step, one SFT step and one SFT evaluation, written once for every trainer.
+
+Owns: the order of work inside a step and the metrics it reports. RL (`rl_step`): flatten the
+batch, split it into `algorithm.optimizer_steps_per_rl_step` mini-batches, recompute the old
+(proximal) log-probs of every micro-batch under the current weights (with the trainer/sampler
+mismatch metrics), then per mini-batch accumulate `grpo_loss` with its off-policy correction
+over the micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
+cross-entropy, token-mean over all examples, with and without one optimizer step.
+
+Does not own: the model, optimizer, parallelism or checkpoint I/O (the trainer, behind
+`StepBackend`), the loss math (`loss`, `offpolicy`), sequences, sharding and packing
+(`batching`) or the lr schedule (`schedule`, applied by the backend's optimizer step).
+
+Normalisation, for every trainer alike: the loss of a micro-batch is its token sum divided by
+the trained tokens of the whole mini-batch over all ranks, multiplied by the data-parallel
+size (gradients are averaged over replicas), so an update equals the single-process update on
+the whole batch up to float summation order, whatever the packing or the number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from asyncrl.algo import batching, offpolicy
+from asyncrl.algo.batching import Packed, TrainSeq
+from asyncrl.algo.loss import StepStats, grpo_loss, sft_loss
+from asyncrl.config import AlgorithmSection
+from asyncrl.log import get_logger
+from asyncrl.records import Batch
+
+log = get_logger(__name__)
+
+Tensors = dict[str, torch.Tensor]
+SftExamples = list[tuple[list[int], list[int]]]
+
+
+class StepBackend(Protocol):
+    """What a trainer lends the shared steps: only what differs between trainers.
+
+    Every rank of a run calls the steps with the same arguments; a backend's collectives (in
+    `accumulate`, `apply_gradients`, `reduce_metrics`) are matched because every rank plans the
+    same number of micro-batches.
+    """
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas whose gradients the optimizer averages (1 on one process).
+        Each micro-batch loss is multiplied by it, turning that average into the sum."""
+        ...
+
+    @property
+    def optimizer_step(self) -> int:
+        """Optimizer steps taken so far (`apply_gradients` counts them)."""
+        ...
+
+    def plan(self, seqs: Sequence[TrainSeq]) -> list[Packed]:
+        """This rank's micro-batches for one mini-batch (its data-parallel share, packed under
+        the token budget), padded with `batching.dummy` to the count of the busiest rank so
+        that every rank makes the same number of forward/backward calls. Never empty."""
+        ...
+
+    def tensors(self, mb: Packed) -> Tensors:
+        """`mb` as `[B, T]` tensors on the model's device: `input_ids` (long), `mask`,
+        `advantages`, `sampling_logprobs` (float32) and `lag` (long). Padding has mask 0."""
+        ...
+
+    def logprobs(self, t: Tensors, temperature: float) -> torch.Tensor:
+        """Log-prob of token i given tokens < i under `logits / temperature`, `[B, T]` float32,
+        0 at position 0; differentiable (the forward pass of the model on `t`)."""
+        ...
+
+    def logprobs_and_entropy(self, t: Tensors, temperature: float
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` and the entropy of the same tempered distribution (a metric, no
+        gradient), from one pass over the logits."""
+        ...
+
+    def accumulate(self, index: int, count: int) -> AbstractContextManager[Any]:
+        """Entered around the forward and backward of micro-batch `index` of the `count` that
+        feed one optimizer step: where gradients are cleared before the first or kept local
+        (no all-reduce) until the last."""
+        ...
+
+    def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
+        """Clip to `algorithm.grad_clip`, step at the scheduled lr times `lr_scale`, zero the
+        gradients and count the step. Returns (global gradient norm before clipping, over all
+        ranks; the lr used)."""
+        ...
+
+    def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
+        """`stats` summed over every rank (extremes: max/min), as `StepStats.means(prefix)`;
+        ranks holding copies of the same data (tensor parallel) count once."""
+        ...
+
+
+def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
+            temperature: float, lr_scale: float = 1.0) -> dict[str, float]:
+    """One RL step on the kept rollouts of `batch` (see `asyncrl.trainer.base.Trainer`).
+
+    `temperature` is the rollouts' sampling temperature; `lr_scale` multiplies the scheduled
+    lr. Returns `train/…` metrics: the means of `grpo_loss`'s and the correction's metrics,
+    mismatch metrics and ratio quantiles, entropy, gradient norms, lr and counts.
+    """
+    seqs = batching.sequences_from_batch(batch)
+    if not seqs:
+        log.warning("train_step_empty", step=batch.step)
+        return {"train/sequences": 0.0, "train/optimizer_steps": 0.0}
+    minis = batching.split_minibatches(seqs, algo.optimizer_steps_per_rl_step)
+    plans = [backend.plan(mini) for mini in minis]
+    stats = StepStats()
+
+    # Old (proximal) logprobs under the weights that will be updated; the engine's
+    # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`.
+    quant = offpolicy.RatioQuantiles()
+    olds: list[list[torch.Tensor]] = []
+    with torch.no_grad():
+        for plan in plans:
+            olds.append([])
+            for mb in plan:
+                t = backend.tensors(mb)
+                old = backend.logprobs(t, temperature)
+                olds[-1].append(old)
+                stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
+                                                   t["lag"]))
+                quant.add(old, t["sampling_logprobs"], t["mask"])
+
+    norms, lr = [], 0.0
+    for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
+        normalizer = float(sum(s.num_loss_tokens for s in mini))
+        for i, (mb, old) in enumerate(zip(plan, old_plan, strict=True)):
+            t = backend.tensors(mb)
+            with backend.accumulate(i, len(plan)):
+                lp, ent = backend.logprobs_and_entropy(t, temperature)
+                coef, cm = offpolicy.correction_for(algo, old, t["sampling_logprobs"],
+                                                    t["mask"])
+                loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], algo.eps_low,
+                                    algo.eps_high, algo.dual_clip, normalizer=normalizer,
+                                    coef=coef)
+                (loss * backend.dp_size).backward()
+            stats.add(m)
+            stats.add(cm)
+            stats.add({"entropy_sum": (ent * t["mask"]).sum()})
+        norm, lr = backend.apply_gradients(lr_scale)
+        norms.append(norm)
+
+    out = backend.reduce_metrics(stats, "train/")
+    out["train/loss"] = out.get("train/pg_loss", 0.0)
+    out.update(quant.metrics("train/"))
+    out.update({
+        "train/grad_norm": sum(norms) / len(norms),
+        "train/grad_norm_max": max(norms),
+        "train/lr": lr,
+        "train/sequences": float(len(seqs)),
+        "train/mini_batches": float(len(minis)),
+        "train/micro_batches": float(sum(len(p) for p in plans)),
+        "train/optimizer_step": float(backend.optimizer_step),
+    })
+    return out
+
+
+def sft_step(backend: StepBackend, examples: SftExamples) -> dict[str, float]:
+    """One optimizer step of masked cross-entropy on (token ids, loss mask) pairs, token-mean
+    over all examples (logits at temperature 1). Returns `sft/loss`, `sft/tokens`,
+    `sft/grad_norm`, `sft/lr`, `sft/examples` and `sft/optimizer_step`."""
+    seqs = batching.sequences_from_sft(examples)
+    plan = backend.plan(seqs)
+    normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
+    stats = StepStats()
+    for i, mb in enumerate(plan):
+        t = backend.tensors(mb)
+        with backend.accumulate(i, len(plan)):
+            loss, m = sft_loss(backend.logprobs(t, 1.0), t["mask"], normalizer=normalizer)
+            (loss * backend.dp_size).backward()
+        stats.add(m)
+    norm, lr = backend.apply_gradients(1.0)
+    out = backend.reduce_metrics(stats, "sft/")
+    out["sft/loss"] = out.pop("sft/nll", 0.0)
+    out.update({"sft/grad_norm": norm, "sft/lr": lr, "sft/examples": float(len(seqs)),
+                "sft/optimizer_step": float(backend.optimizer_step)})
+    return out
+
+
+def sft_eval(backend: StepBackend, examples: SftExamples) -> dict[str, float]:
+    """Masked cross-entropy of `examples` under the current weights, without an update (a
+    held-out loss): `sft/loss` (token mean) and `sft/tokens`."""
+    seqs = batching.sequences_from_sft(examples)
+    stats = StepStats()
+    with torch.no_grad():
+        for mb in backend.plan(seqs):
+            t = backend.tensors(mb)
+            stats.add(sft_loss(backend.logprobs(t, 1.0), t["mask"])[1])
+    out = backend.reduce_metrics(stats, "sft/")
+    out["sft/loss"] = out.pop("sft/nll", 0.0)
+    return out
