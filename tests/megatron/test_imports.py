@@ -70,3 +70,20 @@ def test_followers_get_a_path_for_a_model_loaded_from_disk(tmp_path):
     assert _portable_model(model) is model  # built in memory: sent whole
     model.save_pretrained(tmp_path)
     assert _portable_model(AutoModelForCausalLM.from_pretrained(tmp_path)) == str(tmp_path)
+
+
+def test_rank_zero_proxy_never_exposes_the_collective_step_hooks():
+    # Called on rank 0 alone, a collective hook would wait forever for the followers.
+    from types import SimpleNamespace
+
+    from asyncrl.algo.step import StepBackend
+    from asyncrl.trainer.megatron.launch import _COLLECTIVE_HOOKS, RankZeroTrainer
+
+    inner = SimpleNamespace(model="m", apply_gradients=lambda s: (0.0, 0.0), reduce_metrics=dict)
+    proxy = RankZeroTrainer(inner)
+    assert proxy.model == "m"
+    for name in ("apply_gradients", "reduce_metrics"):
+        with pytest.raises(AttributeError):
+            getattr(proxy, name)
+    hooks = {n for n in vars(StepBackend) if not n.startswith("_")}
+    assert hooks - {"dp_size", "optimizer_step"} <= _COLLECTIVE_HOOKS

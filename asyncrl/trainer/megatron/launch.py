@@ -40,6 +40,9 @@ _CONTROL: Any = None
 CONTROL_TIMEOUT = timedelta(days=7)
 _METHODS = ("train_step", "sft_step", "sft_eval", "state_dict_for_sync", "export_hf", "save_state",
             "load_state", "set_lr")
+# `asyncrl.algo.step.StepBackend` methods that take part in collectives (never proxied)
+_COLLECTIVE_HOOKS = frozenset({"plan", "tensors", "logprobs", "logprobs_and_entropy", "accumulate",
+                               "apply_gradients", "reduce_metrics"})
 
 
 def world() -> tuple[int, int]:
@@ -146,8 +149,10 @@ class RankZeroTrainer:
             _send(("close",))
 
     def __getattr__(self, name: str) -> Any:
-        # Local, non-collective attributes (model, optimizer_step, layout, ...).
-        if name.startswith("_"):
+        # Local, non-collective attributes (model, optimizer_step, layout, ...). The step
+        # backend's hooks are collective: run on rank 0 alone they would wait forever for the
+        # followers, so they are not reachable through the proxy (the steps above run them).
+        if name.startswith("_") or name in _COLLECTIVE_HOOKS:
             raise AttributeError(name)
         return getattr(self._trainer, name)
 
