@@ -1,7 +1,7 @@
-"""``python -m sandbox serve ...``: see ``sandbox.server``."""
+"""``python -m sandbox serve ...`` / ``python -m sandbox probe``: see ``sandbox.cli``."""
 
 import sys
 
-from .server import main
+from .cli import main
 
 sys.exit(main(sys.argv[1:]))

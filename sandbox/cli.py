@@ -1,7 +1,8 @@
-"""Command-line glue: ``sandbox serve`` arguments -> ``PoolConfig`` -> ``server.serve``.
+"""The command line: ``sandbox serve`` arguments -> ``PoolConfig`` -> ``server.serve``.
 
+``main`` is ``python -m sandbox serve ...`` / ``python -m sandbox probe``;
 ``add_serve_arguments(parser)`` + ``run_serve(args)`` are what ``asyncrl sandbox serve`` wires
-in; ``sandbox.server.main`` uses the same two.
+in. The server knows nothing of the command line: this module imports it, never the reverse.
 """
 
 from __future__ import annotations
@@ -134,3 +135,19 @@ def run_probe(args: argparse.Namespace) -> int:
 
     print(json.dumps(available_levels(PoolConfig(jail=args.jail)), indent=2))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sandbox serve ...`` / ``python -m sandbox probe``."""
+    parser = argparse.ArgumentParser(
+        prog="sandbox", description="``sandbox serve``: the executor pool behind an aiohttp "
+                                    "HTTP endpoint, one per sandbox node.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_p = sub.add_parser("serve", help="run the HTTP sandbox server")
+    add_serve_arguments(serve_p)
+    probe_p = sub.add_parser("probe", help="print which isolation levels work on this host")
+    probe_p.add_argument("--jail", default="auto", choices=("auto", "nsjail", "bwrap"))
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return run_serve(args)
+    return run_probe(args)

@@ -22,7 +22,6 @@ other address refuses to start without a token (from a file or an environment va
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import signal
@@ -236,18 +235,3 @@ async def serve(pool_config, *, host: str, port: int, max_batch: int, shutdown_g
             await runner.cleanup()
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m sandbox serve ...`` / ``python -m sandbox probe``."""
-    from . import cli
-
-    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve_p = sub.add_parser("serve", help="run the HTTP sandbox server")
-    cli.add_serve_arguments(serve_p)
-    probe_p = sub.add_parser("probe", help="print which isolation levels work on this host")
-    probe_p.add_argument("--jail", default="auto", choices=("auto", "nsjail", "bwrap"))
-    args = parser.parse_args(argv)
-    if args.command == "serve":
-        return cli.run_serve(args)
-    return cli.run_probe(args)

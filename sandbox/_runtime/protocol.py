@@ -1,8 +1,10 @@
 """Framing between the pool and a zygote: 4-byte little-endian length, then a msgpack array.
 
 Pool -> zygote
-  config (first frame):  {"...": ...}                        a dict, see zygote.Config
-  exec:    [id, 0, code: str, stdin: bytes, time_limit_s: float]
+  config (first frame):  {"...": ...}    a dict, marshal-encoded (read before msgspec is
+                                          imported); its keys are read by controller.Controller
+                                          and template.Runtime
+  exec:    [id, 0, code: str, stdin: bytes, time_limit_s: float, note: str (optional)]
   call:    [id, 1, target: str, payload: bytes (pickled (args, kwargs)), time_limit_s: float]
   cancel:  [id, 2]
 
@@ -11,7 +13,6 @@ Zygote -> pool
   exec:    [id, status, stdout: str, stderr: str, exit_code: int | None, duration_s, truncated,
             detail]
   call:    [id, status, payload: bytes | None (pickled value), detail, duration_s]
-  log:     [0, "log", message: str]
 """
 
 from __future__ import annotations

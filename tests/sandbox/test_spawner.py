@@ -18,7 +18,7 @@ from sbx_helpers import assert_serves, run
 
 from sandbox import PoolConfig, SandboxPool
 from sandbox._runtime import child
-from sandbox._runtime.zygote import light_enough
+from sandbox._runtime.controller import light_enough
 from sandbox.errors import SandboxConfigError
 
 try:
@@ -144,6 +144,33 @@ async def test_a_dead_template_takes_its_worker_down_and_the_pool_replaces_it():
             await asyncio.sleep(0.1)
         await assert_serves(pool)
         assert pool.metrics.worker_restarts >= 1
+
+
+def _serving_libraries(pid: int) -> set[str]:
+    """msgspec's, epoll's (``select``) and the socket module's extensions, as far as process
+    ``pid`` maps them: {"msgspec", "select", "_socket"} at most."""
+    with open(f"/proc/{pid}/maps") as f:
+        paths = {line.split()[-1] for line in f if len(line.split()) >= 6}
+    found = {"msgspec" for p in paths if "/msgspec/" in p}
+    return found | {name for p in paths for name in ("select", "_socket")
+                    if p.rsplit("/", 1)[-1].startswith(name + ".")}
+
+
+@needs_c
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.skipif(bool(SECCOMP_MISSING), reason="needs seccomp")
+async def test_templates_never_map_msgspec_epoll_or_sockets():
+    """Every mapping of the process children fork from costs every fork and exit: the
+    templates load only their preloads and our runtime, never what the controller serves
+    with. (No preload of the main template's own, so any such library would be ours.)"""
+    cfg = dict(FAST, workers=1, isolation="seccomp", preload=())  # host pids, as above
+    async with SandboxPool(PoolConfig(**cfg)) as pool:
+        info = pool._workers[0].info
+        assert info["spawner"] == "template"
+        # the controller maps all three: on this build they are libraries the check can see
+        assert _serving_libraries(info["controller_pid"]) == {"msgspec", "select", "_socket"}
+        assert _serving_libraries(info["pid"]) == set()  # the main template
+        assert _serving_libraries(info["light"]["pid"]) == set()
 
 
 @pytest.mark.asyncio(loop_scope="session")
