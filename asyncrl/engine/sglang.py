@@ -246,7 +246,7 @@ class SGLangEngine(RemoteEngine):
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         state["incr"] = self._incremental
-        state["aborting"] = state["request"].request_id in self._aborted
+        state["aborting"] = self._streams.aborting(state["request"].request_id)
         return decode_event(event, state, self.name)
 
     async def _server_abort(self, request_id: str) -> None:
