@@ -16,7 +16,7 @@ translation), `remote_stream` (the stream guard: open streams, deadlines, aborts
 reading), `remote_load` (the load cache), `http_wire` (SSE and Prometheus parsing).
 
 Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`),
-fanning an update out to several engines, or what happens to a rollout whose
+fanning an update out to several engines (`weightsync`), or what happens to a rollout whose
 stream raised `EngineUnavailable` (the scheduler requeues it from its last completed turn on
 another engine).
 

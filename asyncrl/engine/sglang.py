@@ -6,7 +6,8 @@ colocated, an NCCL group when disaggregated), whose protocol (sessions, payloads
 is `sglang_weights`. The sglang-router in front is `sglang_router.RoutedSGLangEngine`. The
 process, health, stream-guard, load-cache and update-sequence machinery is
 `remote.RemoteEngine`; `open_sglang_engines` turns an `[engine]` table into running engines.
-Does not own: scheduling, requeueing, or the trainer side of a weight sync.
+Does not own: scheduling, requeueing, or the trainer side of a weight sync
+(`weightsync.with_peer` runs it alongside the server's call).
 
 Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), read from the released
 wheel (`../../docs/recipe.md` lists what was checked). Unit tests run against the fake in
@@ -76,6 +77,7 @@ from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightU
 from asyncrl.engine.remote import RemoteEngine, RemoteOptions, open_all, with_log_dir
 from asyncrl.engine.server_process import pick_ports
 from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.weightsync import with_peer
 from asyncrl.errors import ConfigError, EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
@@ -317,7 +319,7 @@ class SGLangEngine(RemoteEngine):
                 "group_name": group_name, "backend": backend}
         try:
             async with asyncio.timeout(self.options.weight_timeout_s):
-                await self._with_peer(weights.post_update(
+                await with_peer(weights.post_update(
                     self, "/init_weights_update_group", body, self.options.weight_timeout_s),
                     join)
         except (EngineError, TimeoutError) as e:
@@ -338,38 +340,13 @@ class SGLangEngine(RemoteEngine):
 
         async def apply() -> None:
             async with weights.weight_session(self, self._sessions):
-                await self._with_peer(weights.post_update(
+                await with_peer(weights.post_update(
                     self, "/update_weights_from_distributed", body, timeout), broadcast)
 
         async with self._update_lock:
             if not self.healthy:
                 raise WeightSyncError(f"{self.name} is down: {self._down_reason}")
             await self._run_update(version, "nccl", apply)
-
-    @staticmethod
-    async def _with_peer(server_call: Awaitable[Any],
-                         peer: Callable[[], Awaitable[None]] | None) -> None:
-        """Run the server's call and the trainer's side together; the first failure is
-        raised as itself (a trainer-side failure as `WeightSyncError`), the other side is
-        cancelled."""
-        async def trainer_side() -> None:
-            assert peer is not None
-            try:
-                await peer()
-            except (EngineError, WeightSyncError, asyncio.CancelledError):
-                raise
-            except Exception as e:  # the trainer's collective: any failure ends the update
-                raise WeightSyncError(f"trainer side of the weight sync failed: {e!r}") from e
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(server_call)  # type: ignore[arg-type]
-                if peer is not None:
-                    tg.create_task(trainer_side())
-        except BaseExceptionGroup as eg:
-            first = next((e for e in eg.exceptions
-                          if not isinstance(e, asyncio.CancelledError)), eg.exceptions[0])
-            raise first from None
 
 
 def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenizer: Any = None,

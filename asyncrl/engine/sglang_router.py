@@ -24,6 +24,7 @@ import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote import open_all
+from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 
 if TYPE_CHECKING:
@@ -112,13 +113,7 @@ class RoutedSGLangEngine:
         """Update every server; one server's failure does not stop the others' updates. Raises
         `WeightSyncError` naming the servers that failed (they keep serving their old weights,
         and their tokens keep their old version tags)."""
-        results = await asyncio.gather(*(s.update_weights(update) for s in self.servers),
-                                       return_exceptions=True)
-        failed = [(s.name, r) for s, r in zip(self.servers, results, strict=True)
-                  if isinstance(r, BaseException)]
-        for _, r in failed:
-            if not isinstance(r, WeightSyncError):
-                raise r
+        failed = await push_to_all(self.servers, update)
         if failed:
             raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed))
 
