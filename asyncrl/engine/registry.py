@@ -36,9 +36,10 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 
 
 def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:
-    """SGLang servers (launched or attached); see `asyncrl.engine.sglang.build_sglang_engines`
-    for the options it uses (`model_path`, `run_dir`, `session`, `remote_options`)."""
-    from asyncrl.engine.sglang import build_sglang_engines
+    """SGLang servers (launched or attached); see
+    `asyncrl.engine.sglang_fleet.build_sglang_engines` for the options it uses (`model_path`,
+    `run_dir`, `session`, `remote_options`)."""
+    from asyncrl.engine.sglang_fleet import build_sglang_engines
 
     return build_sglang_engines(cfg, **options)
 

@@ -1,21 +1,24 @@
-"""Shared machinery of engines backed by inference servers over HTTP (SGLang, vLLM).
+"""Remote engines: one inference server (SGLang, vLLM) over HTTP behind the engine protocol.
 
-Owns: launching a server as a child process (its own process group, logs to a file, killed
-with its process group on close and sent SIGTERM by the kernel if the orchestrator dies) or
+Owns: `RemoteEngine`'s lifecycle and supervision: launching a server as a child process or
 attaching to one by URL; waiting for health; supervising it (a server that exits or fails its
 health checks is marked down, every stream on it is cut with `EngineUnavailable`, and a server
 asyncrl launched is relaunched with the latest weights; while a weight update is in progress a
 server blocked loading weights may answer its health check late or with a 503, so only its
 liveness is probed then (`update_liveness_path`), and the update has its own deadline,
-`weight_timeout_s`); the stream guard (a deadline on every
-network wait, local abort, SSE framing); the load cache (one scrape per `load_ttl_s`, shared by
-concurrent callers); and the pause → apply → flush → resume sequence around weight updates.
+`weight_timeout_s`); the pause → apply → flush → resume sequence around weight updates; the
+hooks a subclass fills in with its server's wire format; and `open_all` (start engines
+together, close them all).
 
-Process handling is `server_process`, SSE and Prometheus parsing `http_wire`.
+The parts it is built from, one concept each: `remote_options` (the process-level knobs),
+`server_process` (the child process), `remote_http` (control calls: deadlines, retries, error
+translation), `remote_stream` (the stream guard: open streams, deadlines, aborts, SSE
+reading), `remote_load` (the load cache), `http_wire` (SSE and Prometheus parsing).
 
-Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`), or
-what happens to a rollout whose stream raised `EngineUnavailable` (the scheduler requeues it
-from its last completed turn on another engine).
+Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`),
+fanning an update out to several engines (`weightsync`), or what happens to a rollout whose
+stream raised `EngineUnavailable` (the scheduler requeues it from its last completed turn on
+another engine).
 
 Failure vocabulary at this edge: aiohttp and timeout errors become `EngineUnavailable` (the
 server is down, refused, or stopped answering) or `EngineError` (the server rejected this
@@ -36,103 +39,22 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
-import orjson
 
+from asyncrl.engine import remote_http
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.http_wire import SSEDecoder
+from asyncrl.engine.remote_load import LoadCache, LoadReporter
+from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
+from asyncrl.engine.remote_stream import StreamGuard, finish_delta
 from asyncrl.engine.server_process import ServerProcess
-from asyncrl.errors import EngineError, EngineOverloaded, EngineUnavailable, WeightSyncError
+from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 
+# LoadCache, RemoteOptions, with_log_dir and finish_delta are re-exported: callers (engine
+# modules, tests, benches) import them from here.
+__all__ = ["LoadCache", "RemoteEngine", "RemoteOptions", "finish_delta", "open_all",
+           "with_log_dir"]
+
 log = get_logger(__name__)
-
-_EARLY_ABORTS_KEPT = 4096
-"""Ids aborted before their stream started that are remembered (oldest forgotten first)."""
-
-_TRANSIENT = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
-"""Failures worth one more try on an idempotent call (and the signature of a sick server)."""
-
-
-class RemoteOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Process-level knobs of remote engines that are not part of a curriculum.
-
-    Defaults suit a real run; tests shorten the intervals.
-    """
-
-    python: str = ""
-    """Interpreter that has the server installed ("" = this interpreter)."""
-    launcher: tuple[str, ...] = ()
-    """Replaces `[python, -m, <server module>]` in the launch command (wrappers, fakes)."""
-    host: str = "127.0.0.1"
-    """Interface launched servers listen on (and the host in their URL)."""
-    log_dir: str = ""
-    """Directory for server logs (the run directory's `engines/`); "" = a temp directory."""
-    env: dict[str, str] = {}
-    """Extra environment for launched servers."""
-    startup_timeout_s: float = 900.0
-    """A launched server that is not healthy by then is a failed launch."""
-    health_interval_s: float = 5.0
-    """Seconds between health probes of a server."""
-    health_timeout_s: float = 30.0
-    """Deadline of one probe (SGLang's `/health` generates a token and answers 503 after
-    20 s without one, so this must exceed 20 s to see the 503 rather than a timeout)."""
-    health_failures: int = 3
-    """Consecutive failed probes before a server is marked down."""
-    control_timeout_s: float = 30.0
-    """Deadline of one control call (load scrape, abort, pause, flush)."""
-    weight_timeout_s: float = 900.0
-    """Deadline of one weight update, pause and resume included."""
-    load_ttl_s: float = 0.25
-    """A load scrape is reused for this long."""
-    max_restarts: int = 5
-    """Relaunches of one server before it stays down."""
-    stop_grace_s: float = 20.0
-    """SIGTERM → SIGKILL grace when stopping a launched server."""
-
-
-class LoadCache:
-    """The last load scrape and when it was taken; a pure value, no I/O."""
-
-    def __init__(self, ttl_s: float) -> None:
-        self.ttl_s = ttl_s
-        self.value: EngineLoad | None = None
-        self.at = float("-inf")
-
-    def fresh(self, now: float) -> bool:
-        return self.value is not None and now - self.at < self.ttl_s
-
-    def put(self, value: EngineLoad, now: float) -> None:
-        self.value, self.at = value, now
-
-    def clear(self) -> None:
-        self.value, self.at = None, float("-inf")
-
-    def aged(self, now: float) -> EngineLoad:
-        """The cached value, its `age_s` grown by the time it spent here."""
-        assert self.value is not None
-        return msgspec.structs.replace(self.value, age_s=self.value.age_s + (now - self.at))
-
-
-class _StreamCtl:
-    """Lets `abort` and `mark_down` cut a stream that is waiting on the network."""
-
-    __slots__ = ("cut_reason", "request_id", "timeout")
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.timeout: asyncio.Timeout | None = None
-        self.cut_reason: str | None = None  # "abort" | "down"
-
-    def cut(self, reason: str) -> None:
-        if self.cut_reason is None:
-            self.cut_reason = reason
-        if self.timeout is not None and not self.timeout.expired():
-            self.timeout.reschedule(asyncio.get_running_loop().time())
-
-
-def finish_delta(reason: str, version: int) -> TokenDelta:
-    return TokenDelta(token_ids=[], logprobs=[], finish_reason=reason, policy_version=version)
 
 
 # ------------------------------------------------------------------------------ engine
@@ -177,16 +99,17 @@ class RemoteEngine:
         self._down_reason = "not started"
         self._closed = False
         self._restarts = 0
-        self._streams: dict[str, _StreamCtl] = {}
-        self._aborted: set[str] = set()
-        self._early_aborts: dict[str, None] = {}
-        """Ids aborted before their stream started (bounded, oldest dropped): such a stream
-        ends at once with "abort" instead of running to the end."""
-        self._load = LoadCache(self.options.load_ttl_s)
-        self._load_lock = asyncio.Lock()
+        self._probe_now = asyncio.Event()
+        """Set to have the supervisor probe at once (a stream or scrape saw trouble)."""
+        # The stream guard and the load reporter read this engine's state through callbacks
+        # (the version tags untagged tokens, a refused connection takes the server down).
+        self._streams = StreamGuard(name, version=lambda: self.policy_version,
+                                    down_reason=lambda: self._down_reason,
+                                    on_trouble=self._probe_now.set, on_refused=self.mark_down)
+        self._load = LoadReporter(self.options.load_ttl_s, lambda: self._fetch_load(),
+                                  on_trouble=self._probe_now.set)
         self._update_lock = asyncio.Lock()
         self._relaunch_lock = asyncio.Lock()
-        self._probe_now = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- hooks for subclasses
@@ -280,8 +203,7 @@ class RemoteEngine:
             return
         self._closed = True
         self._up, self._down_reason = False, "closed"
-        for ctl in list(self._streams.values()):
-            ctl.cut("down")
+        self._streams.cut_all("down")
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -330,13 +252,8 @@ class RemoteEngine:
             await asyncio.sleep(0.5)
 
     async def _probe(self, timeout_s: float | None = None, path: str | None = None) -> bool:
-        try:
-            async with asyncio.timeout(timeout_s or self.options.health_timeout_s):
-                async with self._session.get(self.url + (path or self.health_path)) as resp:
-                    await resp.read()
-                    return resp.status == 200
-        except _TRANSIENT:
-            return False
+        return await remote_http.probe(self._session, self.url + (path or self.health_path),
+                                       timeout_s or self.options.health_timeout_s)
 
     # ----------------------------------------------------------------------- supervision
     def _mark_up(self) -> None:
@@ -358,8 +275,7 @@ class RemoteEngine:
             return
         self._up, self._down_reason = False, reason
         self._load.clear()
-        for ctl in list(self._streams.values()):
-            ctl.cut("down")
+        self._streams.cut_all("down")
         self._probe_now.set()
         log.warning("engine_down", engine=self.name, url=self.url, reason=reason,
                     in_flight=len(self._streams))
@@ -469,29 +385,13 @@ class RemoteEngine:
                    params: dict[str, str] | None = None, timeout_s: float | None = None,
                    retries: int = 0) -> tuple[int, bytes]:
         """One control call with a deadline; retried on connection errors and timeouts only."""
-        timeout_s = timeout_s or self.options.control_timeout_s
-        for attempt in range(retries + 1):
-            try:
-                async with asyncio.timeout(timeout_s):
-                    async with self._session.request(method, self.url + path, json=json,
-                                                     params=params) as resp:
-                        return resp.status, await resp.read()
-            except _TRANSIENT as e:
-                if attempt == retries:
-                    raise EngineUnavailable(
-                        f"{self.name}: {method} {path} failed: {type(e).__name__}: {e}") from e
-                await asyncio.sleep(min(0.25 * 2 ** attempt, 2.0))
-        raise AssertionError("unreachable")
+        return await remote_http.control_call(
+            self._session, self.url, method, path, name=self.name, json=json, params=params,
+            timeout_s=timeout_s or self.options.control_timeout_s, retries=retries)
 
     async def call_json(self, method: str, path: str, **kw: Any) -> Any:
         status, body = await self.call(method, path, **kw)
-        if status != 200:
-            raise EngineError(f"{self.name}: {method} {path} -> HTTP {status}: "
-                              f"{body[:300].decode(errors='replace')}")
-        try:
-            return orjson.loads(body) if body else None
-        except orjson.JSONDecodeError as e:
-            raise EngineError(f"{self.name}: {path} returned non-JSON: {body[:200]!r}") from e
+        return remote_http.json_reply(self.name, method, path, status, body)
 
     # -------------------------------------------------------------------------- stream
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
@@ -504,144 +404,39 @@ class RemoteEngine:
         Every network wait has a deadline (`request_timeout_s` for the whole request); while
         the consumer holds a delta no timer runs. An abort or a down server cuts the wait at
         once. The connection is closed (the server drops the request) unless the stream ran
-        to `[DONE]`.
+        to `[DONE]`. The reading itself is `remote_stream.StreamGuard.stream`.
         """
         if not self._up:
             raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
-        if request.request_id in self._early_aborts:
-            del self._early_aborts[request.request_id]
+        if self._streams.take_early_abort(request.request_id):
             yield finish_delta("abort", self.policy_version)  # aborted before it was sent
             return
         path, body = self._request(request)
-        ctl = _StreamCtl(request.request_id)
-        self._streams[request.request_id] = ctl
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._request_timeout_s
-        decoder, state = SSEDecoder(), {"n": 0, "request": request, "done": False}
-        resp: aiohttp.ClientResponse | None = None
-        final: TokenDelta | None = None
-        try:
-            try:
-                # `ctl.timeout` is set only while its block runs: a stream failing out of the
-                # block (connection refused) marks the server down, which cuts every stream
-                try:
-                    async with asyncio.timeout_at(deadline) as ctl.timeout:
-                        resp = await self._session.post(base_url + path, json=body)
-                        if resp.status != 200:
-                            raise self._http_error(resp.status, await resp.read())
-                finally:
-                    ctl.timeout = None
-                while not state["done"] and ctl.cut_reason is None:
-                    # After the finish event only [DONE] is missing: wait briefly for it.
-                    until = deadline if final is None else min(deadline, loop.time() + 5.0)
-                    try:
-                        async with asyncio.timeout_at(until) as ctl.timeout:
-                            chunk = await resp.content.readany()
-                    finally:
-                        ctl.timeout = None
-                    if not chunk:
-                        break
-                    for data in decoder.feed(chunk):
-                        if ctl.cut_reason is not None:
-                            break  # cut while we held a delta: nothing more is yielded
-                        if data == b"[DONE]":
-                            state["done"] = True
-                            break
-                        state["version"] = None
-                        delta = self._decode(orjson.loads(data), state)
-                        if delta is None or final is not None:
-                            continue
-                        # the server's own tag of these tokens when it gives one (tokens
-                        # made before an update but read after it keep the old version)
-                        v = state["version"]
-                        delta.policy_version = v if isinstance(v, int) else self.policy_version
-                        if delta.finish_reason is not None:
-                            final = delta
-                        else:
-                            yield delta
-            except TimeoutError:
-                if ctl.cut_reason is None and final is None:
-                    self._probe_now.set()
-                    raise EngineUnavailable(f"{self.name}: request {request.request_id} "
-                                            f"exceeded {self._request_timeout_s:.0f}s") from None
-            except aiohttp.ClientConnectorError as e:
-                self.mark_down(f"connection refused: {e}")
-                raise EngineUnavailable(f"{self.name} unreachable: {e}") from e
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
-                if ctl.cut_reason is None and final is None:
-                    self._probe_now.set()
-                    raise EngineUnavailable(
-                        f"{self.name}: stream {request.request_id} broke: {e!r}") from e
-            except orjson.JSONDecodeError as e:
-                raise EngineError(f"{self.name}: malformed stream event: {e}") from e
-            if final is not None:
-                yield final
-            elif ctl.cut_reason == "abort" or request.request_id in self._aborted:
-                yield finish_delta("abort", self.policy_version)
-            elif ctl.cut_reason == "down":
-                raise EngineUnavailable(f"{self.name} went down: {self._down_reason}")
-            else:
-                self._probe_now.set()
-                raise EngineUnavailable(f"{self.name}: stream {request.request_id} ended "
-                                        "without a finish reason")
-        finally:
-            self._streams.pop(request.request_id, None)
-            self._aborted.discard(request.request_id)
-            if resp is not None:
-                if state["done"]:
-                    resp.release()
-                else:
-                    resp.close()
-
-    def _http_error(self, status: int, body: bytes) -> EngineError:
-        text = body[:500].decode(errors="replace")
-        if status == 429:
-            return EngineOverloaded(f"{self.name}: HTTP 429: {text}")
-        if status >= 500:
-            self._probe_now.set()
-            return EngineUnavailable(f"{self.name}: HTTP {status}: {text}")
-        return EngineError(f"{self.name}: HTTP {status}: {text}")
+        # aclosing: closing this stream closes the guard's at once (its connection with it)
+        async with contextlib.aclosing(self._streams.stream(
+                self._session, base_url + path, body, request,
+                timeout_s=self._request_timeout_s, decode=self._decode)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def abort(self, request_id: str) -> None:
         """Abort a request: its stream ends with finish_reason "abort". Unknown ids are a no-op
         locally but still sent to the server (the request may not have been streamed yet)."""
-        ctl = self._streams.get(request_id)
-        if ctl is not None:
-            self._aborted.add(request_id)
-        else:
-            self._early_aborts[request_id] = None
-            while len(self._early_aborts) > _EARLY_ABORTS_KEPT:
-                del self._early_aborts[next(iter(self._early_aborts))]
+        self._streams.note_abort(request_id)
         if self._up:
             try:
                 await self._server_abort(request_id)
             except EngineError as e:
                 log.warning("engine_abort_failed", engine=self.name, request_id=request_id,
                             error=str(e))
-        ctl = self._streams.get(request_id)
-        if ctl is not None:
-            ctl.cut("abort")
+        self._streams.cut(request_id, "abort")
 
     # ---------------------------------------------------------------------------- load
     async def load(self) -> EngineLoad:
         """KV tokens in use and capacity, running and waiting requests (cached `load_ttl_s`)."""
         if not self._up:
             raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
-        loop = asyncio.get_running_loop()
-        if self._load.fresh(loop.time()):
-            return self._load.aged(loop.time())
-        async with self._load_lock:
-            if self._load.fresh(loop.time()):
-                return self._load.aged(loop.time())
-            try:
-                value = await self._fetch_load()
-            except EngineUnavailable:
-                self._probe_now.set()
-                if self._load.value is not None:  # one failed scrape: last value, probe now
-                    return self._load.aged(loop.time())
-                raise
-            self._load.put(value, loop.time())
-            return value
+        return await self._load.get()
 
     # ------------------------------------------------------------------------- weights
     async def update_weights(self, update: WeightUpdate) -> None:
@@ -704,11 +499,3 @@ async def open_all(engines: Sequence[Any]) -> AsyncIterator[list[Any]]:
         if errors:
             raise errors[0]
         yield list(engines)
-
-
-def with_log_dir(options: RemoteOptions | None, run_dir: str | Path | None) -> RemoteOptions:
-    """`options` with server logs under `run_dir/engines` unless a log dir is set already."""
-    options = options or RemoteOptions()
-    if run_dir and not options.log_dir:
-        options = msgspec.structs.replace(options, log_dir=str(Path(run_dir) / "engines"))
-    return options

@@ -3,10 +3,12 @@
 Owns: SGLang's native HTTP wire format: the launch command, streaming `/generate` with input
 ids, load from `/v1/loads`, abort, pause/resume, and the three weight paths (disk, tensors when
 colocated, an NCCL group when disaggregated), whose protocol (sessions, payloads, reply checks)
-is `sglang_weights`. The sglang-router in front is `sglang_router.RoutedSGLangEngine`. The
-process, health, stream-guard, load-cache and update-sequence machinery is
-`remote.RemoteEngine`; `open_sglang_engines` turns an `[engine]` table into running engines.
-Does not own: scheduling, requeueing, or the trainer side of a weight sync.
+is `sglang_weights`. The process, health, stream-guard, load-cache and update-sequence
+machinery is `remote.RemoteEngine`. Does not own: the sglang-router in front
+(`sglang_router.RoutedSGLangEngine`), turning an `[engine]` table into engines
+(`sglang_fleet`, which imports this module, never the reverse), scheduling, requeueing, or
+the trainer side of a weight sync (`weightsync.with_peer` runs it alongside the server's
+call).
 
 Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), read from the released
 wheel (`../../docs/recipe.md` lists what was checked). Unit tests run against the fake in
@@ -61,10 +63,8 @@ server ignores it (`sampling_batch_info.py:128,157-172`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -73,16 +73,15 @@ import orjson
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine import sglang_weights as weights
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote import RemoteEngine, RemoteOptions, open_all, with_log_dir
-from asyncrl.engine.server_process import pick_ports
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
-from asyncrl.errors import ConfigError, EngineError, WeightSyncError
+from asyncrl.engine.remote import RemoteEngine
+from asyncrl.engine.remote_options import RemoteOptions
+from asyncrl.engine.weightsync import with_peer
+from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["RoutedSGLangEngine", "SGLangEngine", "build_sglang_engines", "decode_event",
-           "open_sglang_engines", "sampling_body", "wire_rid"]
+__all__ = ["SGLangEngine", "decode_event", "parse_loads", "sampling_body", "wire_rid"]
 
 
 def wire_rid(request_id: str) -> str:
@@ -246,7 +245,7 @@ class SGLangEngine(RemoteEngine):
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         state["incr"] = self._incremental
-        state["aborting"] = state["request"].request_id in self._aborted
+        state["aborting"] = self._streams.aborting(state["request"].request_id)
         return decode_event(event, state, self.name)
 
     async def _server_abort(self, request_id: str) -> None:
@@ -317,7 +316,7 @@ class SGLangEngine(RemoteEngine):
                 "group_name": group_name, "backend": backend}
         try:
             async with asyncio.timeout(self.options.weight_timeout_s):
-                await self._with_peer(weights.post_update(
+                await with_peer(weights.post_update(
                     self, "/init_weights_update_group", body, self.options.weight_timeout_s),
                     join)
         except (EngineError, TimeoutError) as e:
@@ -338,69 +337,10 @@ class SGLangEngine(RemoteEngine):
 
         async def apply() -> None:
             async with weights.weight_session(self, self._sessions):
-                await self._with_peer(weights.post_update(
+                await with_peer(weights.post_update(
                     self, "/update_weights_from_distributed", body, timeout), broadcast)
 
         async with self._update_lock:
             if not self.healthy:
                 raise WeightSyncError(f"{self.name} is down: {self._down_reason}")
             await self._run_update(version, "nccl", apply)
-
-    @staticmethod
-    async def _with_peer(server_call: Awaitable[Any],
-                         peer: Callable[[], Awaitable[None]] | None) -> None:
-        """Run the server's call and the trainer's side together; the first failure is
-        raised as itself (a trainer-side failure as `WeightSyncError`), the other side is
-        cancelled."""
-        async def trainer_side() -> None:
-            assert peer is not None
-            try:
-                await peer()
-            except (EngineError, WeightSyncError, asyncio.CancelledError):
-                raise
-            except Exception as e:  # the trainer's collective: any failure ends the update
-                raise WeightSyncError(f"trainer side of the weight sync failed: {e!r}") from e
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(server_call)  # type: ignore[arg-type]
-                if peer is not None:
-                    tg.create_task(trainer_side())
-        except BaseExceptionGroup as eg:
-            first = next((e for e in eg.exceptions
-                          if not isinstance(e, asyncio.CancelledError)), eg.exceptions[0])
-            raise first from None
-
-
-def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenizer: Any = None,
-                         model_path: str = "", run_dir: str | Path | None = None,
-                         session: aiohttp.ClientSession | None = None,
-                         remote_options: RemoteOptions | None = None,
-                         **_ignored: Any) -> list[Any]:
-    """The registry's builder: engines for `[engine] kind = "sglang"`, not yet started.
-
-    Attaches to `cfg.urls`, or launches `cfg.num_servers` servers loading `model_path` (an
-    HF directory; the caller saves a model built from `model.init` first) with logs under
-    `run_dir/engines`. With `cfg.router_url`, one `RoutedSGLangEngine` over all servers.
-    `model`/`tokenizer` are for in-process kinds and ignored here.
-    """
-    options = with_log_dir(remote_options, run_dir)
-    if cfg.urls:
-        servers = [SGLangEngine(cfg, index=i, session=session, url=u, model_path=model_path,
-                                options=options) for i, u in enumerate(cfg.urls)]
-    else:
-        if not model_path:
-            raise ConfigError("model.path", "launching SGLang servers needs a model directory")
-        ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
-        servers = [SGLangEngine(cfg, index=i, session=session, port=p, model_path=model_path,
-                                options=options) for i, p in enumerate(ports)]
-    if cfg.router_url:
-        return [RoutedSGLangEngine(cfg.router_url, servers, register=not cfg.urls)]
-    return servers
-
-
-@contextlib.asynccontextmanager
-async def open_sglang_engines(cfg: SGLangEngineConfig, **kw: Any) -> AsyncIterator[list[Any]]:
-    """`build_sglang_engines(cfg, **kw)`, started; stopped on exit."""
-    async with open_all(build_sglang_engines(cfg, **kw)) as engines:
-        yield engines

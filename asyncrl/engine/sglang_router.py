@@ -3,7 +3,8 @@
 Owns: `RoutedSGLangEngine` (generation through the router, which keeps prefix-cache affinity
 across servers; load summed over servers; abort and weight updates sent to every server) and
 registering launched servers with the router. Does not own: a server's wire format or
-supervision (`sglang.SGLangEngine`).
+supervision (`sglang.SGLangEngine`; the router needs only what every `remote.RemoteEngine`
+has, so it does not import `sglang`), or building a fleet from config (`sglang_fleet`).
 
 Registration follows sglang-router 0.3.2 (the `gpu` extra's pin), which has no `/add_worker`:
 `POST /workers {"url"}` answers 202 and adds the worker in the background; the worker is ready
@@ -17,17 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote import open_all
+from asyncrl.engine.remote import RemoteEngine, open_all
+from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
-
-if TYPE_CHECKING:
-    from asyncrl.engine.sglang import SGLangEngine
 
 
 class RoutedSGLangEngine:
@@ -39,7 +38,7 @@ class RoutedSGLangEngine:
 
     kind = "sglang"
 
-    def __init__(self, router_url: str, servers: Sequence[SGLangEngine], *,
+    def __init__(self, router_url: str, servers: Sequence[RemoteEngine], *,
                  register: bool = False) -> None:
         self.name = "sglang-router"
         self.router_url = router_url.rstrip("/")
@@ -80,7 +79,7 @@ class RoutedSGLangEngine:
             stack, self._stack = self._stack, None
             await asyncio.shield(stack.aclose())
 
-    def _any(self) -> SGLangEngine:
+    def _any(self) -> RemoteEngine:
         for s in self.servers:
             if s.healthy:
                 return s
@@ -112,13 +111,7 @@ class RoutedSGLangEngine:
         """Update every server; one server's failure does not stop the others' updates. Raises
         `WeightSyncError` naming the servers that failed (they keep serving their old weights,
         and their tokens keep their old version tags)."""
-        results = await asyncio.gather(*(s.update_weights(update) for s in self.servers),
-                                       return_exceptions=True)
-        failed = [(s.name, r) for s, r in zip(self.servers, results, strict=True)
-                  if isinstance(r, BaseException)]
-        for _, r in failed:
-            if not isinstance(r, WeightSyncError):
-                raise r
+        failed = await push_to_all(self.servers, update)
         if failed:
             raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed))
 

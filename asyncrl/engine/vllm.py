@@ -50,7 +50,8 @@ import aiohttp
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.http_wire import gauge, parse_prometheus
-from asyncrl.engine.remote import RemoteEngine, RemoteOptions, open_all, with_log_dir
+from asyncrl.engine.remote import RemoteEngine, open_all
+from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
 from asyncrl.engine.server_process import pick_ports
 from asyncrl.errors import ConfigError, EngineError, WeightSyncError
 from asyncrl.log import get_logger

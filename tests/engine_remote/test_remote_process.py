@@ -23,7 +23,8 @@ from remote_helpers import FAST, eventually, make_request
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import WeightUpdate, collect
 from asyncrl.engine.server_process import port_is_free
-from asyncrl.engine.sglang import SGLangEngine, open_sglang_engines
+from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.sglang_fleet import open_sglang_engines
 from asyncrl.errors import EngineUnavailable
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sglang_server.py"

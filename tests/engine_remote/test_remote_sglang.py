@@ -11,7 +11,8 @@ from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import Engine, WeightUpdate, collect
-from asyncrl.engine.sglang import RoutedSGLangEngine, SGLangEngine
+from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.sglang_router import RoutedSGLangEngine
 from asyncrl.errors import EngineUnavailable, WeightSyncError
 
 CFG = SGLangEngineConfig(request_timeout_s=30.0)

@@ -25,7 +25,7 @@ from asyncrl import formats
 from asyncrl.config import AlgorithmSection, SGLangEngineConfig, TorchTrainerConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
 from asyncrl.engine.remote import RemoteOptions, open_all
-from asyncrl.engine.sglang import build_sglang_engines
+from asyncrl.engine.sglang_fleet import build_sglang_engines
 
 pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(1200)]

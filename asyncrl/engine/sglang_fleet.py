@@ -1,0 +1,64 @@
+"""SGLang fleets: an `[engine] kind = "sglang"` table turned into engines.
+
+Owns: the registry's builder for SGLang (`build_sglang_engines`: attach to `cfg.urls` or pick
+ports and launch `cfg.num_servers` servers, one `SGLangEngine` each; with `cfg.router_url`,
+one `RoutedSGLangEngine` over them all) and `open_sglang_engines` (the same, started and
+stopped on exit).
+
+Does not own: a server's wire format or supervision (`sglang.SGLangEngine`), the router
+(`sglang_router`), or starting engines concurrently (`remote.open_all`). Dependencies point
+one way: this module imports `sglang` and `sglang_router`; neither imports it or each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from asyncrl.config import SGLangEngineConfig
+from asyncrl.engine.remote import open_all
+from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
+from asyncrl.engine.server_process import pick_ports
+from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.errors import ConfigError
+
+__all__ = ["build_sglang_engines", "open_sglang_engines"]
+
+
+def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenizer: Any = None,
+                         model_path: str = "", run_dir: str | Path | None = None,
+                         session: aiohttp.ClientSession | None = None,
+                         remote_options: RemoteOptions | None = None,
+                         **_ignored: Any) -> list[Any]:
+    """The registry's builder: engines for `[engine] kind = "sglang"`, not yet started.
+
+    Attaches to `cfg.urls`, or launches `cfg.num_servers` servers loading `model_path` (an
+    HF directory; the caller saves a model built from `model.init` first) with logs under
+    `run_dir/engines`. With `cfg.router_url`, one `RoutedSGLangEngine` over all servers.
+    `model`/`tokenizer` are for in-process kinds and ignored here.
+    """
+    options = with_log_dir(remote_options, run_dir)
+    if cfg.urls:
+        servers = [SGLangEngine(cfg, index=i, session=session, url=u, model_path=model_path,
+                                options=options) for i, u in enumerate(cfg.urls)]
+    else:
+        if not model_path:
+            raise ConfigError("model.path", "launching SGLang servers needs a model directory")
+        ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
+        servers = [SGLangEngine(cfg, index=i, session=session, port=p, model_path=model_path,
+                                options=options) for i, p in enumerate(ports)]
+    if cfg.router_url:
+        return [RoutedSGLangEngine(cfg.router_url, servers, register=not cfg.urls)]
+    return servers
+
+
+@contextlib.asynccontextmanager
+async def open_sglang_engines(cfg: SGLangEngineConfig, **kw: Any) -> AsyncIterator[list[Any]]:
+    """`build_sglang_engines(cfg, **kw)`, started; stopped on exit."""
+    async with open_all(build_sglang_engines(cfg, **kw)) as engines:
+        yield engines
