@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,6 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.engine.base import WeightUpdate
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -440,30 +438,8 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 async def _push_weights(rt: Runtime, version: int) -> None:
     """New weights to every engine, the way `engine.weight_sync` says (engines without the key,
-    e.g. the in-process one, take tensors). "disk": the trainer exports an HF directory under
-    `RUN_DIR/weights/v{version}` and the engines load it from there (the previous version's
-    directory is removed once they have); "tensor": the trainer's full state dict, in memory.
-    An engine whose update fails keeps its old weights (its tokens keep their old version tags)
-    and the run goes on; it fails only when no engine took them."""
-    from asyncrl.errors import WeightSyncError
+    e.g. the in-process one, take tensors): `asyncrl.engine.weightsync.push_weights`."""
+    from asyncrl.engine.weightsync import push_weights
 
-    if getattr(rt.cfg.engine, "weight_sync", "tensor") == "disk":
-        path = Path(rt.run_dir) / "weights" / f"v{version}"
-        await asyncio.to_thread(rt.need_trainer().export_hf, path)
-        update = WeightUpdate(version=version, path=str(path))
-    else:
-        update = WeightUpdate(version=version,
-                              state_dict=await asyncio.to_thread(rt.need_trainer().state_dict_for_sync))
-    results = await asyncio.gather(*(e.update_weights(update) for e in rt.engines),
-                                   return_exceptions=True)
-    failed = [r for r in results if isinstance(r, BaseException)]
-    for r in failed:
-        if not isinstance(r, WeightSyncError):
-            raise r
-        log.error("weight_sync_failed", version=version, error=str(r))
-    if failed and len(failed) == len(results):
-        raise failed[0]
-    if update.path:
-        for old in Path(update.path).parent.glob("v*"):
-            if old.name != f"v{version}":
-                await asyncio.to_thread(shutil.rmtree, old, True)
+    mode = getattr(rt.cfg.engine, "weight_sync", "tensor")
+    await push_weights(rt.engines, rt.need_trainer(), version, mode, Path(rt.run_dir))

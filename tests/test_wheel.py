@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -31,11 +32,18 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
 def test_data_prepare_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     if not FIXTURE.is_file():
         pytest.fail(f"fixture missing: {FIXTURE}")
+    # built from a copy of what packaging reads, so the build leaves nothing in the checkout
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.pyc")
+    for pkg in ("asyncrl", "sandbox"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     dist = tmp_path / "dist"
     # no build isolation: the build backend (setuptools) is already installed, and tests
     # download nothing; the C extension is optional and skipped quietly without a compiler
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-          "-w", str(dist), str(ROOT)], cwd=tmp_path)
+          "-w", str(dist), str(src)], cwd=tmp_path)
     wheels = list(dist.glob("asyncrl-*.whl"))
     assert len(wheels) == 1, wheels
 

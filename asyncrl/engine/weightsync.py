@@ -1,6 +1,8 @@
 """Pushing one weight version into engines: the side of a weight update that is not a server's.
 
-Owns: fanning an update out to several engines (`push_to_all`: concurrently; one engine's
+Owns: `push_weights`, the train loop's whole push (the trainer's weights as an HF directory
+or an in-memory state dict, as `engine.weight_sync` says; every engine; the run goes on while
+one engine took them; older exported versions removed), fanning an update out to several engines (`push_to_all`: concurrently; one engine's
 `WeightSyncError` does not stop the others, and the failures are returned by name, since a
 failed engine keeps serving its old weights under its old version tags), and running the
 trainer's part of a collective sync alongside the server's call (`with_peer`: both sides block
@@ -15,11 +17,48 @@ as the `peer` callable).
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.errors import EngineError, WeightSyncError
+from asyncrl.log import get_logger
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.base import Trainer
+
+log = get_logger(__name__)
+
+
+async def push_weights(engines: Sequence[Any], trainer: Trainer, version: int,
+                       mode: str, run_dir: Path) -> WeightUpdate:
+    """The trainer's current weights to every engine as `version`.
+
+    "disk": the trainer exports an HF directory `run_dir/weights/v{version}` and the engines
+    load it from there (older `v*` directories are removed once they have); "tensor": the
+    trainer's full state dict, in memory. An engine whose update fails keeps its old weights
+    (its tokens keep their old version tags) and the push goes on; it raises only when no
+    engine took them.
+    """
+    if mode == "disk":
+        path = Path(run_dir) / "weights" / f"v{version}"
+        await asyncio.to_thread(trainer.export_hf, path)
+        update = WeightUpdate(version=version, path=str(path))
+    else:
+        state = await asyncio.to_thread(trainer.state_dict_for_sync)
+        update = WeightUpdate(version=version, state_dict=state)
+    failed = await push_to_all(engines, update)
+    for name, err in failed:
+        log.error("weight_sync_failed", version=version, engine=name, error=str(err))
+    if failed and len(failed) == len(engines):
+        raise failed[0][1]
+    if update.path:
+        for old in Path(update.path).parent.glob("v*"):
+            if old.name != f"v{version}":
+                await asyncio.to_thread(shutil.rmtree, old, True)
+    return update
 
 
 async def push_to_all(engines: Sequence[Any], update: WeightUpdate

@@ -19,8 +19,8 @@ library is ~5 memory regions, and every region costs every fork and every exit (
 on this machine), so neither this module nor anything it imports (``child``, ``children``,
 ``landlock``, ``outcome``, ``protocol``, ``seccomp``, ``warm``) imports ``msgspec``,
 ``select`` or ``socket``, at module level or in any function; the controller imports them
-only after its templates were forked. ``tests/sandbox/test_imports.py`` checks the text, and
-``tests/sandbox/test_spawner.py`` a running template's memory map.
+only after its templates were forked. ``tests/sandbox/test_template_imports.py`` checks the
+text, and ``tests/sandbox/test_spawner.py`` a running template's memory map.
 """
 
 from __future__ import annotations

@@ -274,17 +274,15 @@ async def test_load_of_the_wrong_shape_is_an_engine_error(http):
         assert eng.healthy
 
 
-async def test_one_engines_failed_update_leaves_the_others_updated(http):
-    from asyncrl.train import _push_weights
+async def test_one_engines_failed_update_leaves_the_others_updated(http, tmp_path):
+    from asyncrl.engine.weightsync import push_weights
 
+    trainer = SimpleNamespace(state_dict_for_sync=lambda: STATE)
     async with FakeSGLang() as a, FakeSGLang() as b:
         ea, eb = make(a, http), make(b, http, index=1)
         async with ea, eb:
             a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
-            rt = SimpleNamespace(trainer=SimpleNamespace(state_dict_for_sync=lambda: STATE),
-                                 engines=[ea, eb], cfg=SimpleNamespace(engine=SGLangEngineConfig(
-                                     weight_sync="tensor")))
-            await _push_weights(rt, 5)  # the run goes on
+            await push_weights([ea, eb], trainer, 5, "tensor", tmp_path)  # the run goes on
             assert (ea.policy_version, eb.policy_version) == (0, 5)
             assert {d.policy_version async for d in eb.stream(req())} == {5}
             assert {d.policy_version async for d in ea.stream(req())} == {0}
@@ -296,13 +294,13 @@ async def test_one_engines_failed_update_leaves_the_others_updated(http):
             b.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
             a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
             with pytest.raises(WeightSyncError):  # no engine took them: that is the run's end
-                await _push_weights(rt, 7)
+                await push_weights([ea, eb], trainer, 7, "tensor", tmp_path)
 
 
 async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(http, tmp_path):
     """`engine.weight_sync = "disk"`: the train loop exports an HF directory per version under
     the run directory, every server loads that path, and the previous version's is removed."""
-    from asyncrl.train import _push_weights
+    from asyncrl.engine.weightsync import push_weights
 
     exported: list[str] = []
 
@@ -314,11 +312,9 @@ async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(http, tm
     async with FakeSGLang() as a, FakeSGLang() as b:
         ea, eb = make(a, http), make(b, http, index=1)
         async with ea, eb:
-            rt = SimpleNamespace(trainer=SimpleNamespace(export_hf=export_hf), engines=[ea, eb],
-                                 run_dir=tmp_path, cfg=SimpleNamespace(
-                                     engine=SGLangEngineConfig(weight_sync="disk")))
-            await _push_weights(rt, 1)
-            await _push_weights(rt, 2)
+            trainer = SimpleNamespace(export_hf=export_hf)
+            await push_weights([ea, eb], trainer, 1, "disk", tmp_path)
+            await push_weights([ea, eb], trainer, 2, "disk", tmp_path)
             assert (ea.policy_version, eb.policy_version) == (2, 2)
     assert exported == [str(tmp_path / "weights" / "v1"), str(tmp_path / "weights" / "v2")]
     for fake in (a, b):
