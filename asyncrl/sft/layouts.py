@@ -58,12 +58,25 @@ class BadRow(Exception):
 
 
 # ------------------------------------------------------------------------------ helpers
+def _literal(source: str | ast.AST) -> Any:
+    """`ast.literal_eval`, with every way it rejects model-written text as `ValueError`.
+
+    Besides ValueError and SyntaxError it raises TypeError (`{[1]: 2}`: an unhashable key) and
+    RecursionError or MemoryError (deep nesting): a bad row, never an aborted load."""
+    try:
+        return ast.literal_eval(source)
+    except (TypeError, RecursionError, MemoryError) as e:
+        raise ValueError(f"not a Python literal ({type(e).__name__})") from None
+
+
 def _json_or_literal(text: str) -> Any:
     """JSON, or the Python literal some sets write instead (single quotes, True/None)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
-        return ast.literal_eval(text)
+        return _literal(text)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _maybe_json(value: Any, what: str) -> Any:
@@ -342,7 +355,7 @@ def _python_calls(text: str) -> list[dict[str, Any]] | None:
         if not isinstance(call, ast.Call) or call.args:
             return None
         try:
-            args = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
+            args = {k.arg: _literal(k.value) for k in call.keywords if k.arg}
         except ValueError:
             raise BadRow("bad_arguments", f"call {name!r}: arguments are not literals") from None
         calls.append(tool_call(name, args))

@@ -14,7 +14,7 @@ from asyncrl import tasks
 from asyncrl.errors import DataError
 from asyncrl.sft import coldstart as sft
 from asyncrl.sft.chat import load_chat
-from asyncrl.sft.layouts import BadRow, detect_layout, to_conversation
+from asyncrl.sft.layouts import BadRow, _python_calls, detect_layout, to_conversation
 from asyncrl.sft.render import render
 from asyncrl.sft.stage import SFTPlan
 
@@ -190,3 +190,25 @@ def test_builtin_formats_write_other_tools_as_hermes_json(tok) -> None:
         {"role": "function", "name": "get_weather", "content": "sunny"},
         {"role": "assistant", "content": "Sunny."}]})
     assert [m["role"] for m in legacy.messages] == ["user", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.parametrize("call", ["{[1]: 2}", "{'name': 'f', 'arguments': {{1}: 2}}",
+                                  "[" * 5000 + "]" * 5000], ids=["key", "nested-key", "deep"])
+def test_a_call_that_breaks_the_literal_parser_is_a_counted_bad_row(tok, tmp_path, call) -> None:
+    # ast.literal_eval raises TypeError (unhashable key) or RecursionError (deep nesting), not
+    # only ValueError/SyntaxError: each must be one bad row with its line, not an aborted load
+    good = json.loads((FIX / "hermes.jsonl").read_text().splitlines()[0])
+    bad = {"id": "x", "conversations": [
+        {"from": "human", "value": "hi"},
+        {"from": "gpt", "value": f"<tool_call>\n{call}\n</tool_call>"}]}
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    res = load_chat([str(path)], F.HERMES, tok, max_tokens=512)
+    assert res.rows == 2 and len(res.train) == 1
+    assert res.skipped == {"bad_arguments": 1}
+    assert res.errors[0].startswith(f"{path}:2: bad_arguments")
+
+
+def test_toolace_call_with_an_unhashable_literal_is_a_counted_bad_row() -> None:
+    with pytest.raises(BadRow, match="arguments are not literals"):
+        _python_calls("[f(a={[1]: 2})]")
