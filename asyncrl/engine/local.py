@@ -504,7 +504,28 @@ class LocalEngine:
             for f in files:
                 sd.update(load_file(str(f)))
         assert isinstance(sd, dict)
+        self._check_update(sd)
         with torch.no_grad():
-            _missing, unexpected = self._model.load_state_dict(sd, strict=False)
+            # strict=False only for tied aliases, which _check_update found covered
+            self._model.load_state_dict(sd, strict=False)
+
+    def _check_update(self, sd: dict[str, Any]) -> None:
+        """Refuse, before loading anything, an update that is not the whole model in its
+        shapes: unknown or missing names (a tied alias such as `lm_head.weight`, which HF drops
+        on save, counts as present when its twin is), or a tensor of another shape."""
+        own = self._model.state_dict(keep_vars=True)
+        unexpected = sorted(sd.keys() - own.keys())
         if unexpected:
             raise WeightSyncError(f"{self.name}: unknown parameters in update: {unexpected[:5]}")
+        by_storage: dict[int, set[str]] = {}
+        for name, t in own.items():
+            by_storage.setdefault(t.data_ptr(), set()).add(name)
+        missing = sorted(k for k in own.keys() - sd.keys()
+                         if not by_storage[own[k].data_ptr()] & sd.keys())
+        if missing:
+            raise WeightSyncError(f"{self.name}: missing parameters in update ({len(missing)}): "
+                                  f"{missing[:5]}")
+        for k, t in sd.items():
+            if tuple(t.shape) != tuple(own[k].shape):
+                raise WeightSyncError(f"{self.name}: shape of {k} is {tuple(t.shape)} in the "
+                                      f"update, {tuple(own[k].shape)} in the model")

@@ -267,3 +267,38 @@ async def test_close_ends_open_streams_with_abort(model, tiny_tokenizer, refs) -
     await eng.close()
     rest = [d async for d in s]
     assert rest and rest[-1].finish_reason == "abort"
+
+
+async def test_weight_update_refuses_a_partial_or_misshapen_checkpoint(model, tiny_tokenizer
+                                                                      ) -> None:
+    # A wrong or partial checkpoint must never load silently, nor half-load before refusing.
+    from asyncrl.errors import WeightSyncError
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    partial = {k: torch.zeros_like(v) for k, v in before.items()}
+    dropped = next(k for k in partial if "layers.0" in k)
+    del partial[dropped]
+    misshapen = {k: torch.zeros_like(v) for k, v in before.items()}
+    bent = next(k for k in misshapen if k.endswith("weight") and misshapen[k].dim() == 2)
+    misshapen[bent] = torch.zeros(3, 3)
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2) as eng:
+        with pytest.raises(WeightSyncError, match=f"missing parameters.*{dropped}"):
+            await eng.update_weights(WeightUpdate(version=1, state_dict=partial))
+        with pytest.raises(WeightSyncError, match=rf"shape.*{bent}.*\(3, 3\)"):
+            await eng.update_weights(WeightUpdate(version=2, state_dict=misshapen))
+        assert eng.policy_version == 0
+        after = model.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before)  # nothing half-loaded
+
+
+async def test_weight_update_from_an_hf_export_with_tied_embeddings(model, tiny_tokenizer,
+                                                                   tmp_path) -> None:
+    # HF drops a tied lm_head.weight on save: its alias is in the file, so the update is whole
+    from safetensors.torch import load_file
+
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save_pretrained(tmp_path)
+    assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2) as eng:
+        await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
+        assert eng.policy_version == 3
