@@ -139,6 +139,18 @@ class RatioQuantiles:
         d = torch.cat(self._parts)
         if d.numel() == 0:
             return {}
-        q = torch.quantile(d, torch.tensor(self.QUANTILES)).exp()
+        q = quantiles(d, self.QUANTILES).exp()
         return {f"{prefix}mismatch_ratio_p{round(p * 100):02d}": float(v)
                 for p, v in zip(self.QUANTILES, q, strict=True)}
+
+
+def quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:
+    """`torch.quantile(x, qs)` (linear interpolation) for a 1-D tensor of any length.
+
+    torch.quantile refuses inputs over 2^24 elements, and a step of a large run holds more
+    trained tokens than that on one rank: one sort, then the same interpolation."""
+    s = torch.sort(x.flatten().to(torch.float64)).values
+    pos = torch.tensor(qs, dtype=torch.float64) * (s.numel() - 1)
+    lo = pos.floor().long()
+    hi = pos.ceil().long()
+    return (s[lo] + (s[hi] - s[lo]) * (pos - lo)).to(x.dtype)

@@ -17,6 +17,7 @@ from asyncrl.algo.offpolicy import (
     correction_coef,
     correction_for,
     mismatch_stats,
+    quantiles,
 )
 from asyncrl.config import AlgorithmSection
 
@@ -113,6 +114,16 @@ def test_ratio_quantiles_over_micro_batches():
     assert out["train/mismatch_ratio_p50"] == pytest.approx(1.0)
     assert out["train/mismatch_ratio_p01"] == pytest.approx(0.5, rel=0.05)
     assert out["train/mismatch_ratio_p99"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_quantiles_match_torch_and_work_past_its_2_to_the_24_limit():
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(0))
+    qs = RatioQuantiles.QUANTILES
+    assert torch.allclose(quantiles(x, qs), torch.quantile(x, torch.tensor(qs)))
+    big = torch.arange(2**24 + 2, dtype=torch.float64)  # torch.quantile raises on this
+    with pytest.raises(RuntimeError):
+        torch.quantile(big, torch.tensor(qs))
+    assert quantiles(big, (0.0, 0.5, 1.0)).tolist() == [0.0, (2**24 + 1) / 2, 2**24 + 1]
 
 
 def test_correction_for_reads_the_algorithm_section():
