@@ -25,3 +25,11 @@ def test_tool_error_ratios_are_over_calls_with_their_counts() -> None:
     assert s["rollout/tool_use_frac"] == 0.75
     empty = rollout_stats([rollout(0, 0.0, ())])
     assert empty["rollout/tool_error_ratio_pos"] == 0.0 and empty["rollout/tool_calls_pos"] == 0.0
+
+
+def test_reward_host_failures_are_counted_beside_timeouts() -> None:
+    rs = [rollout(i, 0.0, ()) for i in range(4)]
+    for r, status in zip(rs, ("reward_error", "reward_error", "reward_timeout", "ok"), strict=True):
+        r.reward_status = status
+    s = rollout_stats(rs)
+    assert (s["rollout/reward_error_count"], s["rollout/reward_timeout_count"]) == (2.0, 1.0)

@@ -58,6 +58,9 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
         f"{prefix}/no_answer_frac": _mean([float(r.answer is None) for r in rs]),
         f"{prefix}/reward_timeout_count": float(
             sum(r.reward_status == "reward_timeout" for r in rs)),
+        # the reward check raised or its host failed twice (`asyncrl.reward.MathReward`)
+        f"{prefix}/reward_error_count": float(
+            sum(r.reward_status == "reward_error" for r in rs)),
         f"{prefix}/tool_wait_s_mean": _mean([r.timing.tool_wait_s for r in rs]),
         f"{prefix}/generation_s_mean": _mean([r.timing.generation_s for r in rs]),
     }
