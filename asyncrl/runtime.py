@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from asyncrl import formats, modeling, templates
 from asyncrl.config import LocalSandboxConfig, RunConfig
-from asyncrl.errors import AsyncRLError
+from asyncrl.errors import AsyncRLError, ConfigError
 from asyncrl.log import get_logger
 
 if TYPE_CHECKING:
@@ -65,8 +65,12 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
         return modeling.load_tokenizer(init_dir), modeling.load_model(init_dir, cfg.model.dtype)
     if cfg.tokenizer.path:
         tok = modeling.load_tokenizer(cfg.tokenizer.path)
-    else:
+    elif cfg.tokenizer.train_on == "task_corpus":
         tok = modeling.train_tokenizer(_tokenizer_corpus(cfg), cfg.tokenizer.vocab_size)
+    else:
+        raise ConfigError("tokenizer.train_on", "a model built from model.init needs a tokenizer: "
+                          "set tokenizer.path, or tokenizer.train_on = \"task_corpus\" to train "
+                          "one on the task's text")
     model = modeling.build_model(cfg.model.init, tok, seed=cfg.run.seed, dtype=cfg.model.dtype)
     modeling.save(model, tok, init_dir)
     log.info("model_built", path=str(init_dir), params=sum(p.numel() for p in model.parameters()),

@@ -229,7 +229,8 @@ class StageRunner:
                        "async/groups_dropped_stale": float(len(stale)),
                        "async/wave_version_lag": float(version - wave.started_version),
                        "timing/wait_rollouts_s": wait_s}
-            kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng)
+            kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng,
+                                    adv_eps=cfg.algorithm.adv_eps)
             roc_m["roc/groups_stale"] = float(len(stale))
             roc_m["roc/versions_behind_max"] = float(behind)
             batch = Batch(step=step, policy_version=self.state.policy_version, groups=kept)

@@ -164,3 +164,42 @@ def test_cli_config_check(capsys: pytest.CaptureFixture[str]) -> None:
                    "--set", "rollout.group_size=lots"])
     assert rc == 2
     assert "rollout.group_size" in capsys.readouterr().err
+
+
+def test_every_config_field_is_read_by_the_library() -> None:
+    # A key that nothing reads is a silent no-op for the user who sets it. Every field of the
+    # schema must be read somewhere outside the config package: as an attribute
+    # (`cfg.algorithm.adv_eps`) or by name (`getattr(cfg.engine, "weight_sync", ...)`).
+    import ast
+    import inspect
+    from pathlib import Path
+
+    import msgspec
+
+    from asyncrl.config import schema
+
+    root = Path(schema.__file__).resolve().parents[1]
+    fields = {f: cls.__name__ for cls in vars(schema).values()
+              if inspect.isclass(cls) and issubclass(cls, msgspec.Struct)
+              and cls.__module__ == schema.__name__ for f in cls.__struct_fields__}
+    read: set[str] = set()
+    for path in root.rglob("*.py"):
+        if "config" not in path.relative_to(root).parts:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute):
+                    read.add(node.attr)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    read.add(node.value)
+    assert len(fields) > 100
+    assert {f: cls for f, cls in fields.items() if f not in read} == {}
+
+
+def test_a_model_built_from_init_needs_a_tokenizer_source(tmp_path) -> None:
+    from asyncrl.runtime import build_tokenizer_and_model
+
+    cfg = config.from_dict({"model": {"init": {"model_type": "qwen3"}},
+                            "data": {"train": "generator:tiny_math"},
+                            "stages": [{"name": "rl", "steps": 1}]})
+    with pytest.raises(ConfigError, match=r'tokenizer\.train_on.*tokenizer\.path, or '
+                                          r'tokenizer\.train_on = "task_corpus"'):
+        build_tokenizer_and_model(cfg, tmp_path)

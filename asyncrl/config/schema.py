@@ -76,7 +76,9 @@ class TokenizerSection(_Section, frozen=True, kw_only=True):
     path: str = ""
     """HF tokenizer directory; empty means the model path, or (tiny runs) `train_on`."""
     train_on: Literal["", "task_corpus"] = ""
-    """Build a tokenizer locally from the task corpus instead of loading one (tiny runs)."""
+    """`task_corpus`: train a tokenizer on the task's text (SFT transcripts of the train
+    problems, or the problems' questions and answers) instead of loading one (tiny runs). A
+    model built from `model.init` needs this or `path`."""
     vocab_size: PosInt = 2048
     """Vocabulary size when training a tokenizer locally."""
 
@@ -298,8 +300,6 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     """Activation recomputation: `selective` recomputes the MLP (the attention itself when
     megatron's unfused core is used), `full` whole layers; `auto` takes the cheapest whose
     memory estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`), `none` on CPU."""
-    checkpoint_format: Literal["hf", "torch_dist"] = "hf"
-    """Format of exported weights for the engines."""
 
 
 TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig
