@@ -203,3 +203,13 @@ def test_a_model_built_from_init_needs_a_tokenizer_source(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r'tokenizer\.train_on.*tokenizer\.path, or '
                                           r'tokenizer\.train_on = "task_corpus"'):
         build_tokenizer_and_model(cfg, tmp_path)
+
+
+def test_an_unset_correction_follows_the_staleness() -> None:
+    base = {"model": {"init": {"model_type": "qwen3"}}, "data": {"train": "x.jsonl"},
+            "stages": [{"name": "rl", "steps": 1}]}
+    assert config.from_dict(base).algorithm.correction == "none"
+    stale = {**base, "rollout": {"max_staleness": 2}}
+    assert config.from_dict(stale).algorithm.correction == "decoupled"
+    chosen = {**stale, "algorithm": {"correction": "none"}}  # an explicit choice stands
+    assert config.from_dict(chosen).algorithm.correction == "none"

@@ -62,9 +62,15 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
         if isinstance(data.get(section), dict) and "kind" not in data[section]:
             data[section] = {"kind": default_kind, **data[section]}
     try:
-        return msgspec.convert(data, RunConfig, strict=True)
+        cfg = msgspec.convert(data, RunConfig, strict=True)
     except msgspec.ValidationError as e:
         raise _translate(e) from None
+    algo = data.get("algorithm")
+    if cfg.rollout.max_staleness > 0 and not (isinstance(algo, dict) and "correction" in algo):
+        # an unset correction follows the staleness (AlgorithmSection.correction)
+        cfg = msgspec.structs.replace(
+            cfg, algorithm=msgspec.structs.replace(cfg.algorithm, correction="decoupled"))
+    return cfg
 
 
 def _parse_value(text: str) -> Any:

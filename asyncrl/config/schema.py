@@ -190,7 +190,9 @@ class AlgorithmSection(_Section, frozen=True, kw_only=True):
     correction: Literal["none", "tis", "icepop", "decoupled"] = "none"
     """Off-policy correction between the sampler's log-probs and the trainer's (see
     `asyncrl.algo.offpolicy`): `none` (the report), token `tis`, `icepop` masking, or the
-    `decoupled` three-policy PPO objective."""
+    `decoupled` three-policy PPO objective. Left unset, it follows the staleness: `none` when
+    `rollout.max_staleness = 0`, `decoupled` when it is above (stale tokens trained as
+    on-policy cost 0.60 held-out against 0.90 in docs/async.md)."""
     tis_cap: PosFloat = 2.0
     """`tis`: cap on the token importance weight pi_prox / mu."""
     icepop_low: PosFloat = 0.5
