@@ -204,6 +204,15 @@ def get_format(name: str) -> ToolFormat:
 
 
 # ---------------------------------------------------------------------------------- prompts
+def template_system_text(fmt: ToolFormat, tools: list[dict[str, Any]] | None,
+                         system_prompt: str = "") -> str:
+    """The system message a run puts before a conversation the model's chat template renders
+    (RL prompts and chat-file SFT rows without their own): `data.system_prompt` when set, else
+    the Hermes head when tools are listed (the template writes the tool block itself), else
+    the format's own system text."""
+    return system_prompt or (HERMES_SYSTEM_HEAD if tools else fmt.system_prompt(None))
+
+
 def render_prompt(question: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None,
                   system_prompt: str = "") -> str:
     """The prompt text up to and including the assistant's generation header: the format's

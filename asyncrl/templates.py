@@ -140,8 +140,6 @@ def bind_format(fmt: formats.ToolFormat, tokenizer: Any, mode: Mode = "auto"
         return fmt
 
     def prompt(question: str, tools: list[dict[str, Any]] | None, system_prompt: str) -> str:
-        system = system_prompt or (formats.HERMES_SYSTEM_HEAD if tools
-                                   else fmt.system_prompt(None))
-        return tpl.prompt(question, tools, system)
+        return tpl.prompt(question, tools, formats.template_system_text(fmt, tools, system_prompt))
 
     return dataclasses.replace(fmt, _response=tpl.tool_response, _prompt=prompt, template=tpl)

@@ -158,3 +158,19 @@ def test_templates_that_cannot_serve_are_refused_or_skipped() -> None:
     with pytest.raises(ConfigError, match="tool_format"):
         bind_format(formats.MARKDOWN, plain, "model")
     assert bind_format(formats.MARKDOWN, make_tokenizer(None)) is formats.MARKDOWN
+
+
+@pytest.mark.parametrize("system_prompt", ["", "Answer in <answer></answer>."])
+def test_chat_sft_rows_without_a_system_message_get_the_rl_prompts_system(family, system_prompt
+                                                                         ) -> None:
+    """SFT rows and RL prompts must open with the same system text: a row without a system
+    message gets `data.system_prompt` (or the run's default), never the template's own."""
+    _, _, fmt = family
+    conv = check(Conversation(messages=[{"role": "user", "content": QUESTION},
+                                        {"role": "assistant", "content": "45"}], tools=TOOLS))
+    (example,) = render(conv, fmt, system_prompt)
+    rl_prompt = formats.render_prompt(QUESTION, fmt, TOOLS, system_prompt)
+    assert example[0].text == rl_prompt
+    own = check(Conversation(messages=[{"role": "system", "content": "Row's own."},
+                                       *conv.messages], tools=TOOLS))
+    assert "Row's own." in render(own, fmt, system_prompt)[0][0].text  # a row's own stays

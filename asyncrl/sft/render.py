@@ -29,6 +29,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from asyncrl import formats
 from asyncrl.sft.coldstart import Segment
 from asyncrl.sft.layouts import BadRow, Conversation
@@ -40,6 +42,11 @@ def render(conv: Conversation, fmt: formats.ToolFormat, system_prompt: str = ""
     """The examples (segment lists) of one conversation; raises `BadRow` (`template_error`)
     when the model's template cannot render it."""
     if fmt.template is not None:
+        if not conv.messages or conv.messages[0]["role"] != "system":
+            # the same system text as the run's RL prompts, not the template's own default
+            system = formats.template_system_text(fmt, conv.tools or None, system_prompt)
+            conv = msgspec.structs.replace(
+                conv, messages=[{"role": "system", "content": system}, *conv.messages])
         return _template_examples(conv, fmt.template)
     return [_builtin_segments(conv, fmt, system_prompt)]
 
