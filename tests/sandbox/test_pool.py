@@ -134,6 +134,7 @@ async def test_hosted_functions_return_values_errors_and_timeouts(jail_pool):
 
 
 async def test_hosted_functions_from_python_paths_run_without_the_filter(tmp_path):
+    tmp_path.chmod(0o755)  # as a deployed helper directory is: jailed code may run as nobody
     (tmp_path / "verify_helpers.py").write_text(textwrap.dedent("""
         import socket, time
 
@@ -167,3 +168,70 @@ async def test_bubblewrap_is_a_working_fallback_jail():
                             "socket.socket()")
         assert r.status == "error" and r.stdout == "False\n" and "PermissionError" in r.stderr
         await assert_serves_plain(pool)
+
+
+# ------------------------------------------------------------------------------ host uid
+def _descendants(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            kids.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def _host_uids(pids: list[int]) -> dict[int, int]:
+    """The real uid the host sees for each pid still alive."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                out[pid] = int(next(ln for ln in f if ln.startswith("Uid:")).split()[1])
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is for pools run as root")
+async def test_a_root_pools_jailed_code_runs_as_nobody_on_the_host(jail_pool):
+    from sandbox.isolation import JAIL_UID
+
+    if jail_pool.plan.jail != "nsjail":
+        assert any("host uid 0" in n for n in jail_pool.describe()["notes"])  # said, not hidden
+        pytest.skip("only nsjail can drop to nobody under a root pool")
+    call = asyncio.create_task(run(jail_pool, "import os, time; print(os.getuid()); "
+                                              "time.sleep(1.5)"))
+    await asyncio.sleep(0.7)
+    # what the host sees: every process under the pool's workers, the running call included
+    pids = [p for w in jail_pool._workers for p in [w.pid, *_descendants(w.pid)] if p]
+    uids = _host_uids(pids)
+    jailed = {p: u for p, u in uids.items() if p not in {w.pid for w in jail_pool._workers}}
+    assert len(jailed) >= 3 and set(jailed.values()) == {JAIL_UID}, uids  # zygote, templates, call
+    r = await call
+    assert (r.status, r.stdout) == ("ok", f"{JAIL_UID}\n")
+    await assert_serves(jail_pool)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is for pools run as root")
+async def test_a_python_path_nobody_cannot_read_is_refused_by_name(tmp_path):
+    from sandbox.errors import IsolationUnavailable
+    from sandbox.isolation import plan as make_plan
+    from sandbox.isolation import run_as_nobody
+
+    cfg = PoolConfig(workers=1, isolation="jail+seccomp", python_paths=(str(tmp_path),))
+    tmp_path.chmod(0o700)
+    if not run_as_nobody(make_plan(cfg).jail):
+        pytest.skip("the jail here does not run calls as nobody")
+    with pytest.raises(IsolationUnavailable, match=rf"python_paths entry {tmp_path} is not readable by uid "
+                                        r"65534.*chmod o\+rx"):
+        async with SandboxPool(cfg):
+            pass
