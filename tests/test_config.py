@@ -164,3 +164,21 @@ def test_cli_config_check(capsys: pytest.CaptureFixture[str]) -> None:
                    "--set", "rollout.group_size=lots"])
     assert rc == 2
     assert "rollout.group_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind, default", [("local", "tensor"), ("sglang", "disk"),
+                                           ("vllm", "disk")])
+def test_every_engine_kind_has_a_weight_sync_it_can_run(kind: str, default: str) -> None:
+    cfg = config.from_dict({**minimal(), "engine": {"kind": kind}})
+    assert cfg.engine.weight_sync == default
+
+
+def test_config_check_refuses_tensor_sync_for_vllm_and_names_disk(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_main(["config", "check", str(ROOT / "curricula" / "tiny.toml"),
+                   "--set", "engine.kind=vllm", "--set", "engine.weight_sync=tensor"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "engine.weight_sync" in err and 'weight_sync = "disk"' in err
+    with pytest.raises(ConfigError, match=r"engine\.weight_sync.*'nccl'"):
+        config.from_dict({**minimal(), "engine": {"kind": "sglang", "weight_sync": "nccl"}})
