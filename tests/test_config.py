@@ -174,9 +174,12 @@ def test_every_engine_kind_has_a_weight_sync_it_can_run(kind: str, default: str)
 
 
 def test_config_check_refuses_tensor_sync_for_vllm_and_names_disk(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli_main(["config", "check", str(ROOT / "curricula" / "tiny.toml"),
-                   "--set", "engine.kind=vllm", "--set", "engine.weight_sync=tensor"])
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "vllm.toml"
+    path.write_text('[model.init]\nmodel_type = "qwen3"\n[data]\ntrain = "generator:tiny_math"\n'
+                    '[engine]\nkind = "vllm"\nweight_sync = "tensor"\n'
+                    '[[stages]]\nname = "s1"\nsteps = 3\n')
+    rc = cli_main(["config", "check", str(path)])
     assert rc == 2
     err = capsys.readouterr().err
     assert "engine.weight_sync" in err and 'weight_sync = "disk"' in err

@@ -147,18 +147,27 @@ class RoutedSGLangEngine:
                 log.info("sglang_worker_put_back", engine=s.name, version=update.version)
 
     async def _deregister(self, server: RemoteEngine) -> None:
-        """`DELETE {router}/workers/{url}` (0.3.2: 202, removed in the background). A router
-        that refuses is logged: the server stays out of asyncrl's own accounting either way."""
-        path = urllib.parse.quote(server.url, safe="")
+        """`DELETE {router}/workers/{id}`: 0.3.2 names a worker by the UUID `GET /workers`
+        lists with its url (a url in the path is a 400), and removes it in the background.
+        A router that refuses is logged: the server stays out of asyncrl's own accounting
+        either way."""
+        want = server.url.rstrip("/")
         try:
-            async with asyncio.timeout(server.options.control_timeout_s), \
-                    server.session.delete(f"{self.router_url}/workers/{path}") as resp:
-                body = await resp.read()
-                if resp.status not in (200, 202, 204):
-                    log.warning("sglang_router_refused_removal", engine=server.name,
-                                status=resp.status, body=body[:200].decode(errors="replace"))
-        except (aiohttp.ClientError, TimeoutError) as e:
-            log.warning("sglang_router_unreachable", engine=server.name, error=repr(e))
+            async with asyncio.timeout(server.options.control_timeout_s):
+                async with server.session.get(f"{self.router_url}/workers") as resp:
+                    entries = _workers(orjson.loads(await resp.read()))
+                ids = [str(w["id"]) for w in entries
+                       if str(w.get("url", "")).rstrip("/") == want and w.get("id")]
+                for wid in ids or [server.url]:
+                    path = urllib.parse.quote(wid, safe="")
+                    async with server.session.delete(f"{self.router_url}/workers/{path}") as r:
+                        body = await r.read()
+                        if r.status not in (200, 202, 204):
+                            log.warning("sglang_router_refused_removal", engine=server.name,
+                                        status=r.status,
+                                        body=body[:200].decode(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, EngineError, orjson.JSONDecodeError) as e:
+            log.warning("sglang_router_removal_failed", engine=server.name, error=repr(e))
 
 
 def _workers(data: Any) -> list[dict[str, Any]]:
