@@ -438,9 +438,9 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 
 async def _push_weights(rt: Runtime, version: int) -> None:
-    """New weights to every engine, the way `engine.weight_sync` says (engines without the key,
-    e.g. the in-process one, take tensors): `asyncrl.engine.weightsync.push_weights`."""
+    """New weights to every engine, the way `engine.weight_sync` says (each engine kind has
+    its own default): `asyncrl.engine.weightsync.push_weights`."""
     from asyncrl.engine.weightsync import push_weights
 
-    mode = getattr(rt.cfg.engine, "weight_sync", "tensor")
-    await push_weights(rt.engines, rt.need_trainer(), version, mode, Path(rt.run_dir))
+    await push_weights(rt.engines, rt.need_trainer(), version, rt.cfg.engine.weight_sync,
+                       Path(rt.run_dir))

@@ -213,3 +213,24 @@ def test_an_unset_correction_follows_the_staleness() -> None:
     assert config.from_dict(stale).algorithm.correction == "decoupled"
     chosen = {**stale, "algorithm": {"correction": "none"}}  # an explicit choice stands
     assert config.from_dict(chosen).algorithm.correction == "none"
+
+
+@pytest.mark.parametrize("kind, default", [("local", "tensor"), ("sglang", "disk"),
+                                           ("vllm", "disk")])
+def test_every_engine_kind_has_a_weight_sync_it_can_run(kind: str, default: str) -> None:
+    cfg = config.from_dict({**minimal(), "engine": {"kind": kind}})
+    assert cfg.engine.weight_sync == default
+
+
+def test_config_check_refuses_tensor_sync_for_vllm_and_names_disk(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "vllm.toml"
+    path.write_text('[model.init]\nmodel_type = "qwen3"\n[data]\ntrain = "generator:tiny_math"\n'
+                    '[engine]\nkind = "vllm"\nweight_sync = "tensor"\n'
+                    '[[stages]]\nname = "s1"\nsteps = 3\n')
+    rc = cli_main(["config", "check", str(path)])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "engine.weight_sync" in err and 'weight_sync = "disk"' in err
+    with pytest.raises(ConfigError, match=r"engine\.weight_sync.*'nccl'"):
+        config.from_dict({**minimal(), "engine": {"kind": "sglang", "weight_sync": "nccl"}})

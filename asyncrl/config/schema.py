@@ -219,6 +219,9 @@ class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_fie
     """torch device for generation ("cpu", "cuda", "cuda:1")."""
     threads: NonNegInt = 0
     """torch intra-op threads for the forward thread (0 = leave torch's default)."""
+    weight_sync: Literal["tensor", "disk"] = "tensor"
+    """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
+    the engine's model in-process) or "disk" (an HF directory the engine loads)."""
 
 
 class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_field="kind"):
@@ -238,7 +241,8 @@ class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_f
     """How the train loop pushes new weights: "disk" (the trainer exports an HF directory under
     the run directory, which every server must see, e.g. a shared filesystem, and the servers
     load it) or "tensor" (serialised tensors, one payload per TP rank: servers on the trainer's
-    own GPUs). The NCCL path (`SGLangEngine.init_weights_update_group` /
+    own GPUs: CUDA tensors travel as IPC handles; CPU tensors by value, so any server opens
+    them). The NCCL path (`SGLangEngine.init_weights_update_group` /
     `update_weights_from_distributed`) exists on the engine but the loop does not drive it
     yet."""
     router_url: str = ""
@@ -262,10 +266,20 @@ class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field
     """Fraction of GPU memory vLLM may use."""
     base_port: Annotated[int, Meta(ge=1024, le=65535)] = 8000
     """First port of launched servers."""
+    weight_sync: str = "disk"
+    """How the train loop pushes new weights; vLLM takes only "disk": the trainer exports an
+    HF directory under the run directory (every server must see it) and each server reloads
+    it in place (dev-mode `/pause`, `/collective_rpc reload_weights`, `/resume`). vLLM 0.32's
+    in-memory weight transfer backends are all GPU-only."""
     extra_args: list[str] = []
     """Passed through to `vllm serve`."""
     request_timeout_s: PosFloat = 3600.0
     """Deadline for one streamed request."""
+
+    def __post_init__(self) -> None:
+        if self.weight_sync != "disk":
+            raise _bad("weight_sync", f"{self.weight_sync!r} is not supported by vLLM, which "
+                       "reloads weights from disk only: use weight_sync = \"disk\"")
 
 
 EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig

@@ -1,8 +1,11 @@
 """sglang-router in front of SGLang servers: one engine to the scheduler.
 
 Owns: `RoutedSGLangEngine` (generation through the router, which keeps prefix-cache affinity
-across servers; load summed over servers; abort and weight updates sent to every server) and
-registering launched servers with the router. Does not own: a server's wire format or
+across servers; load summed over servers; abort and weight updates sent to every server; a
+server whose update failed taken out of the router, so no request lands on its old weights,
+and put back once an update succeeds) and registering servers with the router. For a weight
+push each server counts as an engine: the routed engine fails an update only when every
+server behind it failed. Does not own: a server's wire format or
 supervision (`sglang.SGLangEngine`; the router needs only what every `remote.RemoteEngine`
 has, so it does not import `sglang`), or building a fleet from config (`sglang_fleet`).
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -27,6 +31,9 @@ from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightU
 from asyncrl.engine.remote import RemoteEngine, open_all
 from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
+from asyncrl.log import get_logger
+
+log = get_logger(__name__)
 
 
 class RoutedSGLangEngine:
@@ -45,14 +52,21 @@ class RoutedSGLangEngine:
         self.servers = list(servers)
         self._register = register
         self._stack: contextlib.AsyncExitStack | None = None
+        self._out: set[str] = set()
+        """Names of servers taken out of the router after a failed weight update."""
+
+    @property
+    def in_service(self) -> list[RemoteEngine]:
+        """The servers the router sends requests to (all but those taken out)."""
+        return [s for s in self.servers if s.name not in self._out]
 
     @property
     def policy_version(self) -> int:
-        return min(s.policy_version for s in self.servers)
+        return min(s.policy_version for s in self.in_service or self.servers)
 
     @property
     def healthy(self) -> bool:
-        return any(s.healthy for s in self.servers)
+        return any(s.healthy for s in self.in_service)
 
     async def __aenter__(self) -> RoutedSGLangEngine:
         await self.start()
@@ -80,7 +94,7 @@ class RoutedSGLangEngine:
             await asyncio.shield(stack.aclose())
 
     def _any(self) -> RemoteEngine:
-        for s in self.servers:
+        for s in self.in_service:
             if s.healthy:
                 return s
         raise EngineUnavailable("no SGLang server behind the router is up")
@@ -93,7 +107,7 @@ class RoutedSGLangEngine:
 
     async def load(self) -> EngineLoad:
         loads = []
-        for s in self.servers:
+        for s in self.in_service:
             if s.healthy:
                 try:
                     loads.append(await s.load())
@@ -108,12 +122,52 @@ class RoutedSGLangEngine:
                           age_s=max(x.age_s for x in loads))
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Update every server; one server's failure does not stop the others' updates. Raises
-        `WeightSyncError` naming the servers that failed (they keep serving their old weights,
-        and their tokens keep their old version tags)."""
-        failed = await push_to_all(self.servers, update)
-        if failed:
-            raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed))
+        """Update every server, those taken out included; one server's failure does not stop
+        the others'. A server that failed is taken out of the router (it keeps its old
+        weights; its requests in flight finish under their old version tags); one taken out
+        earlier that now succeeds is put back. Raises `WeightSyncError` only when no server
+        took the weights, naming each failure."""
+        failed = dict(await push_to_all(self.servers, update))
+        if len(failed) == len(self.servers):
+            raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed.items()))
+        for s in self.servers:
+            if s.name in failed and s.name not in self._out:
+                log.error("sglang_worker_taken_out", engine=s.name, url=s.url,
+                          version=update.version, error=str(failed[s.name]))
+                self._out.add(s.name)
+                await self._deregister(s)
+            elif s.name not in failed and s.name in self._out:
+                try:
+                    await register_worker(s.session, self.router_url, s.url,
+                                          timeout_s=s.options.startup_timeout_s)
+                except (EngineError, EngineUnavailable) as e:
+                    log.warning("sglang_worker_not_put_back", engine=s.name, error=str(e))
+                    continue
+                self._out.discard(s.name)
+                log.info("sglang_worker_put_back", engine=s.name, version=update.version)
+
+    async def _deregister(self, server: RemoteEngine) -> None:
+        """`DELETE {router}/workers/{id}`: 0.3.2 names a worker by the UUID `GET /workers`
+        lists with its url (a url in the path is a 400), and removes it in the background.
+        A router that refuses is logged: the server stays out of asyncrl's own accounting
+        either way."""
+        want = server.url.rstrip("/")
+        try:
+            async with asyncio.timeout(server.options.control_timeout_s):
+                async with server.session.get(f"{self.router_url}/workers") as resp:
+                    entries = _workers(orjson.loads(await resp.read()))
+                ids = [str(w["id"]) for w in entries
+                       if str(w.get("url", "")).rstrip("/") == want and w.get("id")]
+                for wid in ids or [server.url]:
+                    path = urllib.parse.quote(wid, safe="")
+                    async with server.session.delete(f"{self.router_url}/workers/{path}") as r:
+                        body = await r.read()
+                        if r.status not in (200, 202, 204):
+                            log.warning("sglang_router_refused_removal", engine=server.name,
+                                        status=r.status,
+                                        body=body[:200].decode(errors="replace"))
+        except (aiohttp.ClientError, TimeoutError, EngineError, orjson.JSONDecodeError) as e:
+            log.warning("sglang_router_removal_failed", engine=server.name, error=repr(e))
 
 
 def _workers(data: Any) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@ which SGLang 0.5.23 requires around tensor and NCCL loads, `weight_updater.py:18
 232-240`; a session left open by a crashed update is closed and reopened), the tensor payloads
 (one serialisation per TP rank, since rank r unpickles element r, `tp_worker.py:194-201`; CUDA
 tensors carry their device UUID, as SGLang's own `patch_torch.py:71-89` does, so the server finds
-the GPU whatever its `CUDA_VISIBLE_DEVICES`), and the dtype names of an NCCL update (torch
+the GPU whatever its `CUDA_VISIBLE_DEVICES`; CPU tensors travel by value, since a CPU tensor
+pickled by handle opens only in a child of the sender), and the dtype names of an NCCL update (torch
 attribute names such as "bfloat16", `weight_updater.py:282-286` of the model runner).
 
 The sequence around these calls (pause, apply, flush, version, resume; one deadline; resume in
@@ -170,17 +171,46 @@ def _reduce_with_device_uuid(tensor: Any) -> Any:
     from torch.multiprocessing import reductions
 
     fn, args = reductions.reduce_tensor(tensor)
+    uuid = str(torch.cuda.get_device_properties(args[6]).uuid)
+    return fn, (*args[:6], uuid, *args[7:])
+
+
+def _reduce_by_value(tensor: Any) -> Any:
+    """A CPU tensor as its bytes: `torch.storage._load_from_bytes(torch.save(tensor))`, the
+    rebuild plain `pickle` uses for a tensor's storage, inside SGLang's unpickler allow-list
+    (`torch.` prefixes, `utils/common.py:3085-3098`). torch's own CPU reducer would send a file
+    descriptor through this process's resource sharer, which only a child of this process can
+    open: a separate server fails with `AuthenticationError: digest sent was rejected`."""
+    import torch
+    from torch.storage import _load_from_bytes
+
+    t = tensor.detach()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()  # a view: send its own values, not the whole storage it looks into
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    return _load_from_bytes, (buf.getvalue(),)
+
+
+def _reduce_tensor(tensor: Any) -> Any:
     if tensor.is_cuda:
-        uuid = str(torch.cuda.get_device_properties(args[6]).uuid)
-        args = (*args[:6], uuid, *args[7:])
-    return fn, args
+        return _reduce_with_device_uuid(tensor)
+    if tensor.device.type == "cpu":
+        return _reduce_by_value(tensor)
+    from torch.multiprocessing import reductions
+
+    return reductions.reduce_tensor(tensor)
 
 
 def serialize_named_tensors(named: Sequence[tuple[str, Any]]) -> str:
-    """One rank's payload, as SGLang's `MultiprocessingSerializer.serialize(...,
-    output_str=True)` makes it: a ForkingPickler pickle of the (name, tensor) list in base64.
-    CUDA tensors travel as IPC handles (the server must share the GPU) naming their device by
-    UUID; CPU tensors as shared memory, handed out once per payload."""
+    """One rank's payload, opened by SGLang's `MultiprocessingSerializer.deserialize` (base64,
+    then a ForkingPickler pickle of the (name, tensor) list through its allow-list unpickler).
+
+    CUDA tensors travel as IPC handles naming their device by UUID, as SGLang's own RL
+    integrations send colocated weights (the server must share the GPU; nothing is copied).
+    CPU tensors travel by value (`_reduce_by_value`), so any server process opens them, on
+    this host or another: the payload is about the tensors' size, base64 adds a third.
+    """
     from multiprocessing.reduction import ForkingPickler
 
     import torch
@@ -189,7 +219,7 @@ def serialize_named_tensors(named: Sequence[tuple[str, Any]]) -> str:
     buf = io.BytesIO()
     pickler = ForkingPickler(buf)
     for cls in (torch.Tensor, torch.nn.Parameter):
-        pickler.dispatch_table[cls] = _reduce_with_device_uuid
+        pickler.dispatch_table[cls] = _reduce_tensor
     pickler.dump(list(named))
     return base64.b64encode(buf.getvalue()).decode()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from fakes.sglang_server import FakeSGLang
+from fakes.control import FakeProcess
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
@@ -109,13 +109,23 @@ def real_server(tmp_path_factory, tiny_tokenizer) -> Iterator[Server]:
         log.close()
 
 
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[FakeProcess]:
+    """The fake as its own process, like the real server: one per module, reset per test."""
+    with FakeProcess("sglang_server.py", "--model-path", "/fake/model",
+                     "--incremental-streaming-output", "--fake-token-delay", "0.005",
+                     "--fake-health-check-timeout", "0.5") as fake:
+        yield fake
+
+
 @pytest.fixture(params=["fake", pytest.param("real", marks=pytest.mark.gpu)])
 async def server(request, tmp_path) -> AsyncIterator[Server]:
     if request.param == "real":
         yield request.getfixturevalue("real_server")
         return
-    async with FakeSGLang(health_check_timeout_s=0.5, token_delay_s=0.005) as fake:
-        yield Server("fake", fake.url, str(tmp_path), health_timeout_s=0.5)
+    fake = request.getfixturevalue("fake_server")
+    await fake.reset()
+    yield Server("fake", fake.url, str(tmp_path), health_timeout_s=0.5)
 
 
 @pytest.fixture

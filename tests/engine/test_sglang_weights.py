@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +22,8 @@ import msgspec
 import pytest
 import torch
 import torch.distributed as dist
-from fakes.sglang_server import FakeSGLang, ScriptedModel, tensor_digest
+from fakes.control import FakeProcess
+from fakes.sglang_server import ScriptedModel, tensor_digest
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
@@ -57,7 +58,32 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-def make(fake: FakeSGLang, http: aiohttp.ClientSession, *, tp: int = 1, index: int = 0,
+def _launch() -> FakeProcess:
+    return FakeProcess("sglang_server.py", "--model-path", "/fake/model",
+                       "--incremental-streaming-output")
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[FakeProcess, FakeProcess]]:
+    """Two fake servers, each its own process as a real one is (the tensors cross a process
+    boundary): started once for the module, reset before each test."""
+    with _launch() as a, _launch() as b:
+        yield a, b
+
+
+@pytest.fixture
+async def fake(servers) -> FakeProcess:
+    await servers[0].reset()
+    return servers[0]
+
+
+@pytest.fixture
+async def fake_b(servers) -> FakeProcess:
+    await servers[1].reset()
+    return servers[1]
+
+
+def make(fake: FakeProcess, http: aiohttp.ClientSession, *, tp: int = 1, index: int = 0,
          **opts: Any) -> SGLangEngine:
     return SGLangEngine(SGLangEngineConfig(tp_size=tp), index=index, session=http,
                         url=fake.url, model_path="/fake/model",
@@ -117,8 +143,9 @@ def weights_after(path: str, tmp_path: Any) -> str:
 
 # ------------------------------------------------------------------------ end to end
 @pytest.mark.parametrize("path", ["disk", "tensor", "gloo"])
-async def test_each_path_loads_the_weights_and_tags_the_tokens(path, http, tmp_path):
-    async with FakeSGLang(token_delay_s=0.01) as fake, make(fake, http) as eng:
+async def test_each_path_loads_the_weights_and_tags_the_tokens(path, fake, http, tmp_path):
+    await fake.set(core__token_delay_s=0.01)
+    async with make(fake, http) as eng:
         in_flight = eng.stream(req("flight", 40))
         first = await anext(in_flight)
         await update(eng, path, 4, tmp_path)
@@ -128,22 +155,27 @@ async def test_each_path_loads_the_weights_and_tags_the_tokens(path, http, tmp_p
         assert first.policy_version == 0 and rest[-1].policy_version == 4
         g = await collect(eng, req(n=6))
         assert g.token_ids == expected(weights_after(path, tmp_path))
-        assert eng.policy_version == 4 and fake.core.weight_version == "4"
-        if path != "disk":
-            assert all(torch.equal(fake.received[k], v) for k, v in STATE.items())
+        st = await fake.state("core.weight_version", "received", "session_open")
+        assert eng.policy_version == 4 and st["attrs"]["core.weight_version"] == "4"
+        if path != "disk":  # the server process holds the very values sent
+            got = st["attrs"]["received"]
+            assert all(torch.equal(torch.tensor(got[k]), v) for k, v in STATE.items())
+        calls = st["calls"]
         sessions = 0 if path == "disk" else 1
-        assert len(fake.calls["/begin_weight_update"]) == sessions
-        assert len(fake.calls["/end_weight_update"]) == sessions and not fake.session_open
-        assert fake.calls["/pause_generation"] == [{"mode": "retract"}]
-        assert len(fake.calls["/continue_generation"]) == 1
+        assert len(calls.get("/begin_weight_update", [])) == sessions
+        assert len(calls.get("/end_weight_update", [])) == sessions
+        assert not st["attrs"]["session_open"]
+        assert calls["/pause_generation"] == [{"mode": "retract"}]
+        assert len(calls["/continue_generation"]) == 1
 
 
 @pytest.mark.parametrize("path", ["disk", "tensor", "gloo"])
-async def test_a_server_slow_to_answer_health_during_an_update_stays_up(path, http, tmp_path):
+async def test_a_server_slow_to_answer_health_during_an_update_stays_up(path, fake, http,
+                                                                        tmp_path):
     # loading blocks the fake's scheduler for 1.5 s; its /health answers 503 after 0.2 s
     # (SGLang: 20 s); two failed probes would otherwise take the engine down mid-update
-    async with FakeSGLang(weight_load_delay_s=1.5, health_check_timeout_s=0.2) as fake, \
-            make(fake, http) as eng:
+    await fake.set(weight_load_delay_s=1.5, health_check_timeout_s=0.2)
+    async with make(fake, http) as eng:
         events: list[bool] = []
         eng.on_state = lambda name, up: events.append(up)
         task = asyncio.create_task(update(eng, path, 2, tmp_path))
@@ -152,64 +184,94 @@ async def test_a_server_slow_to_answer_health_during_an_update_stays_up(path, ht
             assert r.status == 503  # what the supervisor would have seen
         await task
         assert eng.healthy and events == [] and eng.policy_version == 2
-        assert len(fake.calls["/model_info"]) >= 3  # liveness probed all along
+        assert len(await fake.calls("/model_info")) >= 3  # liveness probed all along
         # supervision is unchanged outside an update: a blocked server is taken out
-        fake.core.scheduler_free.clear()
+        await fake.set(scheduler_free=False)
         async with asyncio.timeout(5):
             while eng.healthy:  # noqa: ASYNC110  (state owned by the supervisor task)
                 await asyncio.sleep(0.05)
         assert events == [False]
-        fake.core.scheduler_free.set()
+        await fake.set(scheduler_free=True)
 
 
-async def test_each_tp_rank_gets_its_own_tensor_payload(http):
-    # rank r unpickles element r; one pickle copied to two ranks hands its CPU fds out once
-    async with FakeSGLang(tp_size=2) as fake, make(fake, http, tp=2) as eng:
+async def test_each_tp_rank_gets_its_own_tensor_payload(fake, http):
+    # rank r unpickles element r, its own serialisation of the same tensors
+    await fake.set(tp_size=2)
+    async with make(fake, http, tp=2) as eng:
         await eng.update_weights(WeightUpdate(version=1, state_dict=STATE))
-        assert fake.core.weights == tensor_digest(list(STATE.items()))
+        assert await fake.attr("core.weights") == tensor_digest(list(STATE.items()))
+        sent = (await fake.calls("/update_weights_from_tensor"))[0]
+        assert len(sent["serialized_named_tensors"]) == 2
         payload = serialize_named_tensors(list(STATE.items()))
         await http.post(fake.url + "/begin_weight_update", json={})
         async with http.post(fake.url + "/update_weights_from_tensor",
-                             json={"serialized_named_tensors": [payload] * 2}) as r:
-            assert r.status == 400 and "TP rank 1" in (await r.json())["message"]
+                             json={"serialized_named_tensors": [payload]}) as r:
+            assert r.status == 400 and "tp rank 1" in (await r.json())["message"]
+
+
+async def test_cpu_tensors_sent_by_handle_cannot_be_opened_by_the_server_process(fake, http):
+    # torch's own CPU reducer shares a file descriptor through this process's resource
+    # sharer, which another process cannot open: SGLang 0.5.23 answers exactly this
+    import base64
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (torch's reducers)
+
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump(list(STATE.items()))
+    await http.post(fake.url + "/begin_weight_update", json={})
+    body = {"serialized_named_tensors": [base64.b64encode(buf.getvalue()).decode()]}
+    async with http.post(fake.url + "/update_weights_from_tensor", json=body) as r:
+        reply = await r.json()
+    assert r.status == 400
+    assert reply["message"] == ("Failed to deserialize the tensors of tp rank 0: "
+                                "AuthenticationError: digest sent was rejected")
+    # asyncrl's payload holds the values themselves: the same tensors open there
+    await http.post(fake.url + "/end_weight_update", json={})
+    async with make(fake, http) as eng:
+        await eng.update_weights(WeightUpdate(version=1, state_dict=STATE))
+    assert await fake.attr("core.weights") == tensor_digest(list(STATE.items()))
 
 
 # ------------------------------------------------------------------------- bad input
-async def test_an_update_reply_of_the_wrong_shape_is_a_clear_error(http, tmp_path):
-    async with FakeSGLang() as fake, make(fake, http) as eng:
-        fake.replies["/update_weights_from_disk"] = (200, "OK")
+async def test_an_update_reply_of_the_wrong_shape_is_a_clear_error(fake, http, tmp_path):
+    async with make(fake, http) as eng:
+        await fake.reply("/update_weights_from_disk", 200, "OK")
         with pytest.raises(WeightSyncError, match="unexpected reply"):
             await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
         assert eng.policy_version == 0 and eng.healthy
-        assert len(fake.calls["/continue_generation"]) == 1  # not left paused
+        assert len(await fake.calls("/continue_generation")) == 1  # not left paused
         assert len((await collect(eng, req())).token_ids) == 6
 
 
 @pytest.mark.parametrize("status", [400, 500])
 async def test_a_server_error_mid_update_closes_the_session_and_carries_its_message(
-        status, http):
-    async with FakeSGLang() as fake, make(fake, http) as eng:
-        fake.replies["/update_weights_from_tensor"] = (
-            status, {"success": False, "message": "CUDA error: out of memory"})
+        status, fake, http):
+    async with make(fake, http) as eng:
+        await fake.reply("/update_weights_from_tensor", status,
+                         {"success": False, "message": "CUDA error: out of memory"})
         with pytest.raises(WeightSyncError, match=rf"HTTP {status}: CUDA error: out of memory"):
             await eng.update_weights(WeightUpdate(version=1, state_dict=STATE))
-        assert not fake.session_open and len(fake.calls["/end_weight_update"]) == 1
-        assert len(fake.calls["/continue_generation"]) == 1 and eng.policy_version == 0
-        del fake.replies["/update_weights_from_tensor"]
+        st = await fake.state("session_open")
+        assert not st["attrs"]["session_open"] and len(st["calls"]["/end_weight_update"]) == 1
+        assert len(st["calls"]["/continue_generation"]) == 1 and eng.policy_version == 0
+        await fake.reply("/update_weights_from_tensor", None)
         await eng.update_weights(WeightUpdate(version=2, state_dict=STATE))  # recovers
         assert eng.policy_version == 2
 
 
-async def test_a_session_left_open_by_a_crashed_update_is_closed_and_reopened(http):
-    async with FakeSGLang() as fake, make(fake, http) as eng:
-        fake.session_open = True  # an earlier trainer died between begin and end
+async def test_a_session_left_open_by_a_crashed_update_is_closed_and_reopened(fake, http):
+    async with make(fake, http) as eng:
+        await fake.set(session_open=True)  # an earlier trainer died between begin and end
         await eng.update_weights(WeightUpdate(version=3, state_dict=STATE))
-        assert eng.policy_version == 3 and not fake.session_open
-        assert len(fake.calls["/begin_weight_update"]) == 2  # refused, then after the end
-        assert len(fake.calls["/end_weight_update"]) == 2
+        st = await fake.state("session_open")
+        assert eng.policy_version == 3 and not st["attrs"]["session_open"]
+        assert len(st["calls"]["/begin_weight_update"]) == 2  # refused, then after the end
+        assert len(st["calls"]["/end_weight_update"]) == 2
         # a session that cannot be closed is an error, not a hang
-        fake.session_open = True
-        fake.replies["/end_weight_update"] = (500, {"detail": "scheduler died"})
+        await fake.set(session_open=True)
+        await fake.reply("/end_weight_update", 500, {"detail": "scheduler died"})
         async with asyncio.timeout(5):
             with pytest.raises(WeightSyncError, match="scheduler died"):
                 await eng.update_weights(WeightUpdate(version=4, state_dict=STATE))
@@ -217,17 +279,17 @@ async def test_a_session_left_open_by_a_crashed_update_is_closed_and_reopened(ht
 
 
 async def test_a_server_that_stops_answering_mid_update_is_taken_out_and_the_update_fails(
-        http, tmp_path):
+        fake, http, tmp_path):
     # while loading, /health cannot pass, but /model_info (the HTTP front) still answers; a
     # server that answers nothing is taken out without waiting for the update's deadline
-    async with FakeSGLang(weight_load_delay_s=60.0, health_check_timeout_s=0.2) as fake, \
-            make(fake, http, weight_timeout_s=2.5, health_timeout_s=0.3,
-                 control_timeout_s=1.0) as eng:
+    await fake.set(weight_load_delay_s=60.0, health_check_timeout_s=0.2)
+    async with make(fake, http, weight_timeout_s=2.5, health_timeout_s=0.3,
+                    control_timeout_s=1.0) as eng:
         task = asyncio.create_task(
             eng.update_weights(WeightUpdate(version=1, path=str(tmp_path))))
         await asyncio.sleep(0.5)
         assert eng.healthy  # loading: health fails, liveness holds
-        fake.core.hang = True
+        await fake.set(hang=True)
         async with asyncio.timeout(2.0):
             while eng.healthy:  # noqa: ASYNC110  (state owned by the supervisor task)
                 await asyncio.sleep(0.05)
@@ -236,23 +298,23 @@ async def test_a_server_that_stops_answering_mid_update_is_taken_out_and_the_upd
             with pytest.raises(WeightSyncError, match="failed"):
                 await task
         assert eng.policy_version == 0
-        fake.core.hang = False
+        await fake.set(hang=False)
 
 
-async def test_bad_nccl_requests_fail_before_or_with_the_servers_reason(http):
-    async with FakeSGLang() as fake, make(fake, http) as eng:
+async def test_bad_nccl_requests_fail_before_or_with_the_servers_reason(fake, http):
+    async with make(fake, http) as eng:
         async def noop() -> None:
             return None
 
         with pytest.raises(WeightSyncError, match="not a torch dtype"):
             await eng.update_weights_from_distributed(names=["w"], dtypes=["float33"],
                                                       shapes=[[2]], version=1, broadcast=noop)
-        assert "/pause_generation" not in fake.calls  # refused before anything was sent
+        assert "/pause_generation" not in await fake.calls()  # refused before anything sent
         with pytest.raises(WeightSyncError, match="not initialized"):
             await eng.update_weights_from_distributed(names=["w"], dtypes=["float32"],
                                                       shapes=[[2]], version=1, broadcast=noop,
                                                       group_name="never-joined")
-        assert not fake.session_open and eng.policy_version == 0
+        assert not await fake.attr("session_open") and eng.policy_version == 0
 
         async def trainer_fails() -> None:
             raise RuntimeError("gloo: connection closed by peer")
@@ -263,41 +325,44 @@ async def test_bad_nccl_requests_fail_before_or_with_the_servers_reason(http):
             await eng.update_weights_from_distributed(names=["w"], dtypes=["float32"],
                                                       shapes=[[2]], version=1,
                                                       broadcast=trainer_fails)
-        assert not fake.session_open and eng.policy_version == 0
+        assert not await fake.attr("session_open") and eng.policy_version == 0
 
 
-async def test_load_of_the_wrong_shape_is_an_engine_error(http):
-    async with FakeSGLang() as fake, make(fake, http) as eng:
-        fake.replies["/v1/loads"] = (200, {"loads": "busy"})
+async def test_load_of_the_wrong_shape_is_an_engine_error(fake, http):
+    async with make(fake, http) as eng:
+        await fake.reply("/v1/loads", 200, {"loads": "busy"})
         with pytest.raises(EngineError, match="unrecognised /v1/loads"):
             await eng.load()
         assert eng.healthy
 
 
-async def test_one_engines_failed_update_leaves_the_others_updated(http, tmp_path):
+async def test_one_engines_failed_update_leaves_the_others_updated(fake, fake_b, http,
+                                                                   tmp_path):
     from asyncrl.engine.weightsync import push_weights
 
     trainer = SimpleNamespace(state_dict_for_sync=lambda: STATE)
-    async with FakeSGLang() as a, FakeSGLang() as b:
-        ea, eb = make(a, http), make(b, http, index=1)
-        async with ea, eb:
-            a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
-            await push_weights([ea, eb], trainer, 5, "tensor", tmp_path)  # the run goes on
-            assert (ea.policy_version, eb.policy_version) == (0, 5)
-            assert {d.policy_version async for d in eb.stream(req())} == {5}
-            assert {d.policy_version async for d in ea.stream(req())} == {0}
-            routed = RoutedSGLangEngine(b.url, [ea, eb])
-            with pytest.raises(WeightSyncError, match=r"sglang-0.*boom"):
-                await routed.update_weights(WeightUpdate(version=6, state_dict=STATE))
-            assert eb.policy_version == 6
-            a.replies.clear()
-            b.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
-            a.replies["/update_weights_from_tensor"] = (500, {"detail": "boom"})
-            with pytest.raises(WeightSyncError):  # no engine took them: that is the run's end
-                await push_weights([ea, eb], trainer, 7, "tensor", tmp_path)
+    a, b = fake, fake_b
+    ea, eb = make(a, http), make(b, http, index=1)
+    async with ea, eb:
+        await a.reply("/update_weights_from_tensor", 500, {"detail": "boom"})
+        await push_weights([ea, eb], trainer, 5, "tensor", tmp_path)  # the run goes on
+        assert (ea.policy_version, eb.policy_version) == (0, 5)
+        assert {d.policy_version async for d in eb.stream(req())} == {5}
+        assert {d.policy_version async for d in ea.stream(req())} == {0}
+        # behind a router each server counts: a failed one is taken out, the rest go on
+        routed = RoutedSGLangEngine(b.url, [ea, eb])
+        await routed.update_weights(WeightUpdate(version=6, state_dict=STATE))
+        assert eb.policy_version == 6 and routed.policy_version == 6
+        assert [s.name for s in routed.in_service] == ["sglang-1"]
+        await b.reply("/update_weights_from_tensor", 500, {"detail": "boom"})
+        with pytest.raises(WeightSyncError, match=r"sglang-1.*boom"):  # none took them
+            await routed.update_weights(WeightUpdate(version=7, state_dict=STATE))
+        with pytest.raises(WeightSyncError):  # no engine took them: that is the run's end
+            await push_weights([ea, eb], trainer, 7, "tensor", tmp_path)
 
 
-async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(http, tmp_path):
+async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(fake, fake_b, http,
+                                                                         tmp_path):
     """`engine.weight_sync = "disk"`: the train loop exports an HF directory per version under
     the run directory, every server loads that path, and the previous version's is removed."""
     from asyncrl.engine.weightsync import push_weights
@@ -309,14 +374,14 @@ async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(http, tm
         (path / "model.safetensors").write_bytes(b"weights")
         exported.append(str(path))
 
-    async with FakeSGLang() as a, FakeSGLang() as b:
-        ea, eb = make(a, http), make(b, http, index=1)
-        async with ea, eb:
-            trainer = SimpleNamespace(export_hf=export_hf)
-            await push_weights([ea, eb], trainer, 1, "disk", tmp_path)
-            await push_weights([ea, eb], trainer, 2, "disk", tmp_path)
-            assert (ea.policy_version, eb.policy_version) == (2, 2)
+    a, b = fake, fake_b
+    ea, eb = make(a, http), make(b, http, index=1)
+    async with ea, eb:
+        trainer = SimpleNamespace(export_hf=export_hf)
+        await push_weights([ea, eb], trainer, 1, "disk", tmp_path)
+        await push_weights([ea, eb], trainer, 2, "disk", tmp_path)
+        assert (ea.policy_version, eb.policy_version) == (2, 2)
     assert exported == [str(tmp_path / "weights" / "v1"), str(tmp_path / "weights" / "v2")]
-    for fake in (a, b):
-        assert [c["model_path"] for c in fake.calls["/update_weights_from_disk"]] == exported
+    for f in (a, b):
+        assert [c["model_path"] for c in await f.calls("/update_weights_from_disk")] == exported
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2"]

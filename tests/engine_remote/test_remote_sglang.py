@@ -308,6 +308,21 @@ async def test_router_engine_registers_workers_sums_load_and_fans_out(session, t
             assert routed.policy_version == 2
 
 
+async def test_a_worker_failing_its_update_is_taken_out_of_the_router_and_put_back(session,
+                                                                                 tmp_path):
+    async with FakeSGLang() as a, FakeSGLang() as b, FakeRouter() as router:
+        ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
+        eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
+        async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
+            a.replies["/update_weights_from_disk"] = (500, {"detail": "boom"})
+            await routed.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
+            assert set(router.workers) == {b.url} and routed.policy_version == 1
+            assert [s.name for s in routed.in_service] == ["sglang-1"]
+            del a.replies["/update_weights_from_disk"]
+            await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
+            assert set(router.workers) == {a.url, b.url} and routed.policy_version == 2
+
+
 async def test_registry_builds_engines_that_open_their_own_session(tmp_path):
     from asyncrl.engine import build_engines
     from asyncrl.errors import ConfigError

@@ -8,6 +8,7 @@ gateway source the audit (`../shared/research/sglang-contract-audit.md`, rows 27
   there is no `/add_worker` (a 404, as from the real router's fallback handler).
 - `POST /generate` goes to a healthy worker (round robin), re-serialised as the router's typed
   request: sampling keys it does not model (`spaces_between_special_tokens`) are dropped.
+- `DELETE /workers/{uuid}` removes a worker (202); a url in the path is a 400, as in 0.3.2.
 - `GET /health` 200, `GET /readiness` 503 without a healthy worker.
 
 Simplifications: one health probe per worker at registration plus one per `check_interval_s`
@@ -49,6 +50,7 @@ class FakeRouter:
         app = web.Application()
         app.router.add_post("/workers", self.add_worker)
         app.router.add_get("/workers", self.list_workers)
+        app.router.add_delete("/workers/{worker_id}", self.remove_worker)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
         app.router.add_get("/readiness", self.readiness)
@@ -91,7 +93,10 @@ class FakeRouter:
         self.workers[url] = {"id": worker_id, "url": url, "model_id": "default",
                              "worker_type": "regular", "is_healthy": False, "load": 0}
         while True:
-            self.workers[url]["is_healthy"] = await self._probe(url)
+            healthy = await self._probe(url)
+            if self.workers.get(url, {}).get("id") != worker_id:
+                return  # removed meanwhile
+            self.workers[url]["is_healthy"] = healthy
             await asyncio.sleep(self.check_interval_s)
 
     async def _probe(self, url: str) -> bool:
@@ -101,6 +106,21 @@ class FakeRouter:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        """0.3.2 names the worker by its UUID; a url in the path is a 400 (as the real one)."""
+        wid = request.match_info["worker_id"]
+        self.calls["DELETE /workers"].append(wid)
+        try:
+            uuid.UUID(wid)
+        except ValueError:
+            return web.json_response({"error": f"Invalid worker_id '{wid}' (expected UUID).",
+                                      "code": "BAD_REQUEST"}, status=400)
+        for url, w in list(self.workers.items()):
+            if w["id"] == wid:
+                del self.workers[url]
+                return web.json_response({"status": "accepted", "worker_id": wid}, status=202)
+        return web.json_response({"error": f"Worker {wid} not found"}, status=404)
 
     async def list_workers(self, request: web.Request) -> web.Response:
         ws = list(self.workers.values())

@@ -25,7 +25,10 @@ Behaviour modelled on the real server:
   while one is open, an end without one too. Rank r of a `tp_size` server unpickles element r
   of `serialized_named_tensors`. `dtypes` must be torch attribute names. An update whose
   cache flush is refused (requests running or queued and not retracted) fails the update
-  (`weight_updater.py:120-133`). A disk update on an unpaused server waits for in-flight
+  (`weight_updater.py:120-133`). Tensor payloads are opened as 0.5.23's
+  `MultiprocessingSerializer.deserialize` opens them (`deserialize`: validated base64, torch's
+  ForkingPickler rebuilds behind the allow-list unpickler), so across a process boundary a CPU
+  tensor sent by file descriptor fails here as there. A disk update on an unpaused server waits for in-flight
   requests to finish. `weight_load_delay_s` makes every load block the scheduler that long.
 - `/v1/loads?include=core`: one entry per DP rank with a wall-clock `timestamp`; the
   snapshot is republished when a request starts or ends and every 15 generated tokens, so it
@@ -36,8 +39,7 @@ Behaviour modelled on the real server:
 Simplifications (said here so no test leans on them): one process plays every TP and DP rank
 (loads all sit on DP rank 0); tokens come from a scripted, deterministic "model" whose choices
 depend on the loaded weights (no temperature, `sampling_seed` ignored as the real server does
-without deterministic inference); tensor payloads are unpickled with plain `pickle` rather than
-SGLang's allow-list unpickler; a "decode iteration" is one generated token, and queued
+without deterministic inference); a "decode iteration" is one generated token, and queued
 incremental chunks are never merged into one; the weight endpoints do not assert `dp_size == 1`
 as the real ones do; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL
 path joins a real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on
@@ -47,7 +49,9 @@ Failure knobs: `replies[path] = (status, body)` answers a path with a canned rep
 error, an unexpected shape), `die()` drops every connection and stops listening (a crashed
 server), `core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes
 the process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or
-as a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does.
+as a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does;
+as a program it is steered through `/_fake/` (`control.FakeProcess`), and the contract and
+weight tests run it that way, so what breaks at a process boundary breaks in CI.
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import binascii
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -71,7 +75,8 @@ from aiohttp import web
 if not __package__:  # run as a program (a launched server): make `fakes` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fakes.scripted_core import (  # after the path set-up above
+from fakes.control import mount_control  # after the path set-up above
+from fakes.scripted_core import (
     EOS,
     FakeCore,
     ScriptedModel,
@@ -121,6 +126,12 @@ class FakeSGLang:
                  attn_dp_size: int = 1, context_length: int = 32768,
                  health_check_timeout_s: float = 20.0, health_poll_s: float = 0.05,
                  weight_load_delay_s: float = 0.0, **core_kw: Any) -> None:
+        self._init_kw = {"incremental": incremental, "version": version, "tp_size": tp_size,
+                          "dp_size": dp_size, "attn_dp_size": attn_dp_size,
+                          "context_length": context_length,
+                          "health_check_timeout_s": health_check_timeout_s,
+                          "health_poll_s": health_poll_s,
+                          "weight_load_delay_s": weight_load_delay_s, **core_kw}
         self.core = core or FakeCore(**core_kw)
         self.core.free_kv_on_pause = True
         self.core.on_change = self._on_change
@@ -158,8 +169,16 @@ class FakeSGLang:
         return self.dp_size * self.attn_dp_size
 
     # ------------------------------------------------------------------------- serving
+    def _reset(self) -> None:
+        """The fake as launched (the control API's reset, between tests): same address."""
+        kept = (self._runner, self._site, self.url)
+        self.__init__(**self._init_kw)  # type: ignore[misc]
+        self._runner, self._site, self.url = kept
+
     @web.middleware
     async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/_fake/"):  # the test's control API answers always
+            return await handler(request)
         await self.core.stall_if_hung()  # a wedged server answers nothing at all
         canned = self.replies.get(request.path)
         if canned is None:
@@ -194,6 +213,7 @@ class FakeSGLang:
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/init_weights_update_group", self.init_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        mount_control(app, self, self._reset)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -460,21 +480,20 @@ class FakeSGLang:
     async def update_from_tensor(self, request: web.Request) -> web.Response:
         body = await request.json()
         payloads = body.get("serialized_named_tensors")
+        if isinstance(payloads, list):  # recorded as sizes: the test reads calls over HTTP
+            body = {**body, "serialized_named_tensors": [len(p) for p in payloads]}
         if not self.session_open:
             self.calls["/update_weights_from_tensor"].append({**body, "names": None})
             return _fail("update_weights_from_tensor must run between begin_weight_update() "
                          "and end_weight_update()")
-        import torch.multiprocessing  # noqa: F401  (registers the tensor rebuild functions)
-
         per_rank: list[list[tuple[str, Any]]] = []
         try:
             for rank in range(self.tp_size):  # rank r reads element r, and only that one
-                raw = base64.b64decode(payloads[rank], validate=True)
-                per_rank.append(list(pickle.loads(raw)))  # a test fake: plain pickle
-        except (IndexError, TypeError, binascii.Error, pickle.UnpicklingError, EOFError,
-                OSError, RuntimeError) as e:
+                per_rank.append(list(await asyncio.to_thread(deserialize, payloads[rank])))
+        except Exception as e:  # as `tp_worker.py`: any failure is the reply, not a crash
             self.calls["/update_weights_from_tensor"].append({**body, "names": None})
-            return _fail(f"Failed to deserialize the tensors of TP rank {len(per_rank)}: {e!r}")
+            return _fail(f"Failed to deserialize the tensors of tp rank {len(per_rank)}: "
+                         f"{type(e).__name__}: {e}")
         self.calls["/update_weights_from_tensor"].append(
             {**body, "names": [n for n, _ in per_rank[0]]})
         self.received.update(dict(per_rank[0]))
@@ -517,6 +536,37 @@ class FakeSGLang:
             self.received.update(got)
             weights = tensor_digest(list(self.received.items()))
         return await self._load(weights, body) or _ok("Succeeded to update parameter online.")
+
+
+class SafeUnpickler(pickle.Unpickler):
+    """SGLang 0.5.23's allow-list unpickler (`utils/common.py:3085-3098,3361-3370`): globals
+    only from these module prefixes, and never the denied callables."""
+
+    ALLOWED = ("builtins.", "collections.", "copyreg.", "functools.", "itertools.",
+               "operator.", "types.", "weakref.", "torch.", "multiprocessing.resource_sharer.",
+               "multiprocessing.reduction.", "pickletools.", "peft.", "transformers.",
+               "huggingface_hub.", "sglang.srt.", "lightllm.utils.")
+    DENIED = frozenset({("builtins", "eval"), ("builtins", "exec"), ("builtins", "compile"),
+                        ("os", "system"), ("subprocess", "Popen"), ("subprocess", "run"),
+                        ("codecs", "decode"), ("types", "CodeType"), ("types", "FunctionType")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.DENIED and (module + ".").startswith(self.ALLOWED):
+            return super().find_class(module, name)
+        raise RuntimeError(f"Blocked unsafe class loading ({module}.{name}), to prevent "
+                           "exploitation of CVE-2025-10164")
+
+
+def deserialize(data: str | bytes) -> Any:
+    """`MultiprocessingSerializer.deserialize` of SGLang 0.5.23: base64 (validated) when a
+    str, then the allow-list unpickler; torch's ForkingPickler rebuilds run in this process,
+    so a CPU tensor sent by handle (a file descriptor behind the sender's resource sharer)
+    fails here exactly as on the real server."""
+    import torch.multiprocessing  # noqa: F401  (the rebuild functions torch registers)
+
+    if isinstance(data, str):
+        data = base64.b64decode(data, validate=True)
+    return SafeUnpickler(io.BytesIO(data)).load()
 
 
 def _spans(versions: list[str]) -> list[dict[str, Any]]:
@@ -572,6 +622,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fake-startup-delay", type=float, default=0.0)
     p.add_argument("--fake-token-delay", type=float, default=0.0)
     p.add_argument("--fake-capacity", type=int, default=4096)
+    p.add_argument("--fake-health-check-timeout", type=float, default=20.0)
     args = p.parse_args(argv)
 
     async def serve() -> None:
@@ -579,6 +630,7 @@ def main(argv: list[str] | None = None) -> None:
                           dp_size=args.dp_size, context_length=args.context_length,
                           model_path=args.model_path, token_delay_s=args.fake_token_delay,
                           capacity=args.fake_capacity,
+                          health_check_timeout_s=args.fake_health_check_timeout,
                           crash_after_tokens=args.fake_crash_after_tokens)
         fake.starting = True  # listening, but /health answers 503 until loaded
         await fake.start(args.host, args.port)
