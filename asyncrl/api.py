@@ -32,6 +32,7 @@ from typing import Any, cast
 from asyncrl import formats
 from asyncrl.engine.base import Engine
 from asyncrl.errors import BudgetError, ModelError
+from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.agent import RolloutSettings
@@ -67,6 +68,7 @@ __all__ = [
 ]
 
 _SPACE = re.compile(r"\s+")
+log = get_logger(__name__)
 
 LOAD_TIMEOUT_S = 10.0
 """Deadline on each engine's `load()` when the budget is checked."""
@@ -112,6 +114,14 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
     settings = with_stops(settings, tokenizer)
     if system_prompt is None:
         system_prompt = policy.system_prompt if policy is not None else ""
+    fmt = settings.tool_format
+    if tools and system_prompt and fmt._prompt is None and not any(
+            t.name in system_prompt for t in tools):
+        # the built-in formats' system_prompt replaces their whole system text (that is what a
+        # curriculum trains on), so the model would not be told about these tools
+        log.warning("tools_not_in_system_prompt", tools=[t.name for t in tools],
+                    format=fmt.name, hint="system_prompt replaces the format's system text, "
+                    "tool list included: describe the tools in it, or leave it unset")
     runner = RolloutRunner(engines, tokenizer, tools, reward_fn, policy=admission,
                            system_prompt=system_prompt)
     if problems:
