@@ -76,6 +76,9 @@ async def test_a_verifiers_style_environment_runs_in_the_rollout_loop(tiny_token
     assert "lookup_population" in tok.decode(eng.requests[0].input_ids)  # its schema is offered
     # the environment's own system text replaces the built-in one, tool list included: said
     eng = ScriptedEngine([tok.encode("<answer>2148000</answer><|im_end|>")], tok)
+    from asyncrl.log import use_host_logging
+
+    use_host_logging()  # embedded logging, whatever an earlier test configured
     with caplog.at_level("WARNING", logger="asyncrl"):
         (ro,) = [r async for r in rollouts(task.problems, engines=[eng], tokenizer=tok,
                                            tools=task.tools, reward_fn=task.reward_fn,

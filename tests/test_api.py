@@ -43,6 +43,14 @@ def run_dir(tmp_path_factory, tiny_tokenizer, tiny_model_factory) -> Path:
     return root
 
 
+@pytest.fixture
+def host_logging():
+    """Embedded logging (what a program importing asyncrl gets), whatever ran before."""
+    from asyncrl.log import use_host_logging
+
+    use_host_logging()
+
+
 def _problems(n: int) -> list[Problem]:
     return [Problem(id=f"p{i}", question=f"What is 6*7? ({i})", answer="42") for i in range(n)]
 
@@ -123,8 +131,8 @@ async def test_rollouts_stream_one_by_one_and_groups_stay_whole(tiny_tokenizer) 
     assert tok.decode(eng.requests[-1].input_ids).startswith("<|im_start|>system\nBe brief.")
 
 
-async def test_a_rollout_that_cannot_run_comes_back_failed_and_logged(tiny_tokenizer,
-                                                                      caplog) -> None:
+async def test_a_rollout_that_cannot_run_comes_back_failed_and_logged(tiny_tokenizer, caplog,
+                                                                      host_logging) -> None:
     tok = tiny_tokenizer
     eng = ScriptedEngine([tok.encode(ANSWER)], tok, error_after_tokens=2)
 
