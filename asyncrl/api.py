@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from asyncrl import formats
 from asyncrl.engine.base import Engine
-from asyncrl.errors import BudgetError, ModelError
+from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
@@ -115,7 +115,12 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
     if system_prompt is None:
         system_prompt = policy.system_prompt if policy is not None else ""
     fmt = settings.tool_format
-    if tools and system_prompt and fmt._prompt is None and not any(
+    uncallable = [t.name for t in tools if t.name != formats.PYTHON_TOOL]
+    if fmt.name == "markdown" and uncallable:
+        raise ValueError(f"the markdown tool format calls only {formats.PYTHON_TOOL}; "
+                         f"{', '.join(uncallable)} could never be called: use "
+                         "settings.tool_format = formats.HERMES for tools of your own")
+    if tools and system_prompt and fmt.name == "hermes" and fmt._prompt is None and not any(
             t.name in system_prompt for t in tools):
         # the built-in formats' system_prompt replaces their whole system text (that is what a
         # curriculum trains on), so the model would not be told about these tools
@@ -127,8 +132,12 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
     if problems:
         longest = max(len(runner.prompt_ids(p, settings)) for p in problems)
         for engine in engines:
-            async with asyncio.timeout(LOAD_TIMEOUT_S):
-                capacity = (await engine.load()).kv_tokens_capacity
+            try:
+                async with asyncio.timeout(LOAD_TIMEOUT_S):
+                    capacity = (await engine.load()).kv_tokens_capacity
+            except TimeoutError:
+                raise EngineUnavailable(f"engine {engine.name!r} did not report its KV capacity "
+                                        f"within {LOAD_TIMEOUT_S:g}s") from None
             check_budget(capacity, settings.max_response_tokens, longest, engine.name)
     return runner, settings
 

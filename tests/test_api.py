@@ -200,3 +200,20 @@ def test_config_check_says_what_train_dry_run_would_refuse(capsys) -> None:
             "no such directory: checkpoints/Qwen3-14B-Base") in err
     assert cli_main(["config", "check", "--strict", rstar2]) == 2
     assert "error: `asyncrl train --dry-run` would refuse it" in capsys.readouterr().err
+
+
+async def test_a_tool_the_format_cannot_call_is_refused(run_dir) -> None:
+    from asyncrl.adapters import function_tool
+
+    policy = load_policy(run_dir)  # the tiny curriculum's markdown format: ```python only
+
+    def multiply(a: int, b: int) -> int:
+        return a * b
+
+    with pytest.raises(ValueError) as e:
+        async for _ in rollouts(_problems(1), engines=[], policy=policy,
+                                tools=[function_tool(multiply)]):
+            pass
+    assert str(e.value) == (
+        "the markdown tool format calls only python_code_with_standard_io; multiply could "
+        "never be called: use settings.tool_format = formats.HERMES for tools of your own")
