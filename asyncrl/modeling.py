@@ -102,8 +102,8 @@ def _not_a_model(path: str | Path, what: str, e: Exception) -> ModelError:
         why = "a file, not a directory"
     elif not (p / "config.json").exists():
         why = "no config.json in it"
-    else:
-        why = f"{type(e).__name__}: {e}"
+    else:  # a model directory that transformers could not load: say what it said
+        return ModelError(f"cannot load the {what} in {path}: {type(e).__name__}: {e}")
     return ModelError(f"{path} is not a {what} directory ({why})")
 
 
