@@ -1,7 +1,9 @@
 """asyncrl: agentic RL with a Python tool (the rStar2-Agent method), asyncio-first.
 
-The embeddable surface (`from asyncrl import ...`) is the async rollout engine: engines,
-tools, the agent loop, the scheduler and the records they produce. Its names load on first use
+The embeddable surface (`from asyncrl import ...`) is `asyncrl.api` (docs/embedding.md):
+loading a trained policy, streaming rollouts with your own problems, tools and reward, the
+sandbox as a library or a client, and `asyncrl.adapters` for tasks written as plain functions
+or as a verifiers-style environment; plus the engines, tools and runner beneath them. Its names load on first use
 (PEP 562), so `import asyncrl.config` or `import asyncrl.api` never pulls in torch; only the
 names that need it (`LocalEngine`, `build_engines`) do, when touched.
 
@@ -24,9 +26,21 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 # name -> the module that defines it
 _EXPORTS = {
+    "BudgetError": "asyncrl.api",
+    "ModelError": "asyncrl.api",
+    "Policy": "asyncrl.api",
+    "Problem": "asyncrl.api",
+    "RewardResult": "asyncrl.api",
+    "Rollout": "asyncrl.api",
     "exact_match_reward": "asyncrl.api",
+    "load_policy": "asyncrl.api",
+    "local_sandbox": "asyncrl.api",
+    "remote_sandbox": "asyncrl.api",
     "rollout_groups": "asyncrl.api",
+    "rollouts": "asyncrl.api",
     "run_loop": "asyncrl.api",
+    "from_environment": "asyncrl.adapters",
+    "function_tool": "asyncrl.adapters",
     "LocalEngine": "asyncrl.engine.local",
     "build_engines": "asyncrl.engine.registry",
     "FunctionTool": "asyncrl.rollout",
@@ -39,9 +53,15 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BudgetError",
     "FunctionTool",
     "LocalEngine",
+    "ModelError",
+    "Policy",
+    "Problem",
     "PythonTool",
+    "RewardResult",
+    "Rollout",
     "RolloutRunner",
     "RolloutSettings",
     "Tool",
@@ -49,13 +69,34 @@ __all__ = [
     "__version__",
     "build_engines",
     "exact_match_reward",
+    "from_environment",
+    "function_tool",
+    "load_policy",
+    "local_sandbox",
+    "remote_sandbox",
     "rollout_groups",
+    "rollouts",
     "run_loop",
     "run_rollout",
 ]
 
 if TYPE_CHECKING:
-    from asyncrl.api import exact_match_reward, rollout_groups, run_loop
+    from asyncrl.adapters import from_environment, function_tool
+    from asyncrl.api import (
+        BudgetError,
+        ModelError,
+        Policy,
+        Problem,
+        RewardResult,
+        Rollout,
+        exact_match_reward,
+        load_policy,
+        local_sandbox,
+        remote_sandbox,
+        rollout_groups,
+        rollouts,
+        run_loop,
+    )
     from asyncrl.engine.local import LocalEngine
     from asyncrl.engine.registry import build_engines
     from asyncrl.rollout import (

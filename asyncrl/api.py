@@ -1,35 +1,77 @@
-"""The embedding API: run agentic rollouts from another project.
+"""The embedding API: run a trained model with tools and a reward from another project.
 
-Owns: the short path from "prompts, an engine, some tools, a reward" to a stream of rewarded
-groups (`rollout_groups`), a trivial exact-match reward for examples and tests
-(`exact_match_reward`), and `run_loop` (uvloop when installed). Does not own: any of the
-machinery (`asyncrl.rollout`, `asyncrl.engine`); this module only wires it. The math reward
-with `math-verify` lives in `asyncrl.reward`.
+Owns the one documented face (docs/embedding.md is its reference):
+- `load_policy(path)` -> `Policy`: a model or run directory with its curriculum's prompt,
+  template, tool format and budgets; `policy.engine()` builds an in-process engine whose KV
+  capacity is checked against the budget.
+- `rollouts(...)`: every rollout streamed the moment it is rewarded; `rollout_groups(...)`:
+  the same, one group per problem.
+- `local_sandbox(...)` / `remote_sandbox(...)`: the Python tool over a sandbox pool in this
+  process or over `sandbox serve` nodes.
+- `exact_match_reward`, `run_loop`, and the records and tools those take and give.
 
-    from asyncrl import FunctionTool, rollout_groups, run_loop
-    async for group in rollout_groups(problems, engines=[engine], tokenizer=tok, tools=[...]):
-        ...
+Does not own: the machinery (`asyncrl.rollout`, `asyncrl.engine`, `sandbox`); this module
+wires it, fills coherent defaults (end-of-sequence is always a stop; a budget that cannot fit
+an engine is a `BudgetError` before anything runs) and says what went wrong: a rollout that
+cannot run comes back with status `failed` and its `error`, and is logged. Imports no torch.
 
-See docs/embedding.md for a complete example.
+    policy = load_policy("runs/tiny")
+    async with policy.engine() as engine, local_sandbox() as python:
+        async for ro in rollouts(problems, engines=[engine], policy=policy, tools=[python]):
+            ...
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, cast
 
 from asyncrl import formats
 from asyncrl.engine.base import Engine
-from asyncrl.records import Group, Problem, RewardResult, Rollout
+from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
+from asyncrl.log import get_logger
+from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
+from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.agent import RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
-from asyncrl.rollout.tools import Tool
+from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
 
-__all__ = ["exact_match_reward", "normalize_answer", "rollout_groups", "run_loop"]
+__all__ = [
+    "BudgetError",
+    "FunctionTool",
+    "Group",
+    "ModelError",
+    "Policy",
+    "Problem",
+    "PythonTool",
+    "RewardFn",
+    "RewardResult",
+    "Rollout",
+    "RolloutSettings",
+    "RolloutStatus",
+    "StopReason",
+    "Tool",
+    "ToolOutcome",
+    "exact_match_reward",
+    "load_policy",
+    "local_sandbox",
+    "normalize_answer",
+    "remote_sandbox",
+    "rollout_groups",
+    "rollouts",
+    "run_loop",
+    "stop_ids",
+]
 
 _SPACE = re.compile(r"\s+")
+log = get_logger(__name__)
+
+LOAD_TIMEOUT_S = 10.0
+"""Deadline on each engine's `load()` when the budget is checked."""
 
 
 def normalize_answer(text: str) -> str:
@@ -47,8 +89,9 @@ def normalize_answer(text: str) -> str:
 
 
 async def exact_match_reward(problem: Problem, rollout: Rollout) -> RewardResult:
-    """1.0 when the rollout's final answer (`formats.extract_answer`) equals the problem's
-    answer after `normalize_answer`, else 0.0; status `no_answer` when there is none."""
+    """1.0 when the rollout's final answer (`formats.extract_answer`: the last `\\boxed{}`)
+    equals the problem's answer after `normalize_answer`, else 0.0; status `no_answer` when
+    there is none."""
     answer = formats.extract_answer(rollout.response_text)
     if answer is None:
         return RewardResult(reward=0.0, status="no_answer", answer=None)
@@ -56,19 +99,133 @@ async def exact_match_reward(problem: Problem, rollout: Rollout) -> RewardResult
     return RewardResult(reward=1.0 if ok else 0.0, status="ok", answer=answer)
 
 
-async def rollout_groups(problems: Sequence[Problem], *, engines: Sequence[Engine],
-                         tokenizer: Any, tools: Sequence[Tool] = (),
-                         reward_fn: RewardFn = exact_match_reward, samples_per_prompt: int = 2,
-                         settings: RolloutSettings | None = None, policy: str = "kv",
-                         policy_version: int = 0) -> AsyncIterator[Group]:
-    """Rollouts for `problems` on `engines`, streamed as rewarded groups as each completes.
-
-    `settings` defaults to `RolloutSettings()` with the tokenizer's EOS id as stop token.
-    A thin wrapper over `RolloutRunner(...).run(...)`.
-    """
+async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
+                   policy: Policy | None, tokenizer: Any, tools: Sequence[Tool],
+                   reward_fn: RewardFn, settings: RolloutSettings | None,
+                   system_prompt: str | None, admission: str
+                   ) -> tuple[RolloutRunner, RolloutSettings]:
+    """The runner and the settings to run with, after the budget check."""
+    if tokenizer is None:
+        if policy is None:
+            raise TypeError("rollouts needs policy= (from load_policy) or tokenizer=")
+        tokenizer = policy.tokenizer
     if settings is None:
-        eos = tokenizer.eos_token_id
-        settings = RolloutSettings(stop_token_ids=() if eos is None else (int(eos),))
-    runner = RolloutRunner(engines, tokenizer, tools, reward_fn, policy=policy)
-    async for group in runner.run(problems, samples_per_prompt, settings, policy_version):
-        yield group
+        settings = policy.settings if policy is not None else RolloutSettings()
+    settings = with_stops(settings, tokenizer)
+    if system_prompt is None:
+        system_prompt = policy.system_prompt if policy is not None else ""
+    fmt = settings.tool_format
+    uncallable = [t.name for t in tools if t.name != formats.PYTHON_TOOL]
+    if fmt.name == "markdown" and uncallable:
+        raise ValueError(f"the markdown tool format calls only {formats.PYTHON_TOOL}; "
+                         f"{', '.join(uncallable)} could never be called: use "
+                         "settings.tool_format = formats.HERMES for tools of your own")
+    if tools and system_prompt and fmt.name == "hermes" and fmt._prompt is None and not any(
+            t.name in system_prompt for t in tools):
+        # the built-in formats' system_prompt replaces their whole system text (that is what a
+        # curriculum trains on), so the model would not be told about these tools
+        log.warning("tools_not_in_system_prompt", tools=[t.name for t in tools],
+                    format=fmt.name, hint="system_prompt replaces the format's system text, "
+                    "tool list included: describe the tools in it, or leave it unset")
+    runner = RolloutRunner(engines, tokenizer, tools, reward_fn, policy=admission,
+                           system_prompt=system_prompt)
+    if problems:
+        longest = max(len(runner.prompt_ids(p, settings)) for p in problems)
+        for engine in engines:
+            try:
+                async with asyncio.timeout(LOAD_TIMEOUT_S):
+                    capacity = (await engine.load()).kv_tokens_capacity
+            except TimeoutError:
+                raise EngineUnavailable(f"engine {engine.name!r} did not report its KV capacity "
+                                        f"within {LOAD_TIMEOUT_S:g}s") from None
+            check_budget(capacity, settings.max_response_tokens, longest, engine.name)
+    return runner, settings
+
+
+async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
+                   policy: Policy | None = None, tokenizer: Any = None,
+                   tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
+                   samples_per_prompt: int = 1, settings: RolloutSettings | None = None,
+                   system_prompt: str | None = None, admission: str = "kv",
+                   ) -> AsyncIterator[Rollout]:
+    """Every rollout of `problems` (`samples_per_prompt` each), rewarded, in the order they
+    finish. `rollout.prompt_id` is its problem's `id`.
+
+    `policy` supplies the tokenizer, system prompt and settings; without one pass `tokenizer`
+    (and `settings`, `system_prompt` as needed). The tokenizer's end-of-sequence ids are
+    always stop ids. Raises `BudgetError` before anything runs when the longest prompt plus
+    `settings.max_response_tokens` exceeds an engine's KV capacity. A rollout that fails
+    (engine error, no engine left) is yielded with status `failed` and `error`, and logged as
+    `rollout_failed`; a reward function that raises scores 0 with `reward_status`
+    `reward_error`. Leaving the loop early cancels the rollouts still running.
+    """
+    runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
+                                      settings, system_prompt, admission)
+    done: asyncio.Queue[Rollout | BaseException | None] = asyncio.Queue()
+
+    async def drive() -> None:
+        try:
+            async for _ in runner.run(problems, samples_per_prompt, settings,
+                                      on_rollout=lambda _p, ro: done.put_nowait(ro)):
+                pass
+        except Exception as e:  # handed to the consumer, who raises it
+            done.put_nowait(e)
+        else:
+            done.put_nowait(None)
+
+    task = asyncio.create_task(drive(), name="asyncrl-rollouts")
+    try:
+        while (item := await done.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def rollout_groups(problems: Sequence[Problem], *, engines: Sequence[Engine],
+                         policy: Policy | None = None, tokenizer: Any = None,
+                         tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
+                         samples_per_prompt: int = 2, settings: RolloutSettings | None = None,
+                         system_prompt: str | None = None, admission: str = "kv",
+                         ) -> AsyncIterator[Group]:
+    """As `rollouts`, one `Group` per problem (its `samples_per_prompt` rollouts), each the
+    moment its last rollout is rewarded: what GRPO needs."""
+    runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
+                                      settings, system_prompt, admission)
+    run = cast(AsyncGenerator[Group, None], runner.run(problems, samples_per_prompt, settings))
+    async with contextlib.aclosing(run) as groups:  # leaving early cancels what still runs
+        async for group in groups:
+            yield group
+
+
+@contextlib.asynccontextmanager
+async def local_sandbox(*, workers: int = 2, time_limit_s: float = 4.0,
+                        memory_mb: int = 1024, isolation: str = "auto",
+                        max_output_chars: int = 256) -> AsyncIterator[PythonTool]:
+    """The Python tool over a sandbox pool started in this process (`sandbox.SandboxPool`),
+    closed on exit. `isolation`: `auto` (the strongest available), `jail+seccomp`, `seccomp`
+    or `none`; a level that cannot be had raises `sandbox.IsolationUnavailable`. The tool's
+    `client.isolation` says which level is in force."""
+    from sandbox import IsolationLevel, LocalSandboxClient, PoolConfig
+
+    cfg = PoolConfig(workers=workers, time_limit_s=time_limit_s, memory_mb=memory_mb,
+                     isolation=IsolationLevel(isolation))
+    async with LocalSandboxClient(cfg) as client:
+        yield PythonTool(client, time_limit_s=time_limit_s, max_output_chars=max_output_chars)
+
+
+@contextlib.asynccontextmanager
+async def remote_sandbox(urls: Sequence[str], *, token: str | None = None,
+                         time_limit_s: float = 4.0, max_output_chars: int = 256,
+                         call_timeout_s: float = 120.0) -> AsyncIterator[PythonTool]:
+    """The Python tool over `sandbox serve` nodes (`sandbox.HttpSandboxClient`: batched,
+    spread over the nodes, retried on transport failure only). `token`: the nodes' shared
+    bearer token (required by a node bound off loopback); a wrong one raises
+    `sandbox.AuthError` on entry."""
+    from sandbox import HttpSandboxClient
+
+    async with HttpSandboxClient(list(urls), token=token,
+                                 call_timeout_s=call_timeout_s) as client:
+        yield PythonTool(client, time_limit_s=time_limit_s, max_output_chars=max_output_chars)

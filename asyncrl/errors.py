@@ -3,6 +3,8 @@
     AsyncRLError                     base of everything asyncrl raises on purpose
     ├── ConfigError                  a config key is unknown, mistyped or impossible (names the key)
     ├── DataError                    a data source cannot be read; bad rows are counted, not raised
+    ├── ModelError                   a path is not a model (or run) directory asyncrl can load
+    ├── BudgetError                  a rollout's token budget cannot fit an engine's KV capacity
     ├── EngineError                  an inference engine failed a request
     │   ├── EngineUnavailable        the engine is down or stopped answering (its rollouts requeue)
     │   └── EngineOverloaded         the engine refused a request for capacity (retry later)
@@ -35,6 +37,15 @@ class ConfigError(AsyncRLError):
 
 class DataError(AsyncRLError):
     """A data source cannot be read at all."""
+
+
+class ModelError(AsyncRLError):
+    """A path is not a model directory (or run directory) that can be loaded; names the path."""
+
+
+class BudgetError(AsyncRLError):
+    """A rollout's tokens (prompt + response budget) can never fit an engine's KV capacity;
+    names both numbers. Raised before anything runs."""
 
 
 class EngineError(AsyncRLError):

@@ -4,6 +4,11 @@ Owns: how log events are rendered (JSON lines into the run directory; readable c
 JSON lines otherwise) and the context bound to them (run id, stage, step, policy version,
 rollout id) through contextvars. Everything else calls `get_logger(__name__)` and logs
 snake_case event names with keyword values: `log.info("step_done", reward=0.4)`.
+
+Embedded (nobody called `configure`, and the host has not configured structlog itself), every
+event goes to the standard `logging` module under the emitting module's name (`asyncrl.…`):
+the host's handlers and levels decide; with no logging set up at all, Python prints warnings
+and errors to stderr and drops the rest. Nothing of the library ever writes to stdout.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import IO, Any, TextIO, cast
 import structlog
 from structlog.contextvars import bind_contextvars, bound_contextvars, clear_contextvars
 
-__all__ = ["bind_contextvars", "bound_contextvars", "clear_contextvars", "configure", "get_logger"]
+__all__ = ["bind_contextvars", "bound_contextvars", "clear_contextvars", "configure", "get_logger",
+           "use_host_logging"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
@@ -91,6 +97,26 @@ def configure(level: str = "info", console: str = "auto", run_dir: Path | None =
         logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, out)),
         cache_logger_on_first_use=False,
     )
+
+
+def use_host_logging() -> None:
+    """Send every event to the standard `logging` module (logger = the emitting module's name),
+    rendered as one line: `event key=value ...`. The default when asyncrl is embedded."""
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(key_order=["event"]),
+        ],
+        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=False,
+    )
+
+
+if not structlog.is_configured():  # a host that set up structlog itself keeps its setup
+    use_host_logging()
 
 
 def get_logger(name: str = "asyncrl") -> Any:

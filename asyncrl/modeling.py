@@ -10,9 +10,12 @@ Does not own: what the model is trained on or how it is served.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from asyncrl.errors import ModelError
 
 # Markup the formats rely on; each becomes one token so small models learn it quickly.
 CHAT_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -81,6 +84,7 @@ def build_model(init: dict[str, Any], tokenizer: Any, seed: int = 0, dtype: str 
     model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
+    quiet_known_warnings()  # after from_config: its catch_warnings() restores the filters
     return model
 
 
@@ -88,25 +92,77 @@ def _padded_vocab(n: int, multiple: int = 64) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
+def _not_a_model(path: str | Path, what: str, e: Exception) -> ModelError:
+    """transformers' error for a bad path ("Repo id must be in the form...", a missing file)
+    says little about the path; this one names it."""
+    p = Path(path)
+    if not p.exists():
+        why = "no such file or directory"
+    elif not p.is_dir():
+        why = "a file, not a directory"
+    elif not (p / "config.json").exists():
+        why = "no config.json in it"
+    else:  # a model directory that transformers could not load: say what it said
+        return ModelError(f"cannot load the {what} in {path}: {type(e).__name__}: {e}")
+    return ModelError(f"{path} is not a {what} directory ({why})")
+
+
 def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in an HF directory. Raises `ModelError` naming `path`."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as e:  # HFValidationError is a ValueError
+        raise _not_a_model(path, "tokenizer", e) from None
 
 
 def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> Any:
+    """A causal LM from an HF directory (or hub id). Raises `ModelError` naming `path`."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-    )
+    try:
+        with _no_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            )
+    except (OSError, ValueError) as e:  # HFValidationError is a ValueError
+        raise _not_a_model(path, "model", e) from None
+    quiet_known_warnings()  # after loading: from_pretrained's catch_warnings() restores filters
+    return model
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar on stderr for every load and save of a few-MB
+    model; a library call should not. Restored afterwards if the host had them on."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def quiet_known_warnings() -> None:
+    """Silence the one dependency warning every run printed: transformers 5 deprecates the
+    `past_key_values=` keyword the local engine passes (it still works; the engine's owner
+    moves it to `cache=`). Matched on its message, so any other warning still shows."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
+                            category=FutureWarning)
 
 
 def save(model: Any, tokenizer: Any, path: str | Path) -> Path:
     """Save model and tokenizer in HF format (safetensors) so every other tool loads them."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    with _no_progress_bars():
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

@@ -22,9 +22,19 @@ from asyncrl.errors import AsyncRLError, ConfigError
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     from asyncrl import config
+    from asyncrl.train import dry_run
 
     cfg = config.load(args.file, args.set)
     sys.stdout.write(config.dump_json(cfg).decode() + "\n")
+    # The file is valid; whether its paths and components exist is a fact of this machine (a
+    # cluster recipe is checked on a laptop): said, and an error only under --strict.
+    try:
+        dry_run(cfg)
+    except ConfigError as e:
+        print(f"{'error' if args.strict else 'warning'}: `asyncrl train --dry-run` would refuse "
+              f"it on this machine: {e}", file=sys.stderr)
+        if args.strict:
+            return 2
     print(f"ok: {args.file} is valid ({len(cfg.stages)} stages)", file=sys.stderr)
     return 0
 
@@ -59,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = p_config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     p_check = config_sub.add_parser("check", help="validate a config and print it resolved")
     p_check.add_argument("file")
+    p_check.add_argument("--strict", action="store_true",
+                         help="also fail when `train --dry-run` would (missing model or data "
+                              "paths, components not installed here)")
     _add_set(p_check)
     p_check.set_defaults(func=_cmd_config_check)
 
@@ -119,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0 if args.command is None else 2
+    from asyncrl import log as logmod
+
+    # The command is the host here: its log lines go to stderr, readable on a terminal
+    # (`train` and `eval` configure again once the run directory is known).
+    logmod.configure()
     try:
         return int(func(args) or 0)
     except ConfigError as e:

@@ -8,6 +8,7 @@ Does not own: the schema (`asyncrl.config.schema`).
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -34,7 +35,9 @@ def _translate(err: msgspec.ValidationError) -> ConfigError:
     unknown = re.match(r"Object contains unknown field `(\w+)`", msg)
     if unknown:
         key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-        return ConfigError(key, "unknown key")
+        close = difflib.get_close_matches(unknown.group(1), _fields_at(path), n=1, cutoff=0.6)
+        hint = f"; did you mean {_join(path, close[0])!r}?" if close else ""
+        return ConfigError(key, f"unknown key{hint}")
     missing = re.match(r"Object missing required field `(\w+)`", msg)
     if missing:
         key = f"{path}.{missing.group(1)}" if path else missing.group(1)
@@ -49,6 +52,36 @@ def _translate(err: msgspec.ValidationError) -> ConfigError:
         key = f"{path}.{field.group('field')}" if path else field.group("field")
         return ConfigError(key, field.group("msg"))
     return ConfigError(path or "<root>", msg)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _structs(t: Any) -> list[Any]:
+    """The struct types a type info can hold (through unions, options, lists, dicts)."""
+    from msgspec import inspect as mi
+
+    if isinstance(t, mi.StructType):
+        return [t]
+    if isinstance(t, mi.UnionType):
+        return [s for u in t.types for s in _structs(u)]
+    if isinstance(t, (mi.ListType, mi.TupleType, mi.VarTupleType)):
+        return _structs(getattr(t, "item_type", None))
+    if isinstance(t, mi.DictType):
+        return _structs(t.value_type)
+    return []
+
+
+def _fields_at(path: str) -> list[str]:
+    """The keys a table at `path` (`rollout`, `stages[0]`, `engine`) may hold."""
+    from msgspec import inspect as mi
+
+    structs = _structs(mi.type_info(RunConfig))
+    for part in filter(None, re.sub(r"\[\d+\]", "", path).split(".")):
+        structs = [s for st in structs for f in st.fields if f.encode_name == part
+                   for s in _structs(f.type)]
+    return sorted({f.encode_name for st in structs for f in st.fields})
 
 
 # A variant table written without `kind` means the default variant.

@@ -74,8 +74,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Outer deadline on one tool call (tools also have their own, tighter ones)."""
 
     def __post_init__(self) -> None:
-        if self.max_response_tokens < 1 or self.max_turns < 1:
-            raise ValueError("max_response_tokens and max_turns must be >= 1")
+        for name in ("max_response_tokens", "max_turns"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutSettings.{name} must be >= 1, got {getattr(self, name)}")
 
 
 ProgressHook = Callable[[Rollout], None]

@@ -37,6 +37,10 @@ log = get_logger(__name__)
 RewardFn = Callable[[Problem, Rollout], Awaitable[RewardResult]]
 """`async reward_fn(problem, rollout) -> RewardResult`."""
 
+OnRollout = Callable[[Problem, Rollout], None]
+"""`on_rollout(problem, rollout)`: called once per rollout the moment it is rewarded, on the
+loop (keep it quick: hand the rollout to a queue, do not block)."""
+
 
 class _GroupState:
     __slots__ = ("group_id", "n", "problem", "rollouts")
@@ -109,9 +113,12 @@ class RolloutRunner:
                                      self.system_prompt)
 
     async def run(self, problems: Sequence[Problem], samples_per_prompt: int,
-                  settings: RolloutSettings, policy_version: int) -> AsyncIterator[Group]:
+                  settings: RolloutSettings, policy_version: int = 0, *,
+                  on_rollout: OnRollout | None = None) -> AsyncIterator[Group]:
         """Yield one `Group` per problem (its `samples_per_prompt` rollouts, rewarded), in
-        completion order, each as soon as its last rollout is rewarded.
+        completion order, each as soon as its last rollout is rewarded. `policy_version` only
+        labels the rollouts (0 for inference); `on_rollout(problem, rollout)` sees each rollout
+        as soon as it is rewarded, before its group is complete.
 
         Leaving the iteration early cancels the rollouts still running (use
         `contextlib.aclosing` to make that prompt).
@@ -126,13 +133,15 @@ class RolloutRunner:
         gc_quiet = quiet_gc() if self.quiet_gc else contextlib.nullcontext()
         with gc_quiet:
             async with contextlib.aclosing(self._run(problems, samples_per_prompt, settings,
-                                                     policy_version, options)) as groups:
+                                                     policy_version, options,
+                                                     on_rollout)) as groups:
                 async for group in groups:
                     yield group
 
     async def _run(self, problems: Sequence[Problem], samples_per_prompt: int,
                    settings: RolloutSettings, policy_version: int,
-                   options: dict[str, Any]) -> AsyncGenerator[Group, None]:
+                   options: dict[str, Any],
+                   on_rollout: OnRollout | None) -> AsyncGenerator[Group, None]:
         agent = AgentLoop(self.tokenizer, self.tools, settings)
         # Bounded by construction: at most one item per problem (or one crash) is ever put.
         done: asyncio.Queue[Group | BaseException] = asyncio.Queue()
@@ -162,7 +171,7 @@ class RolloutRunner:
                     for k in range(samples_per_prompt):
                         task = asyncio.create_task(
                             self._rollout(sched, agent, state, k, ids, settings, policy_version,
-                                          done), name=f"rollout-{gid}:{k}")
+                                          done, on_rollout), name=f"rollout-{gid}:{k}")
                         tasks.add(task)
                         task.add_done_callback(crashed)
                 for _ in range(len(problems)):
@@ -179,7 +188,8 @@ class RolloutRunner:
 
     async def _rollout(self, sched: Scheduler, agent: AgentLoop, group: _GroupState, k: int,
                        prompt_ids: list[int], settings: RolloutSettings, policy_version: int,
-                       done: asyncio.Queue[Group | BaseException]) -> None:
+                       done: asyncio.Queue[Group | BaseException],
+                       on_rollout: OnRollout | None = None) -> None:
         ro = agent.new_rollout(prompt_ids, rollout_id=f"{group.group_id}:{k}",
                                prompt_id=group.problem.id, group_id=group.group_id,
                                policy_version=policy_version)
@@ -194,7 +204,11 @@ class RolloutRunner:
             log.exception("rollout_runner_error", rollout_id=ro.rollout_id)
             agent.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=f"runner: {e!r}")
         ro.timing.total_s = time.perf_counter() - t0
+        if ro.status == RolloutStatus.FAILED:  # returned with its reason, and said out loud
+            log.warning("rollout_failed", rollout_id=ro.rollout_id, error=ro.error)
         await self._reward(group.problem, ro)
+        if on_rollout is not None:
+            on_rollout(group.problem, ro)
         finished = group.add(k, ro)
         if finished is not None:
             done.put_nowait(finished)
