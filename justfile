@@ -30,7 +30,7 @@ test-engines *ARGS:
     ASYNCRL_VLLM_PYTHON=.venv-vllm/bin/python {{python}} -m pytest -m slow tests/engine_remote {{ARGS}}
 
 lint:
-    {{python}} -m ruff check asyncrl sandbox tests bench tools
+    {{python}} -m ruff check asyncrl sandbox tests bench tools examples
     {{python}} -m mypy
 
 # Benchmarks: each prints a table and writes JSON under bench/results/ (CPU, minutes).
