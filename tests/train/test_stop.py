@@ -5,6 +5,7 @@ run that was never stopped (seeded rollouts: `rollout.seed_requests`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -16,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl import config
 from asyncrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from asyncrl.errors import RunStopped
+from asyncrl.stopping import StopRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE_S = 30
@@ -126,6 +130,16 @@ def _same_row(got: dict, want: dict) -> None:
             assert g == w, (want.get("step"), k)
 
 
+def _same_evals(part: Path, ref: Path) -> None:
+    """Every evaluation of the reference, with the same results (seeded: an eval that a stop
+    aborted is run by the resumed run before it goes on)."""
+    want = {(r["step"], r["label"]): r for r in _rows(ref, "eval")}
+    got = {(r["step"], r["label"]): r for r in _rows(part, "eval")}
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        _same_row(got[key], w)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The config and a run of it that was never stopped (the reference)."""
@@ -188,8 +202,7 @@ def test_sigint_mid_rl_saves_the_last_step_and_resume_matches_an_unstopped_run(
     assert sorted(got) == sorted(want) == list(range(1, 9))
     for step in range(done + 1, 9):  # the same rollouts, losses, entropy, optimizer steps
         _same_row(got[step], want[step])
-    evals = [(r["step"], r["label"]) for r in _rows(part, "eval")]
-    assert evals[-1] == (8, "final") and (done - done % 2, "step") in evals
+    _same_evals(part, ref)
 
 
 @pytest.mark.slow
@@ -222,3 +235,41 @@ def test_sigterm_mid_sft_saves_the_last_step_and_resume_matches_an_unstopped_run
     assert sorted(got_rl) == list(range(1, 9))
     for step in want_rl:
         _same_row(got_rl[step], want_rl[step])
+    _same_evals(part, ref)
+
+
+@pytest.mark.timeout(300)
+async def test_a_stop_request_saves_the_last_completed_step_and_resume_goes_on(
+        tmp_path: Path) -> None:
+    # In process (the default suite's check; the signals themselves: test_stopping.py and the
+    # slow tests above): a stop while step 2's rollouts are under way keeps step 1.
+    from asyncrl.train import train_async
+
+    path = tmp_path / "stop.toml"
+    path.write_text(CONFIG)
+    cfg = config.load(path, ["stages.0.steps=4", "stages.1.steps=3", "eval.every_steps=0",
+                             "checkpoint.every_steps=0"])
+    rd = tmp_path / "run"
+    stop = StopRequest()
+
+    async def stop_after_step_one() -> None:
+        for _ in range(30_000):  # polls the metrics file (nothing to wait on), 5 min at most
+            if await asyncio.to_thread(lambda: bool(_rows(rd, "rl_step"))):
+                break
+            await asyncio.sleep(0.01)
+        stop.request()
+
+    trigger = asyncio.create_task(stop_after_step_one())
+    with pytest.raises(RunStopped) as info:
+        await train_async(cfg, run_dir=str(rd), stop=stop, resume_command="RESUME")
+    await trigger
+    assert info.value.signal_name == "SIGTERM" and info.value.where.startswith("stage rl step 1/3")
+    assert info.value.checkpoint == rd / "checkpoints" / "step_00000001"  # no cadence: the stop's
+    assert not (rd / "final").exists()  # a stopped run is not a finished one
+    saved = load_checkpoint(info.value.checkpoint, restore_rng=False)
+    assert (saved["stage_index"], saved["stage_step"]) == (1, 1)
+    assert len(saved["pending_problem_ids"]) == 2  # step 2's problems, regenerated on resume
+    await train_async(cfg, run_dir=str(rd), resume=True)
+    steps = [r["step"] for r in _rows(rd, "rl_step")]
+    assert steps == [1, 2, 3]  # step 2 was never logged before the stop
+    assert (rd / "final" / "config.json").exists()
