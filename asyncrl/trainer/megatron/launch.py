@@ -115,6 +115,10 @@ def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: A
 class RankZeroTrainer:
     """Rank 0's trainer: each protocol call is announced to the followers, then run here."""
 
+    rank_zero_drives = True
+    """Only rank 0 calls `asyncrl.checkpoint.save_checkpoint` with this trainer: it skips its
+    barriers (the followers take part through the announced `save_state` alone)."""
+
     def __init__(self, trainer: Any) -> None:
         self._trainer = trainer
         self._closed = False
