@@ -21,7 +21,10 @@ directory without a readable `meta.json` is ignored too. Old checkpoints beyond 
 are renamed to `.trash-*` before being deleted, so a half-deleted one is never visible.
 
 Under torchrun every rank calls `save_checkpoint` / `load_checkpoint` (the trainer may gather
-or write shards); rank 0 writes everything else.
+or write shards); rank 0 writes everything else. Except behind a trainer that says
+`rank_zero_drives = True` (the Megatron launch's `RankZeroTrainer`): there only rank 0 calls,
+its `save_state` brings the other ranks in, and the barriers here are skipped (the followers
+would never reach them: rank 0 would wait forever).
 """
 
 from __future__ import annotations
@@ -177,6 +180,8 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
     final = root / _step_dir(step)
     tmp = root / f".tmp-{final.name}"
     rank0 = _rank() == 0
+    alone = bool(getattr(trainer, "rank_zero_drives", False))
+    barrier = (lambda: None) if alone else _barrier
     t0 = time.monotonic()
     try:
         if rank0:
@@ -184,7 +189,7 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
             for stale in root.glob(".t*-*"):   # .tmp-* and .trash-* left by a crash
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
-        _barrier()
+        barrier()
         if trainer is not None:
             trainer.save_state(tmp / "trainer")
         if rank0:
@@ -206,7 +211,7 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
         if isinstance(e, (OSError, pickle.PicklingError, TypeError, AttributeError)):
             raise CheckpointError(f"cannot write checkpoint {final}: {e}") from e
         raise
-    _barrier()
+    barrier()
     log.info("checkpoint_saved", step=step, path=str(final),
              seconds=round(time.monotonic() - t0, 3))
     return final

@@ -13,13 +13,17 @@
     ├── RewardError                  the reward function failed (the rollout scores 0, recorded)
     ├── TrainerError                 the trainer failed an update or a weight export
     ├── WeightSyncError              new weights could not reach an engine
-    └── CheckpointError              a checkpoint cannot be written or read
+    ├── CheckpointError              a checkpoint cannot be written or read
+    └── RunStopped                   a stop was asked for (SIGINT / SIGTERM); not a failure: the
+                                     run saved its last completed step (`asyncrl.stopping`)
 
 Sandbox failures are `sandbox.errors.SandboxError` (the sandbox is its own package).
 Third-party exceptions are translated at the edge into one of these.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class AsyncRLError(Exception):
@@ -78,3 +82,20 @@ class WeightSyncError(AsyncRLError):
 
 class CheckpointError(AsyncRLError):
     """A checkpoint cannot be written or read."""
+
+
+class RunStopped(AsyncRLError):
+    """The run stopped on request (`signal_name`: SIGINT, SIGTERM). Raised inside the loop where
+    the stop is noticed; by the time it leaves `train_async` the last completed step is saved:
+    `checkpoint` is the newest complete checkpoint (None: nothing was completed yet) and
+    `run_dir` the run's directory."""
+
+    def __init__(self, signal_name: str = "") -> None:
+        super().__init__(f"stopped by {signal_name or 'request'}")
+        self.signal_name = signal_name
+        self.checkpoint: Any = None
+        self.run_dir: Any = None
+        self.saved_now = False
+        """Whether the stop itself wrote `checkpoint` (else it was there already)."""
+        self.where = ""
+        """The last completed step, in words (stage and step)."""

@@ -41,6 +41,9 @@ class TrainState(msgspec.Struct, kw_only=True):
     pending_problem_ids: list[str] = []
     """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
     run regenerates them first, in order, under the restored weights."""
+    eval_due: bool = False
+    """A stop aborted the evaluation that follows the current step (an RL step's, or an SFT
+    stage's after its steps and weight sync): a resumed run runs it before anything else."""
 
 
 def plateau_update(rule: PlateauRule, state: PlateauState, metrics: Mapping[str, float]

@@ -4,7 +4,9 @@ Per RL step: prompts -> rollouts (the async rollout engine: streaming, tools mid
 reward as each group ends) -> RoC (2G -> G, advantages) -> update -> weight sync -> log.
 Stages run in order (SFT cold start, then RL stages); a stage ends at its step count or on a
 plateau; a `hard` stage first keeps only the problems the current policy does not solve k/k.
-Evaluation every N steps; checkpoints every N steps and at stage ends, resumable.
+Evaluation every N steps; checkpoints every N steps and at stage ends, resumable. A stop
+(SIGINT / SIGTERM, `asyncrl.stopping`) aborts the rollouts under way, saves the last completed
+step and leaves through the normal cleanup (`RunStopped`).
 
 Owns: the order of things and the run state. Does not own: any component's internals.
 """
@@ -12,8 +14,10 @@ Owns: the order of things and the run state. Does not own: any component's inter
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +26,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
+from asyncrl.errors import RunStopped
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -35,6 +40,7 @@ from asyncrl.stages import (
     stage_done,
     stage_lr,
 )
+from asyncrl.stopping import StopRequest, signal_handlers
 
 if TYPE_CHECKING:
     from asyncrl.rollout.producer import RolloutProducer
@@ -48,7 +54,7 @@ class StageRunner:
 
     def __init__(self, rt: Runtime, metrics: MetricsWriter, state: TrainState,
                  train_problems: list[Problem], eval_problems: list[Problem],
-                 progress: RunProgress | None = None) -> None:
+                 progress: RunProgress | None = None, stop: StopRequest | None = None) -> None:
         from asyncrl.data import ProblemStream
 
         self.rt = rt
@@ -57,6 +63,8 @@ class StageRunner:
         self.cfg: RunConfig = rt.cfg
         self.metrics = metrics
         self.state = state
+        self.stop = stop or StopRequest()
+        self._last_checkpoint = (state.stage_index, state.stage_step)  # saved or nothing done
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.rng = random.Random(self.cfg.run.seed)
@@ -80,7 +88,10 @@ class StageRunner:
         return self._stream_cls(probs, seed=self.cfg.run.seed + self.state.stage_index,
                                 shuffle=self.cfg.data.shuffle)
 
-    def _settings(self, stage: StageSection | None, *, eval_: bool = False) -> Any:
+    def _settings(self, stage: StageSection | None, *, eval_: bool = False,
+                  seed_key: str = "") -> Any:
+        """A stage's sampling settings; with `rollout.seed_requests`, seeded by `run.seed` and
+        `seed_key` (each call of the runner gets its own key: a wave, an eval, a filter)."""
         from asyncrl.rollout import RolloutSettings
 
         r = self.cfg.rollout
@@ -93,6 +104,8 @@ class StageRunner:
             max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
             tool_format=self.rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
             stop_token_ids=(self.rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+            seed=(zlib.crc32(f"{self.cfg.run.seed}:{seed_key}".encode()) & 0x7FFFFFFF
+                  if r.seed_requests else None),
         )
 
     async def _sync(self) -> float:
@@ -104,11 +117,23 @@ class StageRunner:
 
     async def _rollouts(self, problems: list[Problem], n: int, settings: Any) -> list[Group]:
         self.progress.rollouts_requested(len(problems) * n)
-        return [g async for g in self.rt.runner.run(problems, n, settings,
-                                                    self.state.policy_version)]
+
+        async def collect() -> list[Group]:
+            return [g async for g in self.rt.runner.run(problems, n, settings,
+                                                        self.state.policy_version)]
+        return await self.stop.race(collect())  # a stop aborts them
 
     # ---------------------------------------------------------------------------- the stages
     async def run(self) -> None:
+        """Every stage from the state's; on a stop, save the last completed step and raise
+        `RunStopped` (RL stages save inside `_run_rl`, where the waves under way are known)."""
+        try:
+            await self._run_stages()
+        except RunStopped:
+            await self._checkpoint(force=True)
+            raise
+
+    async def _run_stages(self) -> None:
         stages = self.cfg.stages
         while self.state.stage_index < len(stages):
             stage = stages[self.state.stage_index]
@@ -132,9 +157,12 @@ class StageRunner:
                            event="start", kind_=stage.kind)
         log.info("stage_start", kind=stage.kind, steps=stage.steps)
         if stage.kind == "sft":
-            await self._run_sft(stage)
-            await self._sync()
+            if not self.state.eval_due:  # set: a stop came during the eval, steps and sync done
+                await self._run_sft(stage)
+                await self._sync()
+                self.state.eval_due = True
             await self.evaluate(label="after_sft", stage=stage)
+            self.state.eval_due = False
         else:
             if stage.data_filter == "hard" and self.state.stage_problem_ids is None:
                 await self._filter_hard(stage)
@@ -147,11 +175,14 @@ class StageRunner:
         cancels what is left when the stage ends."""
         from asyncrl.rollout.producer import RolloutProducer
 
-        settings = self._settings(stage)
         n = self.cfg.rollout.samples_per_prompt
+        # waves are issued in step order, the resumed ones first (see RolloutProducer)
+        wave_no = itertools.count(self.state.stage_step)
 
         def run_wave(problems: list[Problem], version: int) -> Any:
             self.progress.rollouts_requested(len(problems) * n)
+            settings = self._settings(
+                stage, seed_key=f"rl:{self.state.stage_index}:{next(wave_no)}")
             return self.rt.runner.run(problems, n, settings, version)
 
         if self.cfg.rollout.max_staleness > 0 and self.cfg.algorithm.correction == "none":
@@ -168,13 +199,19 @@ class StageRunner:
                                    resume_problems=resume) as prod:
             self._producer = prod
             try:
+                if self.state.eval_due:  # a stop aborted the last step's eval: it runs first
+                    await self._step_eval(stage)
                 while not stage_done(stage, self.state.stage_step, self._plateaued):
+                    self.stop.check()
                     await self.rl_step(stage, prod)
+            except RunStopped:
+                await prod.aclose()  # abort the waves under way: they are regenerated on resume
+                await self._checkpoint(force=True)
+                raise
             finally:
                 self._producer = None
 
     _plateaued = False
-    _last_checkpoint: tuple[int, int] | None = None
     _producer: RolloutProducer | None = None
 
     async def _run_sft(self, stage: StageSection) -> None:
@@ -183,7 +220,8 @@ class StageRunner:
         await run_sft(stage, self.cfg, self.rt, self.state, self.metrics, self.train_problems,
                       lambda: self._checkpoint(force=True),
                       on_step=lambda loss: self.progress.step(
-                          self.state.stage_step, self.state.global_step, loss=loss))
+                          self.state.stage_step, self.state.global_step, loss=loss),
+                      stop=self.stop)
 
     async def _filter_hard(self, stage: StageSection) -> None:
         """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
@@ -192,7 +230,8 @@ class StageRunner:
         if stage.hard_filter_problems and stage.hard_filter_problems < len(probs):
             probs = random.Random(self.cfg.run.seed + self.state.stage_index).sample(
                 probs, stage.hard_filter_problems)
-        groups = await self._rollouts(probs, stage.hard_filter_k, self._settings(stage))
+        groups = await self._rollouts(probs, stage.hard_filter_k, self._settings(
+            stage, seed_key=f"filter:{self.state.stage_index}"))
         correct = {g.problem.id: sum(r.reward > 0 for r in g.rollouts) for g in groups}
         hard = hard_problem_ids(correct, stage.hard_filter_k)
         if not hard:  # everything solved: keep training on all rather than on nothing
@@ -214,10 +253,10 @@ class StageRunner:
 
         cfg = self.cfg
         t_step = time.monotonic()
-        self.state.global_step += 1
-        step = self.state.global_step
+        step = self.state.global_step + 1
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
-            wave = await prod.take()
+            wave = await self.stop.race(prod.take())  # a stop now: the step never happened
+            self.state.global_step = step
             wait_s = time.monotonic() - t_step
             problems, groups = wave.problems, wave.groups
             rollout_s = (wave.finished or time.monotonic()) - wave.started
@@ -271,11 +310,18 @@ class StageRunner:
                      lag_max=async_m["async/version_lag_max"])
             every = cfg.eval.every_steps
             if every and self.state.stage_step % every == 0:
-                m = await self.evaluate(label="step", stage=stage)
-                if stage.plateau is not None:
-                    self.state.plateau, self._plateaued = plateau_update(
-                        stage.plateau, self.state.plateau, m)
+                await self._step_eval(stage)
             await self._checkpoint()
+
+    async def _step_eval(self, stage: StageSection) -> None:
+        """A step's evaluation and the plateau rule; a stop during it leaves `eval_due` set in
+        the checkpoint, so a resumed run evaluates that step before going on."""
+        self.state.eval_due = True
+        m = await self.evaluate(label="step", stage=stage)
+        self.state.eval_due = False
+        if stage.plateau is not None:
+            self.state.plateau, self._plateaued = plateau_update(
+                stage.plateau, self.state.plateau, m)
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
         from asyncrl.evaluation import summarize
@@ -286,7 +332,8 @@ class StageRunner:
         if self.cfg.eval.max_problems:
             probs = probs[: self.cfg.eval.max_problems]
         t0 = time.monotonic()
-        groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(stage, eval_=True))
+        groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(
+            stage, eval_=True, seed_key=f"eval:{self.state.global_step}:{label}"))
         summary = summarize(groups, self.cfg.eval.k)
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
         await asyncio.to_thread(save_jsonl, out, groups)  # every eval rollout, for inspection
@@ -377,17 +424,50 @@ def stage_plans(cfg: RunConfig) -> list[StagePlan]:
     return [StagePlan(st.name, st.kind, st.steps) for st in cfg.stages]
 
 
-async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None
-                      ) -> Path:
-    """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`)."""
+def stop_summary(run_dir: Path, resume_command: str = "") -> str:
+    """What a stopped run has on disk, in a sentence: its newest checkpoint and how to go on."""
+    from asyncrl.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        return "No checkpoint yet: a new run starts from the beginning."
+    return (f"Newest checkpoint: {ckpt}." + (f" Resume with: {resume_command}"
+                                            if resume_command else ""))
+
+
+async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None,
+                      stop: StopRequest | None = None, resume_command: str = "") -> Path:
+    """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`).
+
+    SIGINT / SIGTERM stop it (`checkpoint.on_signal`, `asyncrl.stopping`): it then raises
+    `RunStopped` once the last completed step is saved and everything is closed.
+    `resume_command` is printed if the grace period runs out."""
+    stop = stop or StopRequest()
+    rd, _ = pick_run_dir(cfg, run_dir, resume)
+    c = cfg.checkpoint
+    with signal_handlers(stop, c.signal_grace_s, enabled=c.on_signal,
+                         describe=lambda: stop_summary(rd, resume_command)):
+        try:
+            return await _train(cfg, resume, rd, stop)
+        except RunStopped as e:
+            e.run_dir = rd
+            from asyncrl.checkpoint import latest_checkpoint
+
+            e.checkpoint = latest_checkpoint(rd)
+            log.warning("run_stopped", signal=e.signal_name, where=e.where,
+                        checkpoint=str(e.checkpoint), seconds=round(
+                            time.monotonic() - (stop.at or time.monotonic()), 2))
+            raise
+
+
+async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> Path:
     from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
     from asyncrl.data import load_split
     from asyncrl.observe.progress import instrument, progress_display
     from asyncrl.observe.sinks import open_sinks
     from asyncrl.runtime import open_runtime
 
-    rd, _ = pick_run_dir(cfg, run_dir, resume)
-    rd.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(rd.mkdir, parents=True, exist_ok=True)
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=rd)
     logmod.bind_contextvars(run=rd.name)
     config_mod.write_resolved(cfg, rd)
@@ -422,8 +502,16 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
                 progress_display(progress, cfg.logging.progress):
             metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
                           overlong_skipped=n_long)
-            loop = StageRunner(rt, metrics, state, train_p, eval_p, progress)
-            await loop.run()
+            loop = StageRunner(rt, metrics, state, train_p, eval_p, progress, stop)
+            try:
+                await loop.run()
+            except RunStopped as e:
+                st = cfg.stages[min(state.stage_index, len(cfg.stages) - 1)]
+                e.where = (f"stage {st.name} step {state.stage_step}/{st.steps}, "
+                           f"RL step {state.global_step}")
+                metrics.write("stopped", step=state.global_step, signal=e.signal_name,
+                              stage=st.name, stage_step=state.stage_step)
+                raise
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
         rt.need_trainer().export_hf(rd / "final")

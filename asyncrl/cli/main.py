@@ -5,7 +5,8 @@ Owns: the top-level parser and the list of commands (each registered by its modu
 mapping errors to exit codes. The commands' bodies import the library lazily so
 `asyncrl --help` stays fast and torch is not loaded for commands that do not need it.
 A user error (bad config, missing file) prints one clear line and exits 2; it never shows a
-traceback.
+traceback. `asyncrl train` stopped by SIGINT / SIGTERM saves its last completed step and exits
+128 + the signal (130, 143; `asyncrl.cli.train`); a Ctrl-C outside a run prints `interrupted`.
 """
 
 from __future__ import annotations

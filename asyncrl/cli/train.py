@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import signal
 import sys
 from typing import Any
 
 from asyncrl import config as config_mod
 from asyncrl import train
-from asyncrl.errors import ConfigError
+from asyncrl.errors import ConfigError, RunStopped
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rundir import pick_run_dir
 
@@ -37,11 +39,27 @@ def cmd_train(args: Any) -> int:
         return 0
     rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
     print(f"asyncrl: {note}", file=sys.stderr)
-    rd = run_loop(train.train_async(cfg, resume=args.resume, run_dir=str(rd)))
+    again = resume_command(args.config, rd, args.set)
+    try:
+        rd = run_loop(train.train_async(cfg, resume=args.resume, run_dir=str(rd),
+                                        resume_command=again))
+    except RunStopped as e:
+        print(f"asyncrl: stopped by {e.signal_name or 'request'} after {e.where or 'startup'}."
+              f" {train.stop_summary(rd, again)}", file=sys.stderr)
+        num = signal.Signals.__members__.get(e.signal_name, signal.SIGINT)
+        return 128 + int(num)  # 130 for SIGINT, 143 for SIGTERM: what a shell expects
     print(f"run directory: {rd}")
     print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
           f"{rd / 'report' / 'viewer.html'} (open it in a browser)")
     return 0
+
+
+def resume_command(config: str, run_dir: Any, sets: list[str]) -> str:
+    """The exact command that continues this run (printed when it stops)."""
+    parts = ["asyncrl", "train", config, "--run-dir", str(run_dir), "--resume"]
+    for kv in sets:
+        parts += ["--set", kv]
+    return shlex.join(parts)
 
 
 TRAIN_EPILOG = """\
@@ -57,7 +75,8 @@ run directory (output_dir/name, or --run-dir):
                    it any time with `asyncrl report RUN_DIR`)
 
 A second run of the same config starts a new numbered directory (name-2, name-3, ...) and says
-so; it never reuses or overwrites a finished run. On a terminal a live progress display shows
+so; it never reuses or overwrites a finished run. Ctrl-C or SIGTERM stops a run safely: the
+last completed step is saved and the console prints the --resume command (docs/reliability.md). On a terminal a live progress display shows
 the stage, step, reward, held-out accuracy, rollouts, tool calls and ETA (logging.progress).
 """
 

@@ -133,6 +133,11 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     """Tool output longer than this is cut in the middle (head and tail kept)."""
     tools: bool = True
     """Offer the Python tool at all (False = plain CoT rollouts)."""
+    seed_requests: bool = False
+    """Give every sampling request a seed derived from `run.seed`, the step (wave), the problem,
+    the sample and the turn: rollouts become a function of the weights, so a resumed run samples
+    exactly what an uninterrupted one would (on engines that honour seeds: `local`; SGLang only
+    with deterministic inference). Off: the engine's own RNG (not checkpointed)."""
     max_staleness: NonNegInt = 0
     """N: rollouts may be sampled up to N policy versions before the one that trains them.
     0: on-policy (the report). N > 0: a producer keeps up to N + 1 steps' rollouts under way
@@ -472,6 +477,18 @@ class CheckpointSection(_Section, frozen=True, kw_only=True):
     and a large model's checkpoint is not."""
     keep_last: PosInt = 2
     """Checkpoints kept on disk."""
+    on_signal: bool = True
+    """SIGINT (Ctrl-C) and SIGTERM (Slurm, Kubernetes preemption) stop the run safely: rollouts
+    under way are aborted (a step whose rollouts are all in finishes), a checkpoint of the last
+    completed step is written and the console prints the `--resume` command; a second Ctrl-C
+    stops at once. Off: the signals act as Python's defaults (work since the last checkpoint is
+    lost). See docs/reliability.md."""
+    signal_grace_s: PosFloat = 25.0
+    """Seconds a signalled stop may take (finishing the step, writing the checkpoint, closing);
+    past it the process exits at once, without a new checkpoint (never a partial one). The
+    default fits under the schedulers' default 30 s between SIGTERM and SIGKILL: Slurm's
+    KillWait (`sbatch --signal` can warn earlier), Kubernetes' terminationGracePeriodSeconds,
+    torchrun's `--shutdown-timeout`. Raise it with theirs when a checkpoint takes longer."""
 
 
 class LoggingSection(_Section, frozen=True, kw_only=True):

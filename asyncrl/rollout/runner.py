@@ -166,7 +166,12 @@ class RolloutRunner:
                         # Start groups one loop iteration apart: thousands of rollouts taking
                         # their first step in the same iteration would stall the loop.
                         await asyncio.sleep(0)
-                    gid = f"{problem.id}:v{policy_version}:{next(self._groups)}"
+                    # Seeded settings: ids (and so each request's seed, `AgentLoop`) are a
+                    # function of the call, so a rerun in a new process samples the same; the
+                    # caller gives each call its own seed. Unseeded: a process-wide counter.
+                    gid = (f"{problem.id}:v{policy_version}:s{settings.seed}:{i}"
+                           if settings.seed is not None
+                           else f"{problem.id}:v{policy_version}:{next(self._groups)}")
                     state = _GroupState(gid, problem, samples_per_prompt)
                     for k in range(samples_per_prompt):
                         task = asyncio.create_task(

@@ -4,7 +4,7 @@ Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches under a r
 budget, optionally bucketed by length, with a resumable (epoch, index) cursor), and `run_sft`, the stage
 itself over the run's trainer: examples from the generator (`asyncrl.sft.coldstart`, the tiny curriculum)
 or from chat files (`[stages.chat]`, `asyncrl.sft.chat`), one `trainer.sft_step` per batch,
-metrics, checkpoints every `checkpoint.every_steps` stage steps, and the held-out loss
+metrics, checkpoints every `checkpoint.sft_every_steps` stage steps, a stop between steps, and the held-out loss
 (`trainer.sft_eval`). Does not own: the stage order, evaluation by rollouts, or checkpoint I/O
 (the train loop).
 """
@@ -23,6 +23,7 @@ from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
 from asyncrl.stages import TrainState, stage_lr
+from asyncrl.stopping import StopRequest
 
 if TYPE_CHECKING:
     from asyncrl.runtime import Runtime
@@ -127,10 +128,13 @@ def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
 
 async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: TrainState,
                   metrics: MetricsWriter, problems: Sequence[Problem], checkpoint: Callable[[], Awaitable[None]],
-                  on_step: Callable[[float | None], None] | None = None) -> None:
+                  on_step: Callable[[float | None], None] | None = None,
+                  stop: StopRequest | None = None) -> None:
     """Run `stage` from `state.stage_step` to `stage.steps`. `state.sft_cursor` holds the chat
     path's cursor across checkpoints; the generator path's order is a function of the step.
-    `on_step(loss)` runs after every step (the progress display)."""
+    `on_step(loss)` runs after every step (the progress display). A `stop` request is honoured
+    between steps (`RunStopped`: `state` then describes the last completed step; the caller
+    saves it)."""
     trainer = rt.need_trainer()
     valid: list[Pair] = []
     if stage.chat is None:
@@ -165,6 +169,8 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
 
     every_valid = stage.chat.valid_every if stage.chat is not None else 0
     while state.stage_step < stage.steps:
+        if stop is not None:
+            stop.check()
         if stage.lr_decay_steps:
             trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, state.stage_step))
         m = await asyncio.to_thread(trainer.sft_step, next_batch())

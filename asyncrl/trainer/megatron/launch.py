@@ -14,6 +14,14 @@ every trainer call. They learn what to do from rank 0 over torch.distributed:
 Control messages use a dedicated gloo group with a long timeout, because rank 0 may spend far
 longer on rollouts between two calls than NCCL's watchdog allows a pending collective.
 
+Stopping (SIGINT / SIGTERM, `asyncrl.stopping`). A Ctrl-C reaches every process of the
+terminal's group and a scheduler's SIGTERM every rank. Rank 0 stops its loop and writes a
+checkpoint of the last completed step through the same `save_state` call as any checkpoint:
+announced here, run on every rank. So followers do not act on the signal (`defer_stop_signals`):
+they log it and keep serving until rank 0's `close` (sent at its exit). If rank 0 dies instead,
+the control group's broadcast fails and the follower exits with it. A second SIGINT still
+leaves at once.
+
 A HF model passed to `make_trainer` reaches the followers as its directory when it was loaded
 from one (each rank then reads only its tensors), else pickled whole (tiny runs).
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -106,6 +115,10 @@ def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: A
 class RankZeroTrainer:
     """Rank 0's trainer: each protocol call is announced to the followers, then run here."""
 
+    rank_zero_drives = True
+    """Only rank 0 calls `asyncrl.checkpoint.save_checkpoint` with this trainer: it skips its
+    barriers (the followers take part through the announced `save_state` alone)."""
+
     def __init__(self, trainer: Any) -> None:
         self._trainer = trainer
         self._closed = False
@@ -157,11 +170,28 @@ class RankZeroTrainer:
         return getattr(self._trainer, name)
 
 
+def defer_stop_signals(rank: int) -> None:
+    """A follower's SIGINT / SIGTERM handlers: log the first, keep serving rank 0 (its stop
+    sends a `save_state` call, then `close`); a second SIGINT exits at once (128 + 2)."""
+    seen: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        if signum == signal.SIGINT and seen.count(signal.SIGINT) > 1:
+            os._exit(128 + signum)
+        log.warning("follower_signal_deferred", rank=rank, signal=signal.Signals(signum).name,
+                    hint="rank 0 saves and then closes the followers")
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, on_signal)
+
+
 def follow() -> None:
     """A non-zero rank's whole life: build the trainer rank 0 describes, serve its calls."""
     from asyncrl.trainer.megatron.trainer import MegatronTrainer
 
     rank, _ = world()
+    defer_stop_signals(rank)
     kind, model, cfg, algo, pad_token_id, kwargs = _recv()
     if kind != "init":
         raise RuntimeError(f"follower expected an init message, got {kind!r}")
