@@ -30,18 +30,14 @@ test-engines *ARGS:
     ASYNCRL_VLLM_PYTHON=.venv-vllm/bin/python {{python}} -m pytest -m slow tests/engine_remote {{ARGS}}
 
 lint:
-    {{python}} -m ruff check asyncrl sandbox tests bench tools examples
+    {{python}} -m ruff check asyncrl sandbox tests bench tools examples .ci
     {{python}} -m mypy
 
-# Benchmarks: each prints a table and writes JSON under bench/results/ (CPU, minutes).
-bench:
-    {{python}} bench/tool_latency.py
-    {{python}} bench/frontend_scaling.py
-    {{python}} bench/tool_fire.py
-    {{python}} bench/loop_capacity.py
-    {{python}} bench/scheduler_sim.py
-    {{python}} bench/local_engine.py --quick --churn
-    {{python}} bench/metric_sinks.py
+# bench/run.py checks that each bench exited 0, printed its table and wrote its JSON under
+# bench/results/ (exit 1 when one did not); `just bench quick --only tool_latency` runs one.
+# Benchmarks (CPU): `just bench` the full set, `just bench quick` quick settings (minutes).
+bench *ARGS:
+    {{python}} bench/run.py {{ARGS}}
 
 # GRPO-RoC vs plain GRPO on the tiny curriculum (two full tiny runs per seed).
 bench-ablation *ARGS:

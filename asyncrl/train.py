@@ -26,7 +26,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.errors import RunStopped
+from asyncrl.errors import ConfigError, RunStopped
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -373,27 +373,33 @@ def _as_rng_state(s: Any) -> tuple:
 
 
 # ------------------------------------------------------------------------------- entry points
-def dry_run(cfg: RunConfig) -> list[str]:
+def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list[str]:
     """Resolve every stage, data file and component without starting anything heavy.
 
-    Returns the plan as lines; raises `ConfigError` naming the key of the first missing path
-    or unknown component.
+    Returns the plan as lines. An unknown component always raises `ConfigError`. A path that
+    is not on this machine (model, data or chat file) raises `ConfigError` naming its key
+    when `missing` is None; given a list, each such error is appended to it instead and the
+    plan goes on, so a recipe meant for another machine still resolves in full.
     """
     from asyncrl.engine.registry import ENGINE_KINDS
-    from asyncrl.errors import ConfigError
     from asyncrl.trainer import TRAINER_KINDS
+
+    def absent(key: str, message: str) -> None:
+        if missing is None:
+            raise ConfigError(key, message)
+        missing.append(ConfigError(key, message))
 
     lines = []
     if cfg.model.path:
         if not Path(cfg.model.path).exists():
-            raise ConfigError("model.path", f"no such directory: {cfg.model.path}")
+            absent("model.path", f"no such directory: {cfg.model.path}")
         lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")
     else:
         lines.append(f"model: built from model.init ({cfg.model.init.get('model_type')})")
     for key in ("train", "eval"):
         src = getattr(cfg.data, key)
         if src and not src.startswith("generator:") and not Path(src).exists():
-            raise ConfigError(f"data.{key}", f"no such file: {src}")
+            absent(f"data.{key}", f"no such file: {src}")
         lines.append(f"data.{key}: {src or '(none)'}")
     if cfg.engine.kind not in ENGINE_KINDS:
         raise ConfigError("engine.kind", f"engine {cfg.engine.kind!r} is not available here")
@@ -409,7 +415,7 @@ def dry_run(cfg: RunConfig) -> list[str]:
         for key, files in (("train", st.chat.train), ("valid", st.chat.valid)) if st.chat else ():
             for f in files:
                 if not Path(f).exists():
-                    raise ConfigError(f"stages[{i}].chat.{key}", f"no such file: {f}")
+                    absent(f"stages[{i}].chat.{key}", f"no such file: {f}")
         extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
         if st.chat is not None:
             extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"

@@ -8,7 +8,7 @@ them in turn. Idle systems cost no CPU (their zygotes sleep), so each round comp
 modes under the same background load; the figure is the median over rounds of each mode's
 calls/s divided by the pool's in the same round. The issue's bar: HTTP >= 90% of the pool.
 
-    python bench/frontend_scaling.py [--workers 2] [--front-ends 1,2] [--rounds 7]
+    python bench/frontend_scaling.py [--workers 2] [--front-ends 1,2] [--rounds 7] [--quick]
 
 Prints a table and writes ``bench/results/frontend_scaling.json`` (with every round's
 figures and the load average around each).
@@ -103,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload-ids", dest="workloads_ids", default="W1-trivial,W3-sympy")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--front-ends", default="1,2", help="comma-separated front-end counts")
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=None, help="default 7 (--quick: 3)")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--calls", type=int, default=1000)
+    p.add_argument("--calls", type=int, default=None, help="default 1000 (--quick: 300)")
+    p.add_argument("--quick", action="store_true", help="3 rounds of 300 calls: about a minute")
     args = p.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.calls = args.calls or (300 if args.quick else 1000)
     args.front_ends = [int(n) for n in args.front_ends.split(",") if n]
     args.workloads_ids = [w for w in args.workloads_ids.split(",") if w]
     out = asyncio.run(main_async(args, json.loads(Path(args.workloads).read_text())))

@@ -190,16 +190,16 @@ def test_a_bad_setting_names_the_field_and_the_close_one(run_dir) -> None:
                             "'max_turns'?")
 
 
-def test_config_check_says_what_train_dry_run_would_refuse(capsys) -> None:
+def test_config_check_names_each_path_missing_on_this_machine(capsys) -> None:
     from asyncrl.cli.main import main as cli_main
 
     rstar2 = str(ROOT / "curricula" / "rstar2.toml")
     assert cli_main(["config", "check", rstar2]) == 0  # valid; the checkpoint is not here
     err = capsys.readouterr().err
-    assert ("warning: `asyncrl train --dry-run` would refuse it on this machine: model.path: "
-            "no such directory: checkpoints/Qwen3-14B-Base") in err
+    assert ("warning: model.path: no such directory: checkpoints/Qwen3-14B-Base (missing on "
+            "this machine; a real run needs it)") in err
     assert cli_main(["config", "check", "--strict", rstar2]) == 2
-    assert "error: `asyncrl train --dry-run` would refuse it" in capsys.readouterr().err
+    assert "error: model.path: no such directory" in capsys.readouterr().err
 
 
 async def test_a_tool_the_format_cannot_call_is_refused(run_dir) -> None:

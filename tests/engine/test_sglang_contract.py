@@ -3,7 +3,7 @@ servers: the fake (`tests/fakes/sglang_server.py`, default suite) and a real SGL
 (`gpu` marker; launched from a tiny model when `sglang` and a CUDA GPU are present).
 
 Each test states a property of the real server the engine depends on (the audit row it comes
-from is in `../shared/research/sglang-contract-audit.md`), so a fake that drifts from the real
+from is in `docs/research/sglang-contract-audit.md`), so a fake that drifts from the real
 server, or an engine that drifts from both, fails here. Properties that need the fake's
 failure knobs are in `test_sglang_weights.py`.
 """

@@ -1,7 +1,7 @@
 """Fake sglang-router 0.3.2: a real aiohttp app with the router's worker API and pass-through.
 
 Fakes the router boundary for `RoutedSGLangEngine`, from the 0.3.2 binary's routes and the
-gateway source the audit (`../shared/research/sglang-contract-audit.md`, rows 27-28) read:
+gateway source the audit (`docs/research/sglang-contract-audit.md`, rows 27-28) read:
 - `POST /workers {"url", ...}` answers 202 `{"status": "accepted", "worker_id", "url",
   "message"}` and adds the worker in the background: it appears in `GET /workers` at once
   with `is_healthy: false`, and turns healthy after its first successful `/health` probe;

@@ -2,7 +2,7 @@
 
 Fakes the inference-server boundary for the `sglang` engine (and, through `FakeCore`, the
 vLLM fake next to it). Written from the real server's source as
-`../shared/research/sglang-contract-audit.md` documents it (file:line references below are
+`docs/research/sglang-contract-audit.md` documents it (file:line references below are
 wheel paths under `sglang/srt/`); it has only endpoints the real server has.
 
 Behaviour modelled on the real server:

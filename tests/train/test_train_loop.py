@@ -184,6 +184,26 @@ def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None
     assert "filter=hard" in text and "engine: sglang; trainer: megatron" in text
 
 
+def test_dry_run_of_a_recipe_for_another_machine_warns_of_its_missing_paths() -> None:
+    """`asyncrl train curricula/rstar2.toml --dry-run` where its model and data are absent:
+    the whole plan is printed and each missing path is a warning naming its key, exit 0;
+    an unknown component still fails."""
+    base = str(ROOT / "curricula" / "rstar2.toml")
+    out = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", base, "--dry-run"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "stage 3 stage3-hard-12k: rl, 40 steps, budget 12288, lr 1e-06, filter=hard(k=8)" in lines
+    assert ("warning: model.path: no such directory: checkpoints/Qwen3-14B-Base "
+            "(a real run needs it)") in lines
+    assert sum(ln.startswith("warning: stages[0].chat.train: no such file") for ln in lines) == 3
+    assert lines[-1] == "dry run: ok, with 6 path(s) missing on this machine"
+    bad = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", base, "--dry-run",
+                          "--set", 'trainer.kind="nonesuch"'],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode != 0 and "trainer.kind" in bad.stderr + bad.stdout
+
+
 @pytest.mark.timeout(600)
 def test_staleness_one_overlaps_rollouts_with_the_update(tmp_path: Path) -> None:
     cfg = _write_config(tmp_path)
