@@ -5,18 +5,22 @@ process-global RNG states (Python `random`, NumPy, torch CPU and CUDA). Does not
 loop puts in its state (data cursor, stage, step, policy version, its own `random.Random`:
 whatever picklable dict it passes) or the trainer's format (`Trainer.save_state`).
 
-Layout, under `run_dir/checkpoints/`:
+Layout, under `run_dir/checkpoints/` (RL checkpoints are `step_<RL step>`; an SFT stage's are
+`sft_<stage>_<stage step>`, since the RL step does not move during SFT; which is newest is
+`meta.json`'s `order`, the loop's (RL step, stage, stage step)):
 
     step_00000120/
         trainer/        Trainer.save_state (model, optimizer, lr schedule)
         state.pkl       the caller's state dict (pickle)
         rng.pkl         global RNG states of rank 0
-        meta.json       {"step", "format", "saved_at"}; written last
+        meta.json       {"step", "order", "format", "saved_at"}; written last
 
 Atomicity: everything is written into `.tmp-step_00000120/`, every file and directory in it is
 fsynced, then the directory is renamed to `step_00000120` and the parent fsynced. A crash at any
-point leaves either the complete checkpoint or no `step_*` directory for that step; leftovers
-named `.tmp-*` / `.trash-*` are never read and are removed by the next save. A `step_*`
+point leaves either the complete checkpoint or no directory of that name (a save that replaces
+one of the same name swaps the two atomically, so the old one stays until the new one is
+complete: never none); leftovers
+named `.tmp-*` / `.trash-*` are never read and are removed by the next save. A checkpoint
 directory without a readable `meta.json` is ignored too. Old checkpoints beyond `keep_last`
 are renamed to `.trash-*` before being deleted, so a half-deleted one is never visible.
 
@@ -46,7 +50,7 @@ log = get_logger(__name__)
 
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
-_STEP_RE = re.compile(r"^step_(\d{8,})$")
+_NAME_RE = re.compile(r"^(step_\d{8,}|sft_\d{2}_\d{8,})$")
 
 
 def _step_dir(step: int) -> str:
@@ -138,6 +142,21 @@ def _discard(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically (Linux renameat2 RENAME_EXCHANGE); False where the
+    system call is missing or refused (then the caller replaces in two steps)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def _read_meta(path: Path) -> dict[str, Any] | None:
     try:
         meta = json.loads((path / "meta.json").read_text())
@@ -147,16 +166,17 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as (step, path), oldest first."""
+    """Complete checkpoints of a run as (RL step, path), oldest first (by `meta.json`'s order)."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
-    out = []
+    found = []
     for p in root.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and p.is_dir() and _read_meta(p) is not None:
-            out.append((int(m.group(1)), p))
-    return sorted(out)
+        if _NAME_RE.match(p.name) and p.is_dir() and (meta := _read_meta(p)) is not None:
+            step = int(meta.get("step", 0))
+            order = tuple(meta.get("order") or (step,))
+            found.append((order, step, p))
+    return [(step, p) for _, step, p in sorted(found)]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -167,17 +187,22 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 # ----------------------------------------------------------------------------- save/load
 def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[str, Any], *,
-                    keep_last: int = 2) -> Path:
+                    keep_last: int = 2, name: str | None = None,
+                    order: tuple[int, ...] | None = None) -> Path:
     """Write checkpoint `step` atomically and keep the newest `keep_last`; returns its path.
 
     `trainer` is anything with `save_state(path)` (or None); `state` is the loop's picklable
-    dict. Saving a step that already exists replaces it. Raises `CheckpointError` if the
-    state cannot be pickled or the disk refuses; the previous checkpoints are untouched then.
+    dict. `name` defaults to `step_<step>` (an SFT stage passes `sft_<stage>_<stage step>`);
+    `order` is what sorts checkpoints newest last (default `(step,)`). Saving a name that
+    already exists replaces it atomically. Raises `CheckpointError` if the state cannot be
+    pickled or the disk refuses; the previous checkpoints are untouched then.
     """
     if keep_last < 1:
         raise ValueError("keep_last must be >= 1")
     root = Path(run_dir) / CHECKPOINT_DIR
-    final = root / _step_dir(step)
+    final = root / (name or _step_dir(step))
+    if not _NAME_RE.match(final.name):
+        raise ValueError(f"not a checkpoint name: {final.name!r}")
     tmp = root / f".tmp-{final.name}"
     rank0 = _rank() == 0
     alone = bool(getattr(trainer, "rank_zero_drives", False))
@@ -196,12 +221,16 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
             _write_file(tmp / "state.pkl", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
             _write_file(tmp / "rng.pkl", pickle.dumps(capture_rng_state(),
                                                       protocol=pickle.HIGHEST_PROTOCOL))
-            meta = {"step": step, "format": FORMAT, "saved_at": time.time()}
+            meta = {"step": step, "order": list(order or (step,)), "format": FORMAT,
+                    "saved_at": time.time()}
             _write_file(tmp / "meta.json", json.dumps(meta).encode())
             _fsync_tree(tmp)
-            if final.exists():
-                _discard(final)
-            os.rename(tmp, final)
+            if final.exists() and _exchange(tmp, final):
+                _discard(tmp)  # now the old checkpoint
+            else:
+                if final.exists():  # no atomic exchange here: the old one goes first
+                    _discard(final)
+                os.rename(tmp, final)
             _fsync_dir(root)
             for _, old in list_checkpoints(run_dir)[:-keep_last]:
                 _discard(old)

@@ -38,6 +38,9 @@ class TrainState(msgspec.Struct, kw_only=True):
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None
+    metrics_rows: int = 0
+    """Rows in `metrics.jsonl` when the checkpoint was written: a resumed run marks the rows
+    after them as replaced (`asyncrl.observe.report.load_metrics`)."""
     pending_problem_ids: list[str] = []
     """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
     run regenerates them first, in order, under the restored weights."""

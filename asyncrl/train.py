@@ -26,7 +26,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.errors import ConfigError, RunStopped
+from asyncrl.errors import CheckpointError, ConfigError, RunStopped, TrainerError
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -362,9 +362,15 @@ class StageRunner:
         self.state.pending_problem_ids = ([p.id for p in prod.pending_problems()]
                                           if prod is not None else [])
         self.state.rng_state = self.rng.getstate()
-        await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
-                                self.trainer, msgspec.to_builtins(self.state),
-                                keep_last=self.cfg.checkpoint.keep_last)
+        self.state.metrics_rows = self.metrics.rows
+        st = self.state
+        sft = self.cfg.stages[min(st.stage_index, len(self.cfg.stages) - 1)].kind == "sft"
+        # the RL step does not move during SFT: an SFT stage's checkpoints have their own names
+        name = f"sft_{st.stage_index:02d}_{st.stage_step:08d}" if sft else None
+        await asyncio.to_thread(save_checkpoint, self.rt.run_dir, st.global_step,
+                                self.trainer, msgspec.to_builtins(st),
+                                keep_last=self.cfg.checkpoint.keep_last, name=name,
+                                order=(st.global_step, st.stage_index, st.stage_step))
 
 
 def _as_rng_state(s: Any) -> tuple:
@@ -467,7 +473,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 
 async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> Path:
-    from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
+    from asyncrl.checkpoint import list_checkpoints, load_checkpoint
     from asyncrl.data import load_split
     from asyncrl.observe.progress import instrument, progress_display
     from asyncrl.observe.sinks import open_sinks
@@ -480,15 +486,28 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
     log.info("run_start", run_dir=str(rd), resume=resume)
     t_start = time.monotonic()
     state = TrainState()
-    ckpt = latest_checkpoint(rd) if resume else None
-    if resume and ckpt is None:
+    ckpts = [p for _, p in reversed(list_checkpoints(rd))] if resume else []
+    if resume and not ckpts:
         log.warning("resume_without_checkpoint", run_dir=str(rd),
                     hint="no checkpoint yet: the run starts from the beginning")
     progress = RunProgress(rd.name, stage_plans(cfg))
+    ckpt = None
     async with open_runtime(cfg, rd) as rt:
+        for candidate in ckpts:  # newest first; an unreadable one falls back, loudly
+            try:
+                saved = load_checkpoint(candidate, rt.need_trainer())
+                state = msgspec.convert(saved, TrainState)
+            except (CheckpointError, TrainerError, msgspec.ValidationError) as e:
+                log.warning("checkpoint_unreadable", checkpoint=str(candidate), error=str(e),
+                            hint="resuming from the one before it")
+                continue
+            ckpt = candidate
+            break
+        if ckpts and ckpt is None:
+            raise CheckpointError(f"no checkpoint of {rd} can be read (tried "
+                                  f"{', '.join(p.name for p in ckpts)}); refusing to restart "
+                                  "from the beginning: start a new run without --resume")
         if ckpt is not None:
-            saved = load_checkpoint(ckpt, rt.need_trainer())
-            state = msgspec.convert(saved, TrainState)
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
                      stage=cfg.stages[min(state.stage_index, len(cfg.stages) - 1)].name)
@@ -506,6 +525,9 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
         sinks = open_sinks(cfg.logging, rd, config_mod.to_dict(cfg))
         with MetricsWriter(rd, start_time=t_start, sinks=sinks) as metrics, \
                 progress_display(progress, cfg.logging.progress):
+            if ckpt is not None:  # rows the stopped attempt wrote after ckpt are redone now
+                metrics.write("resumed", step=state.global_step, checkpoint=ckpt.name,
+                              keep_rows=state.metrics_rows)
             metrics.write("data", step=state.global_step, train=len(train_p), eval=len(eval_p),
                           overlong_skipped=n_long)
             loop = StageRunner(rt, metrics, state, train_p, eval_p, progress, stop)

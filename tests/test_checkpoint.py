@@ -175,3 +175,36 @@ def test_incomplete_directories_are_ignored(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step_00000001"
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
         load_checkpoint(tmp_path / "checkpoints" / "step_00000009")
+
+
+def test_sft_checkpoints_have_their_own_names_and_the_newest_is_by_order(tmp_path):
+    # the RL step does not move during SFT: named by it, every SFT save replaced the last
+    for stage_step in (200, 400, 600):
+        save_checkpoint(tmp_path, 0, FileTrainer(f"s{stage_step}".encode()), {"s": stage_step},
+                        name=f"sft_00_{stage_step:08d}", order=(0, 0, stage_step), keep_last=2)
+    names = [p.name for _, p in list_checkpoints(tmp_path)]
+    assert names == ["sft_00_00000400", "sft_00_00000600"]
+    save_checkpoint(tmp_path, 1, FileTrainer(b"rl1"), {"s": "rl"}, order=(1, 1, 1), keep_last=2)
+    assert [p.name for _, p in list_checkpoints(tmp_path)] == ["sft_00_00000600",
+                                                                 "step_00000001"]
+    assert latest_checkpoint(tmp_path).name == "step_00000001"
+    with pytest.raises(ValueError, match="not a checkpoint name"):
+        save_checkpoint(tmp_path, 2, FileTrainer(), {}, name="../escape")
+
+
+def test_a_save_killed_while_replacing_a_checkpoint_leaves_the_old_one(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, 3, FileTrainer(b"old"), {"v": 1})
+    real_rename = os.rename
+
+    def killed_at_the_final_rename(src, dst, *a, **k):
+        if Path(src).name.startswith(".tmp-"):
+            raise SystemExit("killed")  # the process dies here
+        return real_rename(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "rename", killed_at_the_final_rename)
+    with pytest.raises(SystemExit):
+        save_checkpoint(tmp_path, 3, FileTrainer(b"new"), {"v": 2})
+    monkeypatch.setattr(os, "rename", real_rename)
+    tr = FileTrainer()
+    assert load_checkpoint(latest_checkpoint(tmp_path), tr) == {"v": 2}  # swapped in whole
+    assert tr.loaded == b"new"

@@ -33,3 +33,27 @@ def test_reward_host_failures_are_counted_beside_timeouts() -> None:
         r.reward_status = status
     s = rollout_stats(rs)
     assert (s["rollout/reward_error_count"], s["rollout/reward_timeout_count"]) == (2.0, 1.0)
+
+
+def test_a_resume_marks_the_rows_it_redoes_and_a_cut_line_is_ended(tmp_path) -> None:
+    import json
+
+    from asyncrl.observe.metrics import MetricsWriter
+    from asyncrl.observe.report import load_metrics
+
+    with MetricsWriter(tmp_path) as m:  # the first attempt: checkpoint after step 2
+        for step in (1, 2, 3):
+            m.write("rl_step", step=step)
+        keep = 2
+    with (tmp_path / "metrics.jsonl").open("ab") as f:
+        f.write(b'{"kind": "rl_step", "st')  # killed mid-write
+    with MetricsWriter(tmp_path) as m:  # the resumed attempt
+        assert m.rows == 4  # the cut line was ended, so the next row stands on its own
+        m.write("resumed", step=2, checkpoint="step_00000002", keep_rows=keep)
+        for step in (3, 4):
+            m.write("rl_step", step=step)
+    raw = (tmp_path / "metrics.jsonl").read_text().split("\n")
+    assert json.loads(raw[5]) == {**json.loads(raw[5]), "kind": "rl_step", "step": 3}
+    rows = load_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["kind"], r.get("step")) for r in rows] == [
+        ("rl_step", 1), ("rl_step", 2), ("resumed", 2), ("rl_step", 3), ("rl_step", 4)]

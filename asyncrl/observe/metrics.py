@@ -90,13 +90,26 @@ class MetricsWriter:
         self.path = run_dir / "metrics.jsonl"
         run_dir.mkdir(parents=True, exist_ok=True)
         self._fp: IO[bytes] = self.path.open("ab")
+        self._fp.seek(0, 2)
+        self.rows = self._count_rows()
+        """Rows in the file so far (a resumed run's included)."""
         self._t0 = time.monotonic() if start_time is None else start_time
         self.sinks = list(sinks)
+
+    def _count_rows(self) -> int:
+        with self.path.open("rb") as f:
+            data = f.read()
+        if data and not data.endswith(b"\n"):  # a line cut short by a crash: end it
+            self._fp.write(b"\n")
+            self._fp.flush()
+            data += b"\n"
+        return data.count(b"\n")
 
     def write(self, kind: str, **values: Any) -> dict[str, Any]:
         row = {"kind": kind, "time_s": round(time.monotonic() - self._t0, 3), **values}
         self._fp.write(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
         self._fp.flush()
+        self.rows += 1
         for sink in list(self.sinks):
             try:
                 sink.write(row)

@@ -84,18 +84,22 @@ def _number(v: Any) -> float | None:
 
 
 def load_metrics(path: Path) -> list[Row]:
-    """The metric rows of `path`, in file order; malformed lines and rows are skipped.
+    """The metric rows of `path`, in file order; malformed lines and rows are skipped, and so
+    are the rows a `resumed` row replaces (those written after its checkpoint by the attempt
+    that crashed: the file keeps them, the report shows the history that was kept).
 
     Raises `DataError` when the file is missing or holds no usable row.
     """
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        # split on "\n" alone: the writer counts rows by it (splitlines also splits on U+2028)
+        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror} (is {path.parent} a run directory?)") \
             from None
     rows: list[Row] = []
+    kept_lines: list[int] = []  # the line index of each row in `rows`
     bad = 0
-    for line in lines:
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
@@ -104,7 +108,13 @@ def load_metrics(path: Path) -> list[Row]:
             bad += 1
             continue
         if isinstance(row, dict) and isinstance(row.get("kind"), str):
+            if row["kind"] == "resumed" and isinstance(row.get("keep_rows"), int):
+                # the rows a crashed attempt wrote after its checkpoint were redone: drop them
+                keep = [j for j, n in enumerate(kept_lines) if n < row["keep_rows"]]
+                rows = [rows[j] for j in keep]
+                kept_lines = [kept_lines[j] for j in keep]
             rows.append(row)
+            kept_lines.append(i)
         else:
             bad += 1
     if bad:

@@ -110,6 +110,25 @@ def _rows(run_dir: Path, kind: str) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
+def _assert_resumed(run_dir: Path) -> dict:
+    """What only a resume can show (a restart from step 1 would reproduce the problem ids of
+    every step): a `resumed` row naming the checkpoint, the first RL step after it is the one
+    after the checkpoint's, no SFT step runs again, and the history the report keeps holds each
+    RL step once, in order. Returns the `resumed` row."""
+    from asyncrl.observe.report import load_metrics
+
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (at,) = [i for i, r in enumerate(lines) if r["kind"] == "resumed"]
+    resumed = lines[at]
+    after = lines[at + 1:]
+    assert resumed["checkpoint"] == f"step_{resumed['step']:08d}" and resumed["step"] >= 1
+    assert next(r["step"] for r in after if r["kind"] == "rl_step") == resumed["step"] + 1
+    assert not [r for r in after if r["kind"] == "sft_step"]
+    kept = [r["step"] for r in load_metrics(run_dir / "metrics.jsonl") if r["kind"] == "rl_step"]
+    assert kept == [1, 2, 3, 4, 5]
+    return resumed
+
+
 def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None:
     cfg = _write_config(tmp_path)
     full = tmp_path / "full"
@@ -151,7 +170,16 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     for d in (part / "checkpoints").iterdir():
         if not d.name.startswith("."):
             assert (d / "meta.json").exists(), d
+    # the newest checkpoint is corrupt (a disk fault): the resume falls back to the one before,
+    # with a warning, never to a silent restart from step 1
+    from asyncrl.checkpoint import list_checkpoints
+
+    (older, _), (newest, newest_dir) = list_checkpoints(part)[-2:]
+    (newest_dir / "state.pkl").write_bytes(b"\x80\x04 cut short")
     _train(cfg, part, "--resume")
+    assert _assert_resumed(part)["step"] == older < newest
+    log = (part / "log.jsonl").read_text()
+    assert '"checkpoint_unreadable"' in log and newest_dir.name in log
     resumed = _rows(part, "rl_step")
     by_step = {}
     for r in resumed:  # a step redone after the kill is logged twice; the last one counts
@@ -272,6 +300,7 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     saved = load_checkpoint(next((part / "checkpoints").glob("step_*0002")), restore_rng=False)
     assert saved["pending_problem_ids"] == [p for r in steps[2:4] for p in r["problem_ids"]]
     _train(cfg, part, *args, "--resume")
+    _assert_resumed(part)
     by_step = {}
     for r in _rows(part, "rl_step"):  # a step redone after the kill is logged twice
         by_step[r["step"]] = r["problem_ids"]
