@@ -315,7 +315,9 @@ class StageRunner:
         self.state.pending_problem_ids = ([p.id for p in prod.pending_problems()]
                                           if prod is not None else [])
         self.state.rng_state = self.rng.getstate()
-        await asyncio.to_thread(save_checkpoint, self.rt.run_dir, self.state.global_step,
+        # a trainer whose other ranks follow rank 0 runs the (collective) save on every rank
+        run = getattr(self.trainer, "run_everywhere", lambda fn, *a, **k: fn(*a, **k))
+        await asyncio.to_thread(run, save_checkpoint, self.rt.run_dir, self.state.global_step,
                                 self.trainer, msgspec.to_builtins(self.state),
                                 keep_last=self.cfg.checkpoint.keep_last)
 
