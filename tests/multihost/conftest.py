@@ -22,3 +22,12 @@ def hosts(netns_ok):
     """Two hosts, 198.18.0.1 and 198.18.0.2, removed after the test whatever happens."""
     with Hosts(2) as net:
         yield net
+
+
+@pytest.fixture(scope="session")
+def prepared_model(netns_ok, tmp_path_factory):
+    """A tiny model that makes tool calls when sampling (`cluster.prepare_model`), shared by
+    the slow runs."""
+    from cluster import prepare_model
+
+    return prepare_model(tmp_path_factory.mktemp("prep"))

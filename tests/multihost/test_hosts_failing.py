@@ -18,7 +18,6 @@ import pytest
 from cluster import (
     launch,
     micro_config,
-    prepare_model,
     rows,
     sandbox_node,
     tool_statuses,
@@ -30,11 +29,6 @@ from cluster import (
 from netns import Hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-
-
-@pytest.fixture(scope="module")
-def prepared_model(tmp_path_factory):
-    return prepare_model(tmp_path_factory.mktemp("prep"))
 
 
 def test_cut_sandbox_hosts_fail_over_then_become_tool_errors(netns_ok, prepared_model, tmp_path):

@@ -12,17 +12,12 @@ Slow (a short SFT run prepares a model that makes tool calls, then two runs):
 from __future__ import annotations
 
 import pytest
-from cluster import launch, micro_config, prepare_model, rows, sandbox_node, wait_all
+from cluster import launch, micro_config, rows, sandbox_node, wait_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 COMPARED = ("sft/loss", "sft/grad_norm", "train/loss", "train/entropy", "train/mismatch_abs",
             "reward/mean", "rollout/tool_calls_mean", "rollout/response_tokens_mean")
-
-
-@pytest.fixture(scope="module")
-def prepared_model(tmp_path_factory):
-    return prepare_model(tmp_path_factory.mktemp("prep"))
 
 
 def per_step(run_dir) -> list[dict[str, float]]:
