@@ -58,6 +58,22 @@ def test_launch_helper_prints_a_two_node_torchrun_command():
     assert "--node-rank" in out and out[out.index("--node-rank") + 1] == "1"
     assert out[out.index("--rdzv-endpoint") + 1] == "10.0.0.1:29500"
     assert out[-5:] == ["-m", "asyncrl.cli.launch", "train", "run.toml", "--resume"]
+    # a follower never hosts the rendezvous store; no address given: torchrun's own choice
+    assert out[out.index("--rdzv-conf") + 1] == "is_host=0" and "--local-addr" not in out
+
+
+def test_launch_helper_hosts_the_store_on_the_head_and_advertises_node_addr():
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "tools" / "launch_multinode.sh"
+    env = {"PATH": "/usr/bin:/bin", "DRY_RUN": "1", "NNODES": "2", "NODE_RANK": "0",
+           "HEAD_NODE": "10.0.0.1", "NODE_ADDR": "10.0.0.1", "GPUS_PER_NODE": "8",
+           "GLOO_SOCKET_IFNAME": "ib0"}
+    out = subprocess.run(["bash", str(script), "run.toml"], env=env, capture_output=True,
+                         text=True, timeout=30, check=True).stdout.split()
+    assert out[0] == "GLOO_SOCKET_IFNAME=ib0"  # an operator's choice is kept
+    assert out[out.index("--rdzv-conf") + 1] == "is_host=1"
+    assert out[out.index("--local-addr") + 1] == "10.0.0.1"
 
 
 def test_followers_get_a_path_for_a_model_loaded_from_disk(tmp_path):
@@ -87,3 +103,15 @@ def test_rank_zero_proxy_never_exposes_the_collective_step_hooks():
             getattr(proxy, name)
     hooks = {n for n in vars(StepBackend) if not n.startswith("_")}
     assert hooks - {"dp_size", "optimizer_step"} <= _COLLECTIVE_HOOKS
+
+
+def test_a_broken_group_names_the_ranks_at_the_peer_address_it_lost():
+    from asyncrl.trainer.megatron.launch import lost_ranks
+
+    places = [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("b", "10.0.0.2"), ("c", "10.0.0.3")]
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:50318: "
+                        "Connection reset by peer")
+    assert lost_ranks(gloo, places) == "rank 1 on 10.0.0.2 (b), rank 2 on 10.0.0.2 (b)"
+    assert lost_ranks(RuntimeError("watchdog: rank 3 timed out"), places) == "rank 3 on 10.0.0.3 (c)"
+    # nothing to go by: every other rank is named
+    assert lost_ranks(RuntimeError("Connection closed"), places).count("rank") == 3

@@ -12,6 +12,7 @@ imports `sdpa_attention`, which needs it, only then):
 - `trainer`: `MegatronTrainer` (RL and SFT steps, export, state).
 - `optimizer`: megatron's DDP + optimizer on CUDA, torch AdamW with collectives otherwise.
 - `launch`: torchrun runs with the event loop on rank 0 and the other ranks following.
-- `cpu_compat`: the patches that let megatron-core (its DDP and optimizers too) run on a CPU
-  torch — tests only.
+- `cpu_compat`: the patches that let megatron-core run on a CPU-only torch over gloo: the RNG
+  and device ones for any CPU run (installed by `model.init_parallel`), its DDP and optimizers
+  too for the tests.
 """

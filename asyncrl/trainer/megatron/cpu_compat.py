@@ -1,4 +1,4 @@
-"""Run megatron-core 0.16 on a CPU-only torch over gloo — for tests only.
+"""Run megatron-core 0.16 on a CPU-only torch over gloo: tests, and runs on CPU-only machines.
 
 megatron-core is written for CUDA. On a CPU build of torch two of its assumptions break the
 model we use (`GPTModel`, local layer spec, tensor parallel over gloo):
@@ -23,9 +23,12 @@ Megatron's own `DotProductAttention` (only built on request: `attention="local"`
 explicit causal mask from `model.causal_mask`, since its default one is built on "cuda"; the
 fused cores need none.
 
-Production code never imports this module; tests (and the torchrun test worker) enter
-`cpu_megatron()` around everything that builds or runs a Megatron model. It refuses to patch
-a torch that has CUDA, so it cannot silently change behaviour on a GPU machine.
+Tests (and the torchrun test worker) enter `cpu_megatron()` around everything that builds or
+runs a Megatron model. A real run on a CPU-only torch (`asyncrl train` with `trainer.kind =
+"megatron"`, one process or many over gloo) gets points 1 and 2 for the rest of the process
+from `model.init_parallel`, through `install_for_process()`; point 3 is never needed there,
+since the trainer then uses torch AdamW. Both refuse to patch a torch that has CUDA, so
+neither can silently change behaviour on a GPU machine.
 """
 
 from __future__ import annotations
@@ -68,7 +71,29 @@ def _cpu_tracker_class() -> type:
                 self.states_[name] = torch.get_rng_state()
                 torch.set_rng_state(orig)
 
+    CpuRNGStatesTracker.asyncrl_cpu = True  # type: ignore[attr-defined]
     return CpuRNGStatesTracker
+
+
+def installed() -> bool:
+    """Whether megatron-core is patched for the CPU right now (by either entry point)."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    return bool(getattr(mrandom.CudaRNGStatesTracker, "asyncrl_cpu", False))
+
+
+_PROCESS_PATCH: contextlib.ExitStack | None = None
+
+
+def install_for_process() -> None:
+    """Patch megatron-core for the CPU until the process ends (idempotent; a no-op while a
+    test's `cpu_megatron()` block is active)."""
+    global _PROCESS_PATCH
+    if installed():
+        return
+    stack = contextlib.ExitStack()
+    stack.enter_context(cpu_megatron())
+    _PROCESS_PATCH = stack  # kept, never closed: the patch lasts as long as the process
 
 
 @contextlib.contextmanager

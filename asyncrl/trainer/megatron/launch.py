@@ -10,6 +10,13 @@ every trainer call. They learn what to do from rank 0 over torch.distributed:
   arguments — the whole `Batch` for `train_step`) before running it locally.
 - every other rank runs `follow()`: receive the constructor arguments, build the same trainer,
   then run each announced call until rank 0 says `close` (also sent at rank 0's exit).
+- a checkpoint is rank 0's `asyncrl.checkpoint.save_checkpoint` alone: its `save_state`
+  call is announced like any other, so every rank writes its shards; the proxy says
+  `rank_zero_drives`, and `save_checkpoint` skips the barriers the followers never reach.
+- where each rank runs (host name and address) is gathered at start. When a call fails on
+  rank 0 because the group broke (a rank died, a host dropped off the network), the error
+  is a `TrainerError` naming the rank(s) and host(s) it lost, and saying `--resume` continues
+  from the last checkpoint.
 
 Control messages use a dedicated gloo group with a long timeout, because rank 0 may spend far
 longer on rollouts between two calls than NCCL's watchdog allows a pending collective.
@@ -34,13 +41,16 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
+import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
+from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
@@ -84,6 +94,41 @@ def _recv() -> Any:
     return box[0]
 
 
+def _where() -> tuple[str, str]:
+    """(host name, address) of this rank: the local address of the route to MASTER_ADDR
+    (what the other ranks reach this process at); connecting a UDP socket sends nothing."""
+    addr = ""
+    master = os.environ.get("MASTER_ADDR", "")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                addr = str(s.getsockname()[0])
+        except OSError:
+            addr = ""
+    return socket.gethostname(), addr
+
+
+def _gather_places() -> list[tuple[str, str]]:
+    """Every rank's `_where()`, by rank (a collective on the control group)."""
+    places: list[Any] = [None] * dist.get_world_size(_control_group())
+    dist.all_gather_object(places, _where(), group=_control_group())
+    return places
+
+
+def lost_ranks(error: BaseException, places: list[tuple[str, str]]) -> str:
+    """Which ranks a failed collective lost, as text: those at the peer address the error
+    names (gloo: `[10.0.0.2]:port`; NCCL: `rank 3`), else every other rank."""
+    text = str(error)
+    hit: set[int] = set()
+    for addr in re.findall(r"\[([0-9a-fA-F.:]+)\]:\d+", text):
+        hit |= {r for r, (_, a) in enumerate(places) if r and a == addr}
+    hit |= {int(r) for r in re.findall(r"\brank (\d+)\b", text)
+            if 0 < int(r) < len(places)}
+    ranks = sorted(hit) or list(range(1, len(places)))
+    return ", ".join(f"rank {r} on {places[r][1] or '?'} ({places[r][0]})" for r in ranks)
+
+
 def _portable_model(model: Any) -> Any:
     """What the followers need to rebuild `model`: its directory when it has one on disk."""
     if isinstance(model, (str, Path)):
@@ -107,7 +152,10 @@ def make_trainer(model: Any, cfg: Any, algo: Any, pad_token_id: int, **kwargs: A
             "runs `asyncrl train`; start the run with `python -m asyncrl.cli.launch "
             "train CONFIG` (tools/launch_multinode.sh) so the other ranks follow rank 0")
     _send(("init", _portable_model(model), cfg, algo, pad_token_id, kwargs))
-    proxy = RankZeroTrainer(MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs))
+    trainer = MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs)
+    places = _gather_places()  # after the trainer: the followers build theirs first too
+    log.info("trainer_ranks", ranks={r: f"{a} ({h})" for r, (h, a) in enumerate(places)})
+    proxy = RankZeroTrainer(trainer, places)
     atexit.register(proxy.close)
     return proxy
 
@@ -119,15 +167,32 @@ class RankZeroTrainer:
     """Only rank 0 calls `asyncrl.checkpoint.save_checkpoint` with this trainer: it skips its
     barriers (the followers take part through the announced `save_state` alone)."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, places: list[tuple[str, str]] | None = None) -> None:
         self._trainer = trainer
+        self._places = places or [("", "")]
         self._closed = False
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         if self._closed:
             raise RuntimeError(f"trainer is closed; cannot {name}")
-        _send(("call", name, args, kwargs))
-        return getattr(self._trainer, name)(*args, **kwargs)
+
+        def run() -> Any:
+            _send(("call", name, args, kwargs))
+            return getattr(self._trainer, name)(*args, **kwargs)
+
+        return self._guarded(name, run)
+
+    def _guarded(self, what: str, run: Any) -> Any:
+        try:
+            return run()
+        except (RuntimeError, OSError) as e:  # torch.distributed's errors: the group broke
+            if not isinstance(e, dist.DistError) and "onnection" not in str(e):
+                raise
+            self._closed = True  # the group is gone: nothing more can be announced
+            raise TrainerError(
+                f"trainer call {what} failed: lost {lost_ranks(e, self._places)} ({e}); the "
+                "run stops here; restart every node with --resume to continue from the last "
+                "checkpoint") from e
 
     def train_step(self, batch: Any, lr_scale: float = 1.0) -> dict[str, float]:
         return self._call("train_step", batch, lr_scale)
@@ -196,7 +261,8 @@ def follow() -> None:
     if kind != "init":
         raise RuntimeError(f"follower expected an init message, got {kind!r}")
     trainer = MegatronTrainer(model, cfg, algo, pad_token_id, **kwargs)
-    log.info("follower_ready", rank=rank)
+    host, addr = _gather_places()[rank]
+    log.info("follower_ready", rank=rank, host=host, address=addr)
     while True:
         msg = _recv()
         if msg[0] == "close":

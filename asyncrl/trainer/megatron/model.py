@@ -7,7 +7,7 @@ weights into this rank's shards, streaming this model's weights back out as whol
 (gathered over the tensor-parallel group), and the forward pass to vocabulary-split logits.
 
 Does not own: the name/layout map (`convert.py`), log-probabilities over the split vocabulary
-(`vocab_parallel.py`), the update step (`trainer.py`), files (`hf_files.py`). Runs on CUDA in production; tests enter `cpu_compat.cpu_megatron()` first.
+(`vocab_parallel.py`), the update step (`trainer.py`), files (`hf_files.py`). Runs on CUDA, or on the CPU over gloo with `cpu_compat`'s patches.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> 
     """Set up torch.distributed (if not yet) and megatron's parallel state; seed its RNGs.
 
     Under torchrun the usual env (RANK, WORLD_SIZE, MASTER_ADDR, LOCAL_RANK) is read; a lone
-    process gets a world of one. NCCL on CUDA, gloo otherwise.
+    process gets a world of one. NCCL on CUDA; gloo otherwise, with megatron-core patched for
+    the CPU (`cpu_compat.install_for_process`).
     """
     require_megatron()
     from megatron.core import parallel_state
@@ -68,6 +69,10 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> 
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        from asyncrl.trainer.megatron.cpu_compat import install_for_process
+
+        install_for_process()
     if not dist.is_initialized():
         backend = "nccl" if cuda else "gloo"
         timeout = timedelta(minutes=timeout_minutes)
