@@ -234,3 +234,19 @@ def test_config_check_refuses_tensor_sync_for_vllm_and_names_disk(
     assert "engine.weight_sync" in err and 'weight_sync = "disk"' in err
     with pytest.raises(ConfigError, match=r"engine\.weight_sync.*'nccl'"):
         config.from_dict({**minimal(), "engine": {"kind": "sglang", "weight_sync": "nccl"}})
+
+
+def test_lora_is_refused_by_the_megatron_trainer_by_name() -> None:
+    with pytest.raises(ConfigError, match=r'trainer\.lora: LoRA is not supported by the '
+                                          r'megatron trainer; use trainer\.kind = "torch"'):
+        config.from_dict({**minimal(), "trainer": {"kind": "megatron", "lora": {"rank": 8}}})
+    cfg = config.from_dict({**minimal(), "trainer": {"kind": "torch", "lora": {"rank": 8}}})
+    assert cfg.trainer.lora is not None and cfg.trainer.lora.rank == 8
+
+
+def test_lora_for_rl_only_needs_every_sft_stage_first() -> None:
+    stages = [{"name": "rl", "steps": 1}, {"name": "sft", "kind": "sft", "steps": 1}]
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.kind: .*apply_to"):
+        config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "rl"}},
+                          "stages": stages})
+    config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "all"}}, "stages": stages})

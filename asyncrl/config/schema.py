@@ -286,6 +286,34 @@ EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig
 
 
 # ----------------------------------------------------------------------------------- trainer
+class LoraSection(_Section, frozen=True, kw_only=True):
+    """LoRA adapters (PEFT's `LoraConfig`): the base model stays frozen, the optimizer holds
+    only the adapters, and weight sync moves only the adapters (docs/lora.md)."""
+
+    rank: PosInt = 16
+    """Adapter rank r: each targeted `W` [out, in] trains `B` [out, r] @ `A` [r, in]."""
+    alpha: PosInt = 32
+    """LoRA alpha; the update is scaled by `alpha / rank`."""
+    dropout: Fraction = 0.0
+    """Dropout on the adapter's input. Keep 0 for RL: the old logprobs are recomputed in train
+    mode and the first ratio is 1 only when both passes see the same network."""
+    target_modules: list[str] = msgspec.field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names (suffixes, as PEFT matches them) that get an adapter: linear layers only."""
+    apply_to: Literal["all", "rl"] = "all"
+    """`all`: every stage trains the adapter. `rl`: SFT stages train every parameter (a cold
+    start that a tiny model cannot learn through an adapter) and the adapter starts at the
+    first RL step, on the SFT result as base; every SFT stage must then come before the
+    first RL stage."""
+    merge_on_export: bool = False
+    """`final/` holds the adapter (PEFT format, `adapter/`) and, with this set, also the merged
+    HF model next to it (otherwise `final/` holds the base model's config and weights)."""
+
+    def __post_init__(self) -> None:
+        if not self.target_modules:
+            raise _bad("target_modules", "name at least one module (e.g. \"q_proj\")")
+
+
 class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_field="kind"):
     """HF transformers model trained with plain torch (CPU, one GPU, or DDP/FSDP2)."""
 
@@ -299,6 +327,9 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     """Data-parallel wrapper when run under torchrun with world size > 1."""
     threads: NonNegInt = 0
     """torch intra-op threads (0 = leave torch's default)."""
+    lora: LoraSection | None = None
+    """Train LoRA adapters instead of every parameter (`[trainer.lora]`, needs the `lora`
+    extra, PEFT); unset = full-parameter training."""
 
 
 class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", tag_field="kind"):
@@ -316,6 +347,14 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     """Activation recomputation: `selective` recomputes the MLP (the attention itself when
     megatron's unfused core is used), `full` whole layers; `auto` takes the cheapest whose
     memory estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`), `none` on CPU."""
+    lora: LoraSection | None = None
+    """Not supported by this trainer (megatron-core has no adapter layers of its own): set
+    only to be told so; use `trainer.kind = "torch"` for LoRA."""
+
+    def __post_init__(self) -> None:
+        if self.lora is not None:
+            raise _bad("lora", "LoRA is not supported by the megatron trainer; use "
+                               "trainer.kind = \"torch\" (docs/lora.md)")
 
 
 TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig
@@ -537,6 +576,12 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             if st.lr_decay_steps > st.steps:
                 raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than "
                                  f"the stage's {st.steps} steps")
+            lora = getattr(self.trainer, "lora", None)
+            if (lora is not None and lora.apply_to == "rl" and st.kind == "sft"
+                    and any(s.kind == "rl" for s in self.stages[:i])):
+                raise ValueError(f"stages[{i}].kind: trainer.lora.apply_to = \"rl\" trains "
+                                 f"the adapter from the first RL stage on; an SFT stage "
+                                 f"cannot follow it")
             for key, by_level in (("fail_fix_by_level", st.fail_fix_by_level),
                                   ("tool_fraction_by_level", st.tool_fraction_by_level)):
                 bad = [k for k in by_level if not k.isdigit()]
