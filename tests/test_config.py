@@ -250,3 +250,16 @@ def test_lora_for_rl_only_needs_every_sft_stage_first() -> None:
         config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "rl"}},
                           "stages": stages})
     config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "all"}}, "stages": stages})
+
+
+@pytest.mark.parametrize(("engine", "words"), [
+    ({"kind": "sglang", "weight_sync": "tensor", "extra_args": ["--enable-lora"]},
+     r'engine\.weight_sync: SGLang loads LoRA adapters from a directory'),
+    ({"kind": "sglang"}, r"engine\.extra_args: .*--enable-lora"),
+    ({"kind": "vllm"}, r"engine\.kind: trainer\.lora is served by the local and sglang"),
+])
+def test_lora_needs_an_engine_that_serves_adapters(engine, words) -> None:
+    with pytest.raises(ConfigError, match=words):
+        config.from_dict({**minimal(), "engine": engine, "trainer": {"lora": {}}})
+    config.from_dict({**minimal(), "engine": {"kind": "sglang", "urls": ["http://h:1"]},
+                      "trainer": {"lora": {}}})

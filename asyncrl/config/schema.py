@@ -568,6 +568,9 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise _bad("stages", f"stage names must be unique, got {names}")
+        lora = getattr(self.trainer, "lora", None)
+        if lora is not None:
+            self._check_lora_engine()
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
@@ -576,7 +579,6 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             if st.lr_decay_steps > st.steps:
                 raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than "
                                  f"the stage's {st.steps} steps")
-            lora = getattr(self.trainer, "lora", None)
             if (lora is not None and lora.apply_to == "rl" and st.kind == "sft"
                     and any(s.kind == "rl" for s in self.stages[:i])):
                 raise ValueError(f"stages[{i}].kind: trainer.lora.apply_to = \"rl\" trains "
@@ -588,3 +590,18 @@ class RunConfig(_Section, frozen=True, kw_only=True):
                 if bad:
                     raise ValueError(f"stages[{i}].{key}: keys are levels "
                                      f"(\"4\"), got {bad[0]!r}")
+
+    def _check_lora_engine(self) -> None:
+        """LoRA sync needs an engine that can serve adapters (docs/lora.md)."""
+        eng = self.engine
+        if isinstance(eng, VLLMEngineConfig):
+            raise ValueError("engine.kind: trainer.lora is served by the local and sglang "
+                             "engines; vllm's adapter endpoints are not wired in yet")
+        if isinstance(eng, SGLangEngineConfig):
+            if eng.weight_sync != "disk":
+                raise ValueError("engine.weight_sync: SGLang loads LoRA adapters from a "
+                                 "directory; use weight_sync = \"disk\" with trainer.lora")
+            if not eng.urls and "--enable-lora" not in eng.extra_args:
+                raise ValueError("engine.extra_args: launched SGLang servers serve adapters "
+                                 "only with [\"--enable-lora\", \"--max-lora-rank\", \"R\", "
+                                 "\"--lora-target-modules\", \"all\"] (R >= trainer.lora.rank)")

@@ -171,3 +171,16 @@ async def test_the_local_engine_serves_the_adapter_it_is_sent(tmp_path) -> None:
         stale.base_version = 3
         with pytest.raises(WeightSyncError, match="base"):
             await eng.update_weights(stale)
+
+
+def test_an_sft_step_with_lora_for_all_stages_trains_only_the_adapter() -> None:
+    tr = make()  # apply_to = "all": SFT stages train the adapter too
+    base = {k: v.clone() for k, v in tr.base_state_for_sync().items()}
+    before = tr.adapter_for_sync()
+    losses = [tr.sft_step([([3, 4, 5, 6, 7, 8], [0, 0, 1, 1, 1, 1])])["sft/loss"]
+              for _ in range(5)]
+    assert losses[-1] < losses[0]
+    assert not tr._base_trained  # no full-parameter step: checkpoints leave the base out
+    for k, v in tr.base_state_for_sync().items():
+        assert torch.equal(v, base[k]), k
+    assert any(not torch.equal(before[k], v) for k, v in tr.adapter_for_sync().items())
