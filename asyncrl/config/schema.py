@@ -295,19 +295,16 @@ class LoraSection(_Section, frozen=True, kw_only=True):
     alpha: PosInt = 32
     """LoRA alpha; the update is scaled by `alpha / rank`."""
     dropout: Fraction = 0.0
-    """Dropout on the adapter's input. Keep 0 for RL: the old logprobs are recomputed in train
-    mode and the first ratio is 1 only when both passes see the same network."""
+    """Dropout on the adapter's input; keep 0 for RL (old logprobs are recomputed in train mode)."""
     target_modules: list[str] = msgspec.field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     """Module names (suffixes, as PEFT matches them) that get an adapter: linear layers only."""
     apply_to: Literal["all", "rl"] = "all"
-    """`all`: every stage trains the adapter. `rl`: SFT stages train every parameter (a cold
-    start that a tiny model cannot learn through an adapter) and the adapter starts at the
-    first RL step, on the SFT result as base; every SFT stage must then come before the
-    first RL stage."""
+    """`all`: every stage trains the adapter. `rl`: SFT stages train every parameter and the
+    adapter starts at the first RL step over the SFT result (SFT stages must come first)."""
     merge_on_export: bool = False
-    """`final/` holds the adapter (PEFT format, `adapter/`) and, with this set, also the merged
-    HF model next to it (otherwise `final/` holds the base model's config and weights)."""
+    """`final/` is the adapter (a PEFT directory; `final/base/` the base when the run trained
+    it); with this set, `final/merged/` is the merged HF model as well."""
 
     def __post_init__(self) -> None:
         if not self.target_modules:
@@ -348,8 +345,7 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     megatron's unfused core is used), `full` whole layers; `auto` takes the cheapest whose
     memory estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`), `none` on CPU."""
     lora: LoraSection | None = None
-    """Not supported by this trainer (megatron-core has no adapter layers of its own): set
-    only to be told so; use `trainer.kind = "torch"` for LoRA."""
+    """Refused (megatron-core has no adapter layers of its own): use the torch trainer."""
 
     def __post_init__(self) -> None:
         if self.lora is not None:
@@ -591,17 +587,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
                     raise ValueError(f"stages[{i}].{key}: keys are levels "
                                      f"(\"4\"), got {bad[0]!r}")
 
-    def _check_lora_engine(self) -> None:
-        """LoRA sync needs an engine that can serve adapters (docs/lora.md)."""
+    def _check_lora_engine(self) -> None:  # LoRA sync needs an engine that serves adapters
         eng = self.engine
         if isinstance(eng, VLLMEngineConfig):
             raise ValueError("engine.kind: trainer.lora is served by the local and sglang "
                              "engines; vllm's adapter endpoints are not wired in yet")
-        if isinstance(eng, SGLangEngineConfig):
-            if eng.weight_sync != "disk":
-                raise ValueError("engine.weight_sync: SGLang loads LoRA adapters from a "
-                                 "directory; use weight_sync = \"disk\" with trainer.lora")
-            if not eng.urls and "--enable-lora" not in eng.extra_args:
-                raise ValueError("engine.extra_args: launched SGLang servers serve adapters "
-                                 "only with [\"--enable-lora\", \"--max-lora-rank\", \"R\", "
-                                 "\"--lora-target-modules\", \"all\"] (R >= trainer.lora.rank)")
+        if isinstance(eng, SGLangEngineConfig) and eng.weight_sync != "disk":
+            raise ValueError("engine.weight_sync: SGLang loads LoRA adapters from a "
+                             "directory; use weight_sync = \"disk\" with trainer.lora")
+        if isinstance(eng, SGLangEngineConfig) and not (eng.urls or "--enable-lora" in eng.extra_args):
+            raise ValueError("engine.extra_args: launched SGLang servers serve adapters only with "
+                             "[\"--enable-lora\", \"--max-lora-rank\", \"R\"] (R >= trainer.lora.rank)")

@@ -115,7 +115,14 @@ def load_adapter_state(peft_model: Any, state: dict[str, torch.Tensor]) -> None:
 
 def save_adapter(peft_model: Any, path: str | Path) -> None:
     """A PEFT adapter directory (`adapter_config.json`, `adapter_model.safetensors`), what
-    `PeftModel.from_pretrained`, SGLang's and vLLM's LoRA loaders read."""
+    `PeftModel.from_pretrained`, SGLang's and vLLM's LoRA loaders read. Written directly
+    rather than by `save_pretrained`, which also renders a model card (most of its time)."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(str(out), safe_serialization=True)
+    sd = get_peft_model_state_dict(peft_model, adapter_name=ADAPTER)
+    save_file({k: v.detach().contiguous().cpu() for k, v in sd.items()},
+              str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    peft_model.peft_config[ADAPTER].save_pretrained(str(out))
