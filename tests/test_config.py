@@ -256,10 +256,11 @@ def test_lora_for_rl_only_needs_every_sft_stage_first() -> None:
     ({"kind": "sglang", "weight_sync": "tensor", "extra_args": ["--enable-lora"]},
      r'engine\.weight_sync: SGLang loads LoRA adapters from a directory'),
     ({"kind": "sglang"}, r"engine\.extra_args: .*--enable-lora"),
-    ({"kind": "vllm"}, r"engine\.kind: trainer\.lora is served by the local and sglang"),
+    ({"kind": "vllm"}, r"engine\.extra_args: .*--enable-lora"),
 ])
 def test_lora_needs_an_engine_that_serves_adapters(engine, words) -> None:
     with pytest.raises(ConfigError, match=words):
         config.from_dict({**minimal(), "engine": engine, "trainer": {"lora": {}}})
-    config.from_dict({**minimal(), "engine": {"kind": "sglang", "urls": ["http://h:1"]},
-                      "trainer": {"lora": {}}})
+    for ok in ({"kind": "sglang", "urls": ["http://h:1"]},
+               {"kind": "vllm", "extra_args": ["--enable-lora", "--max-lora-rank", "16"]}):
+        config.from_dict({**minimal(), "engine": ok, "trainer": {"lora": {}}})
