@@ -134,9 +134,9 @@ class TorchTrainer:
         self.optimizer = self._new_optimizer()
         self.base_changed = True
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in self.model.parameters())
-        log.info("lora_attached", rank=self.lora_cfg.rank, trainable=trainable, total=total,
-                 share=round(trainable / total, 4))
+        base = sum(p.numel() for n, p in self.model.named_parameters() if ".lora_" not in n)
+        log.info("lora_attached", rank=self.lora_cfg.rank, adapter_params=trainable,
+                 base_params=base, share_of_base=round(trainable / base, 4))
 
     def adapter_for_sync(self) -> dict[str, torch.Tensor]:
         """The adapter factors by HF module name (`lora.adapter_tensors`), CPU copies."""
