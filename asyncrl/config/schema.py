@@ -301,7 +301,7 @@ class LoraSection(_Section, frozen=True, kw_only=True):
     """Module names (suffixes, as PEFT matches them) that get an adapter: linear layers only."""
     apply_to: Literal["all", "rl"] = "all"
     """`all`: every stage trains the adapter. `rl`: SFT stages train every parameter and the
-    adapter starts at the first RL step over the SFT result (SFT stages must come first)."""
+    adapter starts at the first RL update over the SFT result (SFT stages must come first)."""
     merge_on_export: bool = False
     """`final/` is the adapter (a PEFT directory; `final/base/` the base when the run trained
     it); with this set, `final/merged/` is the merged HF model as well."""

@@ -15,7 +15,7 @@ Every rank is a replica (`dp_size` = world size); see `algo.step` for the loss n
 
 LoRA (`trainer.lora`, `asyncrl.trainer.lora`): the model's targeted linear layers become PEFT
 LoRA layers, the base is frozen and the optimizer holds only the adapters, from construction
-(`apply_to = "all"`) or from the first RL step (`"rl"`: SFT steps before it train every
+(`apply_to = "all"`) or from the first RL update (`"rl"`: SFT steps before it train every
 parameter). Weight sync then moves only the adapter (`AdapterTrainer` in `base.py`), and the
 base once whenever it changed; checkpoints hold the adapter, its optimizer state, and the base
 only when this run trained it. LoRA runs in one process (no DDP/FSDP2).
@@ -294,7 +294,7 @@ class TorchTrainer:
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking."""
-        self.attach_lora()  # lora.apply_to = "rl": the adapter starts at the first RL step
+        self.attach_lora()  # lora.apply_to = "rl": the adapter starts at the first RL update
         return step.rl_step(self, batch, self.algo, temperature=self.temperature,
                             lr_scale=lr_scale)
 
