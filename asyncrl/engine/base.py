@@ -68,13 +68,33 @@ class EngineLoad(msgspec.Struct, kw_only=True):
 
 
 class WeightUpdate(msgspec.Struct, kw_only=True):
-    """New weights for an engine: a directory of HF safetensors, or in-process tensors."""
+    """New weights for an engine: a directory of HF safetensors, or in-process tensors; and/or
+    a LoRA adapter over them (`adapter`, `adapter_path`)."""
 
     version: int
     path: str = ""
     """Directory with HF-format weights (disk sync)."""
     state_dict: object | None = None
     """In-process `dict[str, torch.Tensor]` (local engine / colocated sync); not serialised."""
+    adapter: object | None = None
+    """In-process LoRA adapter over the base weights: `{module}.lora_A` [r, in] and
+    `{module}.lora_B` [out, r] (the `alpha / r` scaling folded in) by HF module name; the
+    engine serves `W_base + B @ A` for each. With `path`/`state_dict` set too, those are the
+    new base and the adapter applies over it; alone, it applies over the base of
+    `base_version`, and an engine holding another base refuses it."""
+    adapter_path: str = ""
+    """A PEFT LoRA adapter directory (`adapter_config.json`, `adapter_model.safetensors`):
+    the disk form of `adapter`."""
+    base_version: int = 0
+    """For an adapter: the version of the update that carried its base weights."""
+
+    @property
+    def has_adapter(self) -> bool:
+        return self.adapter is not None or bool(self.adapter_path)
+
+    @property
+    def has_base(self) -> bool:
+        return self.state_dict is not None or bool(self.path)
 
 
 @runtime_checkable

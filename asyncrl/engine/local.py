@@ -155,6 +155,7 @@ class LocalEngine:
         self._new_cache = growing_cache
         self._device = torch.device(device)
         self._model = model.to(self._device).eval()
+        self._merger: Any = None  # engine.adapter.AdapterMerger, made at the first update
         self._tokenizer = tokenizer
         self._threads = threads
         self._admit_reserve = admit_reserve
@@ -246,8 +247,11 @@ class LocalEngine:
         """Copy new weights into the model between steps, then bump `policy_version`.
 
         `update.state_dict` (tensors, copied, never aliased) or `update.path` (a directory of
-        HF safetensors). Running requests keep their KV cache; tokens produced after the update
-        carry the new version. Raises `WeightSyncError` on unknown parameter names.
+        HF safetensors); and/or a LoRA adapter (`update.adapter` or `update.adapter_path`),
+        merged into the weights over the base (`engine.adapter.AdapterMerger`). Running
+        requests keep their KV cache; tokens produced after the update carry the new version.
+        Raises `WeightSyncError` on unknown parameter names, or an adapter over a base this
+        engine does not hold.
         """
         loop = asyncio.get_running_loop()
         async with self._step_lock:
@@ -490,6 +494,24 @@ class LocalEngine:
         return False
 
     def _load_weights(self, update: WeightUpdate) -> None:
+        from asyncrl.engine.adapter import AdapterMerger, read_adapter_dir
+
+        if not (update.has_base or update.has_adapter):
+            raise WeightSyncError(f"{self.name}: weight update has neither tensors nor a path")
+        if self._merger is None:
+            self._merger = AdapterMerger(self._model, self.name)
+        if update.has_base:
+            self._merger.new_base(None)  # a load that fails half-way leaves no known base
+            self._load_base(update)
+            self._merger.new_base(update.version)
+        if update.has_adapter:
+            factors: Any = update.adapter
+            if factors is None:
+                factors = read_adapter_dir(update.adapter_path)
+            base = update.version if update.has_base else update.base_version
+            self._merger.apply(factors, base)
+
+    def _load_base(self, update: WeightUpdate) -> None:
         torch = self._torch
         sd: Any = update.state_dict
         if sd is None:

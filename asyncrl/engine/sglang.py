@@ -46,8 +46,20 @@ against a real server when one is installed (`gpu`). Endpoints relied on:
                                    "world_size", "group_name", "backend"}
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
                                    "flush_cache": true, "weight_version"}
+  POST /load_lora_adapter         {"lora_name", "lora_path"} → {"success", "error_message",
+                                   "loaded_adapters"}; POST /unload_lora_adapter {"lora_name"}
+                                   (SGLang's dynamic LoRA API; the server must run with
+                                   `--enable-lora --max-lora-rank R --lora-target-modules …`,
+                                   `engine.extra_args`); a LoRA request names its adapter in
+                                   `/generate`'s "lora_path"
 Launched with `python -m sglang.launch_server --model-path P --host H --port N --tp-size T
 --base-gpu-id i*T --mem-fraction-static F --enable-metrics --incremental-streaming-output`.
+LoRA (a trainer with `trainer.lora`): each update loads the adapter directory it carries under
+the name `asyncrl-v{version}` (after the base from disk when the update carries one), and every
+request sent afterwards names it; tokens are tagged with the version of the adapter their
+request was sent with (loading an adapter leaves SGLang's `weight_version` alone). SGLang's
+unload waits for the requests that use the adapter, so the previous adapter stays loaded and
+older ones are unloaded after the server has resumed.
 Streams in both SGLang modes are read correctly (cumulative or incremental `output_ids` /
 logprobs, told apart by `meta_info.completion_tokens`).
 
@@ -202,6 +214,13 @@ class SGLangEngine(RemoteEngine):
         self._deterministic = False
         self._can_pause = True
         self._sessions = weights.SessionState()
+        self._adapter: tuple[str, int] | None = None
+        """(name, version) of the LoRA adapter new requests are served with."""
+        self._adapters: list[str] = []
+        """Loaded adapters, oldest first."""
+        self._adapter_of: dict[str, int] = {}
+        """Request id -> the adapter version it was sent with (until its stream ends)."""
+        self._base_version = 0
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -236,19 +255,34 @@ class SGLangEngine(RemoteEngine):
         self._incremental = bool(info.get("incremental_streaming_output", False))
         self._deterministic = bool(info.get("enable_deterministic_inference", False))
         self.server_version = str(info.get("version", ""))
+        # a (re)launched server holds the base it was started from and no adapter
+        self._adapter, self._adapters = None, []
+        self._base_version = self._weights[1] if self._weights else 0
         log.info("sglang_server_info", engine=self.name, version=self.server_version,
                  kv_capacity=self.capacity, dp_ranks=ranks, incremental=self._incremental)
 
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        return "/generate", sampling_body(request, send_seed=self._deterministic)
+        body = sampling_body(request, send_seed=self._deterministic)
+        if self._adapter is not None:
+            body["lora_path"] = self._adapter[0]
+            self._adapter_of[request.request_id] = self._adapter[1]
+        return "/generate", body
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
+        rid = state["request"].request_id
         state["incr"] = self._incremental
-        state["aborting"] = self._streams.aborting(state["request"].request_id)
-        return decode_event(event, state, self.name)
+        state["aborting"] = self._streams.aborting(rid)
+        delta = decode_event(event, state, self.name)
+        adapter = self._adapter_of.get(rid)
+        if adapter is not None:
+            state["version"] = adapter
+            if delta is not None and delta.finish_reason is not None:
+                del self._adapter_of[rid]
+        return delta
 
     async def _server_abort(self, request_id: str) -> None:
+        self._adapter_of.pop(request_id, None)
         status, body = await self.call("POST", "/abort_request",
                                        json={"rid": wire_rid(request_id)}, retries=1)
         if status != 200:
@@ -279,7 +313,56 @@ class SGLangEngine(RemoteEngine):
     # The cache is flushed by the update call itself (`flush_cache: true`), which fails the
     # update when the flush is refused (`weight_updater.py:120-133`): no separate /flush_cache.
 
+    async def _update_locked(self, update: WeightUpdate) -> None:
+        if update.adapter is not None:
+            raise WeightSyncError(f"{self.name}: SGLang loads LoRA adapters from a directory; "
+                                  f"set engine.weight_sync = \"disk\"")
+        if update.adapter_path and not update.has_base \
+                and update.base_version != self._base_version:
+            raise WeightSyncError(f"{self.name}: adapter trained over the base of version "
+                                  f"{update.base_version}, the server holds version "
+                                  f"{self._base_version}'s; send the base with it")
+        await self._run_update(update.version, update.adapter_path or update.path or
+                               "<tensors>", lambda: self._apply(update))
+        await self._unload_stale_adapters()
+
+    async def _load_adapter(self, update: WeightUpdate) -> None:
+        name = f"asyncrl-v{update.version}"
+        if name in self._adapters:  # the same version again (a retried push): reload it
+            await self._unload_adapter(name)
+        await weights.post_update(self, "/load_lora_adapter", {
+            "lora_name": name, "lora_path": update.adapter_path},
+            self.options.weight_timeout_s)
+        self._adapters.append(name)
+        self._adapter = (name, update.version)
+
+    async def _unload_adapter(self, name: str) -> None:
+        await weights.post_update(self, "/unload_lora_adapter", {"lora_name": name},
+                                  self.options.weight_timeout_s)
+        self._adapters.remove(name)
+
+    async def _unload_stale_adapters(self) -> None:
+        """Every adapter older than the previous one; after the resume, since SGLang's unload
+        waits for the requests that use the adapter. A failure costs only memory."""
+        while len(self._adapters) > 2:
+            try:
+                await self._unload_adapter(self._adapters[0])
+            except (WeightSyncError, EngineError) as e:
+                log.warning("lora_unload_failed", engine=self.name, adapter=self._adapters[0],
+                            error=str(e))
+                return
+
     async def _apply(self, update: WeightUpdate) -> None:
+        if update.path or update.state_dict is not None:
+            await self._apply_base(update)
+            self._base_version = update.version
+            self._adapter = None  # requests go to the new base until an adapter is loaded
+        if update.adapter_path:
+            await self._load_adapter(update)
+        elif not update.has_base:
+            raise WeightSyncError(f"{self.name}: a weight update needs a path or tensors")
+
+    async def _apply_base(self, update: WeightUpdate) -> None:
         timeout = self.options.weight_timeout_s
         if update.path:
             await weights.post_update(self, "/update_weights_from_disk", {
@@ -299,8 +382,6 @@ class SGLangEngine(RemoteEngine):
                         body["weight_version"] = str(update.version)
                     await weights.post_update(self, "/update_weights_from_tensor", body,
                                               timeout)
-        else:
-            raise WeightSyncError(f"{self.name}: a weight update needs a path or tensors")
 
     async def init_weights_update_group(self, *, master_address: str, master_port: int,
                                         rank_offset: int, world_size: int,

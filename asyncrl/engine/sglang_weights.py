@@ -53,14 +53,15 @@ class _Caller(Protocol):
 
 
 def server_message(raw: bytes) -> str:
-    """The message in an SGLang error reply (`{"message"}`, `{"error": str | {"message"}}`,
+    """The message in an SGLang error reply (`{"message"}`, the LoRA calls' `{"error_message"}`,
+    `{"error": str | {"message"}}`,
     FastAPI's `{"detail"}`), or the start of the body."""
     try:
         data = orjson.loads(raw) if raw else None
     except orjson.JSONDecodeError:
         return raw[:300].decode(errors="replace")
     if isinstance(data, dict):
-        for key in ("message", "error", "detail"):
+        for key in ("message", "error_message", "error", "detail"):
             v = data.get(key)
             if isinstance(v, dict):
                 v = v.get("message", v)
@@ -85,7 +86,8 @@ async def post_update(engine: _Caller, path: str, body: dict[str, Any] | None,
         raise WeightSyncError(f"{engine.name}: {path} -> unexpected reply (want "
                               f"{{\"success\": bool, \"message\": str}}): {raw[:200]!r}")
     if not data["success"]:
-        raise WeightSyncError(f"{engine.name}: {path} failed: {data.get('message', '')}")
+        raise WeightSyncError(f"{engine.name}: {path} failed: "
+                              f"{data.get('message') or data.get('error_message', '')}")
     return str(data.get("message", ""))
 
 

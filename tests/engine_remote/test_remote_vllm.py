@@ -108,3 +108,43 @@ async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(s
         with pytest.raises(WeightSyncError, match="ties its word embeddings"):
             await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
         assert fake.calls["/collective_rpc"] == [] and eng.policy_version == 0
+
+
+def _adapter(path) -> str:
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text('{"r": 4, "peft_type": "LORA"}')
+    return str(path)
+
+
+async def test_lora_adapters_load_by_name_and_serve_their_requests(session, tmp_path):
+    """The base once, then each version's adapter by /v1/load_lora_adapter; requests name the
+    newest as their model and carry its version; older ones than the previous are unloaded."""
+    async with FakeVLLM(enable_lora=True) as fake, engine(fake, session) as eng:
+        base = str(tmp_path / "base")
+        (tmp_path / "base").mkdir()
+        paths = [_adapter(tmp_path / f"a{v}") for v in (1, 2, 3)]
+        await eng.update_weights(WeightUpdate(version=1, path=base, adapter_path=paths[0]))
+        for v in (2, 3):
+            await eng.update_weights(WeightUpdate(version=v, adapter_path=paths[v - 1],
+                                                  base_version=1))
+        deltas = [d async for d in eng.stream(make_request([11, 12], max_new=4))]
+        m, ids = ScriptedModel(), []
+        for i in range(4):
+            ids.append(m.step(f"{base}+lora:{paths[2]}", [11, 12, *ids], i)[0])
+        assert [t for d in deltas for t in d.token_ids] == ids
+        assert {d.policy_version for d in deltas} == {3} and fake.core.weight_version == "1"
+        assert fake.calls["/v1/completions"][-1]["model"] == "asyncrl-v3"
+        assert len(fake.calls["/collective_rpc"]) == 1
+        assert [c["lora_name"] for c in fake.calls["/v1/unload_lora_adapter"]] == ["asyncrl-v1"]
+        with pytest.raises(WeightSyncError, match="base of version 7"):
+            await eng.update_weights(WeightUpdate(version=4, adapter_path=paths[0],
+                                                  base_version=7))
+
+
+async def test_a_server_without_runtime_lora_refuses_the_adapter(session, tmp_path):
+    async with FakeVLLM() as fake, engine(fake, session) as eng:
+        with pytest.raises(WeightSyncError, match="load_lora_adapter -> HTTP 404"):
+            await eng.update_weights(WeightUpdate(version=1, adapter_path=_adapter(tmp_path / "a")))
+        assert eng.policy_version == 0
+        await collect(eng, make_request(max_new=2))
+        assert fake.calls["/v1/completions"][-1]["model"] == "asyncrl"

