@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from proc_tree import descendants
 from sbx_helpers import assert_serves, run
 
 from sandbox import (
@@ -171,24 +172,6 @@ async def test_bubblewrap_is_a_working_fallback_jail():
 
 
 # ------------------------------------------------------------------------------ host uid
-def _descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            kids.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
 def _host_uids(pids: list[int]) -> dict[int, int]:
     """The real uid the host sees for each pid still alive."""
     out = {}
@@ -212,7 +195,7 @@ async def test_a_root_pools_jailed_code_runs_as_nobody_on_the_host(jail_pool):
                                               "time.sleep(1.5)"))
     await asyncio.sleep(0.7)
     # what the host sees: every process under the pool's workers, the running call included
-    pids = [p for w in jail_pool._workers for p in [w.pid, *_descendants(w.pid)] if p]
+    pids = [p for w in jail_pool._workers for p in [w.pid, *descendants(w.pid)] if p]
     uids = _host_uids(pids)
     jailed = {p: u for p, u in uids.items() if p not in {w.pid for w in jail_pool._workers}}
     assert len(jailed) >= 3 and set(jailed.values()) == {JAIL_UID}, uids  # zygote, templates, call

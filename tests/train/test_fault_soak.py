@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_tree import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -40,36 +41,6 @@ def _rows(run_dir: Path) -> list[dict]:
         except ValueError:
             continue
     return out
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def _descendants(pid: int) -> list[int]:
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _train(run_dir: Path, *extra: str) -> subprocess.Popen:
@@ -93,7 +64,7 @@ def test_the_tiny_run_survives_killed_workers_and_a_power_cut(tmp_path: Path) ->
         assert time.monotonic() < deadline, "the run did not reach RL step 14"
         assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
         steps = [r["step"] for r in _rows(run) if r["kind"] == "rl_step"]
-        tree = _descendants(proc.pid)
+        tree = descendants(proc.pid)
         seen.update(tree)
         if steps and steps[-1] >= 14:
             break
@@ -106,14 +77,14 @@ def test_the_tiny_run_survives_killed_workers_and_a_power_cut(tmp_path: Path) ->
                 pass
             last_kill = time.monotonic()
         time.sleep(0.5)
-    seen.update(_descendants(proc.pid))
+    seen.update(descendants(proc.pid))
     os.killpg(proc.pid, signal.SIGKILL)  # the power cut
     proc.wait()
     assert len(killed) >= 8
     t0 = time.monotonic()
-    while [p for p in seen if _alive(p)] and time.monotonic() - t0 < 20:
+    while [p for p in seen if alive(p)] and time.monotonic() - t0 < 20:
         time.sleep(0.5)
-    assert not [p for p in seen if _alive(p)], "processes outlived the run"
+    assert not [p for p in seen if alive(p)], "processes outlived the run"
 
     from asyncrl.checkpoint import list_checkpoints
     from asyncrl.observe.report import load_metrics
