@@ -139,3 +139,20 @@ async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(f
         with pytest.raises(WeightSyncError, match="ties its word embeddings"):
             await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
         assert await fake.calls("/collective_rpc") == [] and eng.policy_version == 0
+
+
+def test_launched_servers_run_by_the_configured_interpreter_with_its_environment(tmp_path):
+    from asyncrl.engine.remote import RemoteOptions
+    from asyncrl.engine.vllm import build_vllm_engines
+
+    cfg = VLLMEngineConfig(python="/venv/bin/python", base_port=31234,
+                           env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"})
+    (eng,) = build_vllm_engines(cfg, model_path="/m", run_dir=tmp_path)
+    assert eng._argv("/m")[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert eng.options.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    assert eng.options.log_dir == str(tmp_path / "engines")
+    # The caller's options win over the config's.
+    (eng,) = build_vllm_engines(cfg, model_path="/m", remote_options=RemoteOptions(
+        python="/other/python", env={"OMP_NUM_THREADS": "2"}))
+    assert eng._argv("/m")[0] == "/other/python"
+    assert eng.options.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}
