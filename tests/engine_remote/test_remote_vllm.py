@@ -156,3 +156,24 @@ def test_launched_servers_run_by_the_configured_interpreter_with_its_environment
         python="/other/python", env={"OMP_NUM_THREADS": "2"}))
     assert eng._argv("/m")[0] == "/other/python"
     assert eng.options.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}
+
+
+async def test_a_stream_sent_on_a_connection_the_server_closed_is_sent_again(fake, session,
+                                                                             monkeypatch):
+    """uvicorn closes keep-alive connections idle for 5 s; the first send after a longer
+    weight update meets one ("Can not write request body") and goes again on a new one."""
+    import aiohttp
+
+    post, failures = aiohttp.ClientSession.post, []
+
+    def stale_once(self, url, **kw):
+        if url.endswith("/v1/completions") and not failures:
+            failures.append(url)
+            raise aiohttp.ClientOSError(None, f"Can not write request body for {url}")
+        return post(self, url, **kw)
+
+    async with engine(fake, session) as eng:
+        monkeypatch.setattr(aiohttp.ClientSession, "post", stale_once)
+        g = await collect(eng, make_request(max_new=4))
+        assert len(g.token_ids) == 4 and failures and eng.healthy
+        assert len(await fake.calls("/v1/completions")) == 1
