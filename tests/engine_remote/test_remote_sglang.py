@@ -1,11 +1,14 @@
-"""The `sglang` engine against the fake SGLang server (in-process, real HTTP)."""
+"""The `sglang` engine against the fake SGLang server (in-process, real HTTP), and behind the
+fake sglang-router, where the router and its two workers run as processes of their own as the
+real ones do: started once for the module, reset before each test (`fakes.control`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
-from fakes.sglang_router import FakeRouter
+from fakes.control import FakeProcess
 from fakes.sglang_server import FakeSGLang, ScriptedModel, tensor_digest
 from remote_helpers import FAST, eventually, make_request
 
@@ -289,38 +292,57 @@ async def test_attached_server_that_returns_is_used_again_with_the_latest_weight
             await back.stop()
 
 
-async def test_router_engine_registers_workers_sums_load_and_fans_out(session, tmp_path):
-    async with FakeSGLang(capacity=1000) as a, FakeSGLang(capacity=3000) as b, \
-            FakeRouter() as router:
-        ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
-        eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
-        async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
-            assert isinstance(routed, Engine)
-            # registered through POST /workers (202) and seen healthy in GET /workers
-            assert router.calls["POST /workers"] == [{"url": a.url}, {"url": b.url}]
-            assert all(w["is_healthy"] for w in router.workers.values())
-            assert (await routed.load()).kv_tokens_capacity == 4000
-            g = await collect(routed, make_request(max_new=3))
-            assert len(g.token_ids) == 3 and len(router.calls["/generate"]) == 1
-            await routed.abort("x")
-            assert a.calls["/abort_request"] == b.calls["/abort_request"] == [{"rid": "x#"}]
-            await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
-            assert routed.policy_version == 2
+@pytest.fixture(scope="module")
+def routed_fleet() -> Iterator[tuple[FakeProcess, FakeProcess, FakeProcess]]:
+    """Two fake SGLang workers (KV capacity 1000 and 3000) and a fake router, each a process."""
+    def worker(capacity: int) -> FakeProcess:
+        return FakeProcess("sglang_server.py", "--model-path", "/fake/model",
+                           "--incremental-streaming-output", "--fake-capacity", str(capacity))
+
+    with worker(1000) as a, worker(3000) as b, FakeProcess("sglang_router.py") as router:
+        yield a, b, router
 
 
-async def test_a_worker_failing_its_update_is_taken_out_of_the_router_and_put_back(session,
-                                                                                 tmp_path):
-    async with FakeSGLang() as a, FakeSGLang() as b, FakeRouter() as router:
-        ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
-        eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
-        async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
-            a.replies["/update_weights_from_disk"] = (500, {"detail": "boom"})
-            await routed.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
-            assert set(router.workers) == {b.url} and routed.policy_version == 1
-            assert [s.name for s in routed.in_service] == ["sglang-1"]
-            del a.replies["/update_weights_from_disk"]
-            await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
-            assert set(router.workers) == {a.url, b.url} and routed.policy_version == 2
+@pytest.fixture
+async def fleet(routed_fleet) -> tuple[FakeProcess, FakeProcess, FakeProcess]:
+    for fake in routed_fleet:
+        await fake.reset()
+    return routed_fleet
+
+
+async def test_router_engine_registers_workers_sums_load_and_fans_out(fleet, session, tmp_path):
+    a, b, router = fleet
+    ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
+    eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
+    async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
+        assert isinstance(routed, Engine)
+        # registered through POST /workers (202) and seen healthy in GET /workers
+        assert await router.calls("POST /workers") == [{"url": a.url}, {"url": b.url}]
+        assert all(w["is_healthy"] for w in (await router.attr("workers")).values())
+        assert (await routed.load()).kv_tokens_capacity == 4000
+        g = await collect(routed, make_request(max_new=3))
+        assert len(g.token_ids) == 3 and len(await router.calls("/generate")) == 1
+        await routed.abort("x")
+        assert await a.calls("/abort_request") == await b.calls("/abort_request") == [
+            {"rid": "x#"}]
+        await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
+        assert routed.policy_version == 2
+
+
+async def test_a_worker_failing_its_update_is_taken_out_of_the_router_and_put_back(
+        fleet, session, tmp_path):
+    a, b, router = fleet
+    ea = SGLangEngine(CFG, index=0, session=session, url=a.url, options=FAST)
+    eb = SGLangEngine(CFG, index=1, session=session, url=b.url, options=FAST)
+    async with RoutedSGLangEngine(router.url, [ea, eb], register=True) as routed:
+        await a.reply("/update_weights_from_disk", 500, {"detail": "boom"})
+        await routed.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
+        assert set(await router.attr("workers")) == {b.url} and routed.policy_version == 1
+        assert [s.name for s in routed.in_service] == ["sglang-1"]
+        await a.reply("/update_weights_from_disk", None)
+        await routed.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
+        assert set(await router.attr("workers")) == {a.url, b.url}
+        assert routed.policy_version == 2
 
 
 async def test_registry_builds_engines_that_open_their_own_session(tmp_path):

@@ -1,11 +1,14 @@
-"""The `vllm` engine against the fake vLLM server (in-process, real HTTP)."""
+"""The `vllm` engine against the fake vLLM server, running as its own process as a real one
+does: one for the module, reset before each test (`fakes.control`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
-from fakes.sglang_server import ScriptedModel
+from fakes.control import FakeProcess
+from fakes.scripted_core import ScriptedModel
 from fakes.vllm_server import FakeVLLM
 from remote_helpers import FAST, eventually, make_request
 
@@ -17,12 +20,28 @@ from asyncrl.errors import EngineUnavailable, WeightSyncError
 CFG = VLLMEngineConfig(request_timeout_s=30.0)
 
 
-def engine(fake: FakeVLLM, session) -> VLLMEngine:
+def _launch() -> FakeProcess:
+    return FakeProcess("vllm_server.py", "--model", "/fake/model")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeProcess]:
+    with _launch() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake(server) -> FakeProcess:
+    await server.reset()
+    return server
+
+
+def engine(fake: FakeProcess, session) -> VLLMEngine:
     return VLLMEngine(CFG, index=0, session=session, url=fake.url, options=FAST)
 
 
-async def test_streams_deltas_with_logprobs(session):
-    async with FakeVLLM() as fake, engine(fake, session) as eng:
+async def test_streams_deltas_with_logprobs(fake, session):
+    async with engine(fake, session) as eng:
         assert isinstance(eng, Engine)
         deltas = [d async for d in eng.stream(make_request([11, 12], max_new=5))]
         assert len(deltas) == 5 and deltas[-1].finish_reason == "length"
@@ -31,22 +50,22 @@ async def test_streams_deltas_with_logprobs(session):
             ids.append(m.step("/fake/model", [11, 12, *ids], i)[0])
         assert [t for d in deltas for t in d.token_ids] == ids
         assert all(lp < 0 for d in deltas for lp in d.logprobs)
-        body = fake.calls["/v1/completions"][0]
+        body = (await fake.calls("/v1/completions"))[0]
         assert body["model"] == "asyncrl" and body["prompt"] == [11, 12]
 
 
-async def test_stop_string_is_included(session):
-    vocab = {20: "a", 21: "</tool_", 22: "call>", 23: "b"}
-    model = ScriptedModel(script=[20, 21, 22, 23])
-    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
-    async with FakeVLLM(model=model, decode=decode) as fake, engine(fake, session) as eng:
+async def test_stop_string_is_included(fake, session):
+    await fake.set(vocab={"20": "a", "21": "</tool_", "22": "call>", "23": "b"},
+                   core__model__script=[20, 21, 22, 23])
+    async with engine(fake, session) as eng:
         g = await collect(eng, make_request(max_new=10, stop_strs=("</tool_call>",)))
         assert g.token_ids == [20, 21, 22] and g.finish_reason == "stop"
-        assert fake.calls["/v1/completions"][0]["include_stop_str_in_output"] is True
+        assert (await fake.calls("/v1/completions"))[0]["include_stop_str_in_output"] is True
 
 
-async def test_abort_uses_the_engine_request_id(session):
-    async with FakeVLLM(token_delay_s=0.02) as fake, engine(fake, session) as eng:
+async def test_abort_uses_the_engine_request_id(fake, session):
+    await fake.set(core__token_delay_s=0.02)
+    async with engine(fake, session) as eng:
         got = []
         async with asyncio.timeout(5):
             async for d in eng.stream(make_request(max_new=1000, rid="ab")):
@@ -54,11 +73,12 @@ async def test_abort_uses_the_engine_request_id(session):
                 if len(got) == 2:
                     await eng.abort("ab")
         assert got[-1].finish_reason == "abort"
-        assert fake.calls["/abort_requests"] == [{"request_ids": ["cmpl-ab-0"]}]
+        assert await fake.calls("/abort_requests") == [{"request_ids": ["cmpl-ab-0"]}]
 
 
-async def test_load_from_prometheus(session):
-    async with FakeVLLM(capacity=2048, token_delay_s=0.05) as fake, engine(fake, session) as eng:
+async def test_load_from_prometheus(fake, session):
+    await fake.set(core__capacity=2048, core__token_delay_s=0.05)
+    async with engine(fake, session) as eng:
         assert eng.capacity == 2048
         task = asyncio.create_task(collect(eng, make_request([11] * 100, max_new=50)))
         try:
@@ -71,43 +91,55 @@ async def test_load_from_prometheus(session):
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_disk_update_sequence(session, tmp_path):
-    async with FakeVLLM() as fake, engine(fake, session) as eng:
+async def test_disk_update_sequence(fake, session, tmp_path):
+    async with engine(fake, session) as eng:
         before = await collect(eng, make_request(max_new=6))
         await eng.update_weights(WeightUpdate(version=9, path=str(tmp_path)))
-        assert fake.calls["/pause"] == [{"mode": "keep"}]
-        assert fake.calls["/collective_rpc"] == [
+        calls = await fake.calls()
+        assert calls["/pause"] == [{"mode": "keep"}]
+        assert calls["/collective_rpc"] == [
             {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}]
-        assert fake.calls["/reset_prefix_cache"] == [{"reset_running_requests": "true"}]
-        assert len(fake.calls["/resume"]) == 1
-        assert fake.core.weight_version == "9" and eng.policy_version == 9
+        assert calls["/reset_prefix_cache"] == [{"reset_running_requests": "true"}]
+        assert len(calls["/resume"]) == 1
+        assert await fake.attr("core.weight_version") == "9" and eng.policy_version == 9
         after = await collect(eng, make_request(max_new=6))
         assert after.token_ids != before.token_ids
         with pytest.raises(WeightSyncError, match="disk only"):
             await eng.update_weights(WeightUpdate(version=10, state_dict={}))
-        assert eng.policy_version == 9 and len(fake.calls["/resume"]) == 2
+        assert eng.policy_version == 9 and len(await fake.calls("/resume")) == 2
+
+
+async def test_a_failed_reload_is_a_weight_sync_error_and_the_server_resumes(fake, session,
+                                                                              tmp_path):
+    await fake.reply("/collective_rpc", 500, {"detail": "reload_weights failed"})
+    async with engine(fake, session) as eng:
+        with pytest.raises(WeightSyncError, match="reload_weights failed"):
+            await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
+        assert eng.policy_version == 0 and len(await fake.calls("/resume")) == 1
+        assert len((await collect(eng, make_request(max_new=4))).token_ids) == 4
 
 
 async def test_dead_server(session):
-    fake = FakeVLLM(token_delay_s=0.02)
-    await fake.start()
-    async with engine(fake, session) as eng:
-        stream = eng.stream(make_request(max_new=500))
-        await anext(stream)
-        await fake.die()
-        with pytest.raises(EngineUnavailable):
-            async with asyncio.timeout(5):
-                async for _ in stream:
-                    pass
-        await eventually(lambda: not eng.healthy, 5)
+    """The server process is killed mid-stream (its own process: the module's stays up)."""
+    with FakeProcess("vllm_server.py", "--fake-token-delay", "0.02") as fake:
+        async with engine(fake, session) as eng:
+            stream = eng.stream(make_request(max_new=500))
+            await anext(stream)
+            fake.stop()
+            with pytest.raises(EngineUnavailable):
+                async with asyncio.timeout(5):
+                    async for _ in stream:
+                        pass
+            await eventually(lambda: not eng.healthy, 5)
 
 
-async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(session, tmp_path):
+async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(fake, session,
+                                                                               tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3", "tie_word_embeddings": true}')
-    async with FakeVLLM() as fake, engine(fake, session) as eng:
+    async with engine(fake, session) as eng:
         with pytest.raises(WeightSyncError, match="ties its word embeddings"):
             await eng.update_weights(WeightUpdate(version=1, path=str(tmp_path)))
-        assert fake.calls["/collective_rpc"] == [] and eng.policy_version == 0
+        assert await fake.calls("/collective_rpc") == [] and eng.policy_version == 0
 
 
 def _adapter(path) -> str:
@@ -119,6 +151,7 @@ def _adapter(path) -> str:
 async def test_lora_adapters_load_by_name_and_serve_their_requests(session, tmp_path):
     """The base once, then each version's adapter by /v1/load_lora_adapter; requests name the
     newest as their model and carry its version; older ones than the previous are unloaded."""
+    # in-process: the adapter checks read the fake's state directly
     async with FakeVLLM(enable_lora=True) as fake, engine(fake, session) as eng:
         base = str(tmp_path / "base")
         (tmp_path / "base").mkdir()
@@ -148,3 +181,42 @@ async def test_a_server_without_runtime_lora_refuses_the_adapter(session, tmp_pa
         assert eng.policy_version == 0
         await collect(eng, make_request(max_new=2))
         assert fake.calls["/v1/completions"][-1]["model"] == "asyncrl"
+
+
+
+def test_launched_servers_run_by_the_configured_interpreter_with_its_environment(tmp_path):
+    from asyncrl.engine.remote import RemoteOptions
+    from asyncrl.engine.vllm import build_vllm_engines
+
+    cfg = VLLMEngineConfig(python="/venv/bin/python", base_port=31234,
+                           env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"})
+    (eng,) = build_vllm_engines(cfg, model_path="/m", run_dir=tmp_path)
+    assert eng._argv("/m")[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert eng.options.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    assert eng.options.log_dir == str(tmp_path / "engines")
+    # The caller's options win over the config's.
+    (eng,) = build_vllm_engines(cfg, model_path="/m", remote_options=RemoteOptions(
+        python="/other/python", env={"OMP_NUM_THREADS": "2"}))
+    assert eng._argv("/m")[0] == "/other/python"
+    assert eng.options.env == {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}
+
+
+async def test_a_stream_sent_on_a_connection_the_server_closed_is_sent_again(fake, session,
+                                                                             monkeypatch):
+    """uvicorn closes keep-alive connections idle for 5 s; the first send after a longer
+    weight update meets one ("Can not write request body") and goes again on a new one."""
+    import aiohttp
+
+    post, failures = aiohttp.ClientSession.post, []
+
+    def stale_once(self, url, **kw):
+        if url.endswith("/v1/completions") and not failures:
+            failures.append(url)
+            raise aiohttp.ClientOSError(None, f"Can not write request body for {url}")
+        return post(self, url, **kw)
+
+    async with engine(fake, session) as eng:
+        monkeypatch.setattr(aiohttp.ClientSession, "post", stale_once)
+        g = await collect(eng, make_request(max_new=4))
+        assert len(g.token_ids) == 4 and failures and eng.healthy
+        assert len(await fake.calls("/v1/completions")) == 1

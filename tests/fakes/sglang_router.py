@@ -11,6 +11,10 @@ gateway source the audit (`docs/research/sglang-contract-audit.md`, rows 27-28) 
 - `DELETE /workers/{uuid}` removes a worker (202); a url in the path is a 400, as in 0.3.2.
 - `GET /health` 200, `GET /readiness` 503 without a healthy worker.
 
+Runs as its own program (`python tests/fakes/sglang_router.py --port 0`), steered through
+`fakes.control`'s `/_fake/` routes (state: `calls`, `workers`; `replies` answers a path with a
+canned reply; reset forgets every worker), or in-process (`async with FakeRouter() as r`).
+
 Simplifications: one health probe per worker at registration plus one per `check_interval_s`
 (the real router's interval is configurable, 60 s by default); no circuit breaker, retries or
 cache-aware policy; abort is not routed (the engine aborts on every server directly).
@@ -18,14 +22,22 @@ cache-aware policy; abort is not routed (the engine aborts on every server direc
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import os
+import sys
 import uuid
 from collections import defaultdict
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+if not __package__:  # run as a program: make `fakes` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fakes.control import mount_control  # after the path set-up above
 
 ROUTER_SAMPLING_KEYS = {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                         "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -40,14 +52,35 @@ class FakeRouter:
         self.add_delay_s = add_delay_s
         self.workers: dict[str, dict[str, Any]] = {}
         self.calls: dict[str, list[Any]] = defaultdict(list)
+        self.replies: dict[str, tuple[int, Any]] = {}
+        """Failure injection: path -> (status, body) answered instead of the real handler."""
         self.url = ""
         self._rr = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
+    def _reset(self) -> None:
+        """The router as launched (the control API's reset, between tests): no workers."""
+        for t in self._tasks:
+            t.cancel()  # each probe loop ends at its next await
+        self._tasks = set()
+        self.workers = {}
+        self.calls = defaultdict(list)
+        self.replies = {}
+        self._rr = 0
+
+    @web.middleware
+    async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        canned = self.replies.get(request.path)
+        if canned is None or request.path.startswith("/_fake/"):
+            return await handler(request)
+        status, body = canned
+        return web.json_response(body, status=status)
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._injected])
+        mount_control(app, self, self._reset)
         app.router.add_post("/workers", self.add_worker)
         app.router.add_get("/workers", self.list_workers)
         app.router.add_delete("/workers/{worker_id}", self.remove_worker)
@@ -56,13 +89,17 @@ class FakeRouter:
         app.router.add_get("/readiness", self.readiness)
         return app
 
-    async def __aenter__(self) -> FakeRouter:
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         self._session = aiohttp.ClientSession()
         self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, host, port)
         await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        return self.url
+
+    async def __aenter__(self) -> FakeRouter:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -157,3 +194,33 @@ class FakeRouter:
                 async for chunk in up.content.iter_any():
                     await resp.write(chunk)
         return resp
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run as a child process (a subset of `sglang_router.launch_router`'s flags, plus the
+    fake's intervals)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--fake-check-interval", type=float, default=0.2)
+    p.add_argument("--fake-add-delay", type=float, default=0.1)
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        router = FakeRouter(check_interval_s=args.fake_check_interval,
+                            add_delay_s=args.fake_add_delay)
+        await router.start(args.host, args.port)
+        print(f"fake sglang-router at {router.url}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await router.__aexit__(None, None, None)
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

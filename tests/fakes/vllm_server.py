@@ -9,30 +9,51 @@ dev-mode RL endpoints (`/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_ca
 (`/v1/load_lora_adapter` {lora_name, lora_path}: 200 with a text body, 400 `{"message"}`
 without `--enable-lora` and VLLM_ALLOW_RUNTIME_LORA_UPDATING (`enable_lora`), for a name
 already loaded, or a path without `adapter_config.json`; `/v1/unload_lora_adapter`; a
-completion whose "model" is a loaded adapter's name is served with it). In-process only.
+completion whose "model" is a loaded adapter's name is served with it).
+
+Runs as its own program (`python tests/fakes/vllm_server.py --model M --port 0`, a subset of
+`vllm.entrypoints.openai.api_server`'s flags), steered through `fakes.control`'s `/_fake/`
+routes as the contract tests do, or in-process (`async with FakeVLLM() as fake`). Knobs
+beyond the core's: `replies` (path -> canned (status, body)), `vocab` (token id as a string ->
+its text, for stop strings; unset: the core's `decode`).
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
 import json
 import os
+import sys
 import time
 from typing import Any
 
 from aiohttp import web
 
-from fakes.sglang_server import FakeCore, _Req
+if not __package__:  # run as a program (a launched server): make `fakes` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fakes.control import mount_control  # after the path set-up above
+from fakes.scripted_core import FakeCore, _Req
 
 
 class FakeVLLM:
     def __init__(self, *, core: FakeCore | None = None, served_name: str = "asyncrl",
                  block_size: int = 16, enable_lora: bool = False, **core_kw: Any) -> None:
+        self._init_kw = {"served_name": served_name, "block_size": block_size,
+                         "enable_lora": enable_lora, **core_kw}
         self.core = core or FakeCore(**core_kw)
+        self._core_decode = self.core.decode
+        self.core.decode = self._decode
         self.served_name = served_name
         self.block_size = block_size
         self.enable_lora = enable_lora
         self.loras: dict[str, str] = {}
+        self.vocab: dict[str, str] | None = None
+        """Token id (as a string: the control API speaks JSON) -> text; None: the core's."""
+        self.replies: dict[str, tuple[int, Any]] = {}
+        """Failure injection: path -> (status, body) answered instead of the real handler."""
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -40,8 +61,34 @@ class FakeVLLM:
     def calls(self) -> dict[str, list[Any]]:
         return self.core.calls
 
+    def _decode(self, ids: list[int]) -> str:
+        if self.vocab is None:
+            return self._core_decode(ids)
+        return "".join(self.vocab.get(str(i), f" t{i}") for i in ids)
+
+    def _reset(self) -> None:
+        """The fake as launched (the control API's reset, between tests): same address."""
+        kept = (self._runner, self.url)
+        self.__init__(**self._init_kw)  # type: ignore[misc]
+        self._runner, self.url = kept
+
+    @web.middleware
+    async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/_fake/"):  # the test's control API answers always
+            return await handler(request)
+        canned = self.replies.get(request.path)
+        if canned is None:
+            return await handler(request)
+        if request.can_read_body:
+            self.calls[request.path].append(await request.read())
+        status, body = canned
+        if isinstance(body, str):
+            return web.Response(status=status, text=body)
+        return web.json_response(body, status=status)
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._injected])
+        mount_control(app, self, self._reset)
         r = app.router
         r.add_post("/v1/completions", self.completions)
         r.add_get("/v1/models", self.models)
@@ -208,3 +255,32 @@ class FakeVLLM:
             return self._lora_error(f"The lora adapter '{name}' cannot be found.")
         del self.loras[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run as a child process with (a subset of) `vllm.entrypoints.openai.api_server`'s
+    flags; any other flag is an error, as with the real server."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="/fake/model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default="asyncrl")
+    p.add_argument("--fake-token-delay", type=float, default=0.0)
+    p.add_argument("--fake-capacity", type=int, default=4096)
+    args = p.parse_args(argv)
+
+    async def serve() -> None:
+        fake = FakeVLLM(served_name=args.served_model_name, model_path=args.model,
+                        token_delay_s=args.fake_token_delay, capacity=args.fake_capacity)
+        await fake.start(args.host, args.port)
+        print(f"fake vllm serving {args.model} at {fake.url}", flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
