@@ -86,11 +86,16 @@ TINY_MICRO = ["stages.0.steps=4", "stages.0.batch_size=4", "stages.0.lr_decay_st
               "data.generator_options.eval_size=8", "checkpoint.every_steps=2"]
 
 
+def micro_train(rd: Path) -> list[str]:
+    """`asyncrl train curricula/tiny.toml`, cut down to seconds, into run directory `rd`."""
+    sets = [a for kv in TINY_MICRO for a in ("--set", kv)]
+    return run(["asyncrl", "train", "curricula/tiny.toml", "--run-dir", str(rd), *sets],
+               timeout=900)
+
+
 def smoke_train(tmp: Path) -> None:
     rd = tmp / "tiny"
-    sets = [a for kv in TINY_MICRO for a in ("--set", kv)]
-    lines = run(["asyncrl", "train", "curricula/tiny.toml", "--run-dir", str(rd), *sets],
-                   timeout=900)
+    lines = micro_train(rd)
     check(f"run directory: {rd}" in lines, f"stdout names the run directory {rd}: {lines}")
     check(any(ln.startswith(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: ")
               for ln in lines), f"stdout names the report and viewer: {lines}")
@@ -134,10 +139,10 @@ def smoke_bench(tmp: Path) -> None:
 
 
 def readme_embedding_block() -> str:
-    """The first python block under the README's `## Embedding the rollout engine`."""
+    """The first python block under the README's `## Embedding ...` section."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Embedding the rollout engine", 1)
-    check(len(section) == 2, "README has a section `## Embedding the rollout engine`")
+    section = re.split(r"^## Embedding\b.*$", text, maxsplit=1, flags=re.M)
+    check(len(section) == 2, "README has a section `## Embedding ...`")
     m = re.search(r"```python\n(.*?)```", section[1].split("\n## ", 1)[0], re.S)
     check(m is not None, "that section has a ```python block")
     assert m is not None
@@ -150,7 +155,10 @@ def smoke_embedding(tmp: Path) -> None:
     check(bool(ids), "the example builds at least one Problem(id=...)")
     script = tmp / "readme_embedding.py"
     script.write_text(block)
-    # run from an empty directory: the example must need nothing but the installed package
+    # run from a directory holding nothing but the trained run the example loads (`runs/tiny`,
+    # made here by a micro run): it must need nothing else but the installed package
+    if "runs/tiny" in block:
+        micro_train(tmp / "runs" / "tiny")
     lines = run([sys.executable, str(script)], cwd=tmp, timeout=600)
     print("\n".join(f"  {ln}" for ln in lines))
     for pid in ids:
