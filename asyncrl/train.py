@@ -495,7 +495,7 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
     async with open_runtime(cfg, rd) as rt:
         for candidate in ckpts:  # newest first; an unreadable one falls back, loudly
             try:
-                saved = load_checkpoint(candidate, rt.need_trainer())
+                saved = await asyncio.to_thread(load_checkpoint, candidate, rt.need_trainer())
                 state = msgspec.convert(saved, TrainState)
             except (CheckpointError, TrainerError, msgspec.ValidationError) as e:
                 log.warning("checkpoint_unreadable", checkpoint=str(candidate), error=str(e),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from micro_config import MICRO_MODEL
 
 from asyncrl import config
 from asyncrl.errors import CheckpointError
@@ -32,20 +33,7 @@ MICRO = """
 [run]
 name = "micro"
 seed = 5
-[model.init]
-model_type = "qwen3"
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-head_dim = 16
-max_position_embeddings = 512
-tie_word_embeddings = true
-[tokenizer]
-train_on = "task_corpus"
-vocab_size = 400
-[data]
+""" + MICRO_MODEL + """[data]
 train = "generator:tiny_math"
 eval = "generator:tiny_math"
 max_prompt_tokens = 256

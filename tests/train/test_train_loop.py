@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from micro_config import MICRO_DATA, MICRO_MODEL
 
 from asyncrl import config
 from asyncrl.errors import ConfigError
@@ -23,28 +24,7 @@ MICRO = """
 [run]
 name = "micro"
 seed = 3
-[model.init]
-model_type = "qwen3"
-hidden_size = 32
-intermediate_size = 64
-num_hidden_layers = 1
-num_attention_heads = 2
-num_key_value_heads = 1
-head_dim = 16
-max_position_embeddings = 512
-tie_word_embeddings = true
-[tokenizer]
-train_on = "task_corpus"
-vocab_size = 400
-[data]
-train = "generator:tiny_math"
-eval = "generator:tiny_math"
-max_prompt_tokens = 256
-[data.generator_options]
-train_size = 64
-eval_size = 8
-levels = [1, 2]
-[rollout]
+""" + MICRO_MODEL + MICRO_DATA + """[rollout]
 prompts_per_step = 2
 samples_per_prompt = 4
 group_size = 2
