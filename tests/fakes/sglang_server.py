@@ -189,6 +189,7 @@ class FakeSGLang:
     def _reset(self) -> None:
         """The fake as launched (the control API's reset, between tests): same address."""
         kept = (self._runner, self._site, self.url)
+        self.core.release()
         self.__init__(**self._init_kw)  # type: ignore[misc]
         self._runner, self._site, self.url = kept
 
