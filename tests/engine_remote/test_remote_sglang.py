@@ -232,6 +232,17 @@ async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(fak
         assert await fake.attr("core.weights") == tensor_digest(list(state.items()))
 
 
+async def test_a_tensor_update_of_several_megabytes_crosses_the_process_boundary(fake, session):
+    """One bucket is one request body (512 MiB by default): the server takes it whole."""
+    import torch
+
+    state = {"big.weight": torch.arange(3 << 18, dtype=torch.float32)}  # 3 MiB
+    async with engine(fake, session) as eng:
+        await eng.update_weights(WeightUpdate(version=2, state_dict=state))
+        assert eng.policy_version == 2
+        assert await fake.attr("core.weights") == tensor_digest(list(state.items()))
+
+
 async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(fake, session):
     async with engine(fake, session) as eng:
         joined, sent = asyncio.Event(), asyncio.Event()

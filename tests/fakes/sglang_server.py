@@ -99,6 +99,9 @@ __all__ = ["EOS", "FakeCore", "FakeSGLang", "ScriptedModel", "_Req", "default_de
 LOADS_REFRESH_TOKENS = 15
 """`/v1/loads` is republished every this many generated tokens (SGLang: decode steps)."""
 
+MAX_BODY_BYTES = 1 << 40
+"""aiohttp's 1 MiB default would refuse what the real server takes (it sets no limit)."""
+
 SAMPLING_KEYS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature",
                  "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex", "ebnf",
@@ -209,7 +212,8 @@ class FakeSGLang:
         return web.json_response(body, status=status)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._injected])
+        # no body size limit, as uvicorn has none: a tensor update is one bucket per request
+        app = web.Application(middlewares=[self._injected], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_post("/abort_request", self.abort_request)

@@ -89,7 +89,8 @@ class FakeVLLM:
         return web.json_response(body, status=status)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._injected])
+        # no body size limit, as uvicorn has none (aiohttp's default is 1 MiB)
+        app = web.Application(middlewares=[self._injected], client_max_size=1 << 40)
         mount_control(app, self, self._reset)
         r = app.router
         r.add_post("/v1/completions", self.completions)
