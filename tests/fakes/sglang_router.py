@@ -13,7 +13,8 @@ gateway source the audit (`docs/research/sglang-contract-audit.md`, rows 27-28) 
 
 Runs as its own program (`python tests/fakes/sglang_router.py --port 0`), steered through
 `fakes.control`'s `/_fake/` routes (state: `calls`, `workers`; `replies` answers a path with a
-canned reply; reset forgets every worker), or in-process (`async with FakeRouter() as r`).
+canned reply; knobs `add_delay_s`, `check_interval_s`; reset forgets every worker and
+restores the launch intervals).
 
 Simplifications: one health probe per worker at registration plus one per `check_interval_s`
 (the real router's interval is configurable, 60 s by default); no circuit breaker, retries or
@@ -48,6 +49,7 @@ ROUTER_SAMPLING_KEYS = {"max_new_tokens", "stop", "stop_token_ids", "temperature
 
 class FakeRouter:
     def __init__(self, *, check_interval_s: float = 0.2, add_delay_s: float = 0.1) -> None:
+        self._launched = (check_interval_s, add_delay_s)
         self.check_interval_s = check_interval_s
         self.add_delay_s = add_delay_s
         self.workers: dict[str, dict[str, Any]] = {}
@@ -69,6 +71,7 @@ class FakeRouter:
         self.calls = defaultdict(list)
         self.replies = {}
         self._rr = 0
+        self.check_interval_s, self.add_delay_s = self._launched
 
     @web.middleware
     async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
