@@ -3,7 +3,7 @@
 Owns: a deterministic "model" (`ScriptedModel`) whose tokens depend on the loaded weights, the
 requests a fake server is running, their KV accounting, pause (with or without freeing a paused
 request's KV), a "scheduler busy loading weights" gate, the tokens' text (`vocab`, for stop
-strings), and the failure knobs (`hang`, `crash_after_tokens`, `dead`). Each server fake adds
+strings), and the failure knobs (`hang`, `crash_after_tokens`). Each server fake adds
 only its wire format on top. Every knob is a JSON-valued attribute, so a test steers it
 through the control API (`core.x`, `fakes.control`) of a fake running as its own process.
 """
@@ -45,7 +45,7 @@ def default_decode(ids: list[int]) -> str:
 
 
 class _Req:
-    def __init__(self, rid: str, input_ids: list[int], transport: Any) -> None:
+    def __init__(self, rid: str, input_ids: list[int]) -> None:
         self.rid = rid
         self.input_ids = input_ids
         self.output: list[int] = []
@@ -54,7 +54,6 @@ class _Req:
         self.abort_message = ""
         self.waiting = False
         self.retracted = False
-        self.transport = transport
         self.adapter = ""
         """The LoRA adapter (its path) this request is served with; "" = the base."""
 
@@ -89,7 +88,6 @@ class FakeCore:
         self.scheduler_free.set()
         self.responsive = asyncio.Event()
         self.responsive.set()
-        self.dead = False
         self.tokens_generated = 0
         self.on_change: Callable[[str], None] = lambda event: None
         """Called with "start", "token", "pause" or "end" (for load snapshots)."""

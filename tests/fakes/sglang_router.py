@@ -101,11 +101,7 @@ class FakeRouter:
         self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         return self.url
 
-    async def __aenter__(self) -> FakeRouter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -217,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             await asyncio.Event().wait()
         finally:
-            await router.__aexit__(None, None, None)
+            await router.close()
 
     try:
         asyncio.run(serve())

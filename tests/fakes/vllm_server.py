@@ -43,13 +43,13 @@ from fakes.scripted_core import FakeCore, _Req
 
 
 class FakeVLLM:
-    def __init__(self, *, core: FakeCore | None = None, served_name: str = "asyncrl",
+    def __init__(self, *, served_name: str = "asyncrl",
                  block_size: int = 16, runtime_lora_updating: bool = False,
                  enable_lora: bool = False, max_lora_rank: int = 16, **core_kw: Any) -> None:
         self._init_kw = {"served_name": served_name, "block_size": block_size,
                          "runtime_lora_updating": runtime_lora_updating,
                          "enable_lora": enable_lora, "max_lora_rank": max_lora_rank, **core_kw}
-        self.core = core or FakeCore(**core_kw)
+        self.core = FakeCore(**core_kw)
         self.served_name = served_name
         self.block_size = block_size
         self.runtime_lora_updating = runtime_lora_updating
@@ -116,25 +116,6 @@ class FakeVLLM:
         self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         return self.url
 
-    async def die(self) -> None:
-        self.core.dead = True
-        for req in list(self.core.running.values()):
-            if req.transport is not None:
-                req.transport.abort()
-        await self.stop()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeVLLM:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     # ------------------------------------------------------------------------ handlers
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -145,7 +126,7 @@ class FakeVLLM:
                                      status=404)
         ids = body["prompt"]
         rid = f"cmpl-{body.get('request_id', 'x')}-0"
-        req = _Req(rid, list(ids), request.transport)
+        req = _Req(rid, list(ids))
         req.adapter = self.loras.get(body.get("model", ""), "")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
