@@ -3,8 +3,9 @@
 SGLang 0.5.23's rank r unpickles element r of `serialized_named_tensors`, so the engine
 serialises every bucket once per rank (`asyncrl/engine/sglang_weights.py`). This measures what
 that costs for CPU tensors (the FSDP sync dict; CUDA tensors travel as IPC handles and cost
-far less), and a whole tensor update through the engine against the fake server in this
-process (session, payloads, each rank's unpickling, version tag), for TP sizes 1, 2 and 4.
+far less), and a whole tensor update through the engine against the fake server running as
+its own process, as a real one does (session, payloads over HTTP, each rank's unpickling,
+version tag), for TP sizes 1, 2 and 4.
 
     python bench/sglang_weight_payloads.py [--mb 256] [--tensors 16] [--repeats 3]
 
@@ -28,7 +29,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]),
 
 import aiohttp  # noqa: E402
 import torch  # noqa: E402
-from fakes.sglang_server import FakeSGLang  # noqa: E402
+from fakes.control import FakeProcess  # noqa: E402
 
 from asyncrl.config import SGLangEngineConfig  # noqa: E402
 from asyncrl.engine.base import WeightUpdate  # noqa: E402
@@ -42,14 +43,16 @@ def state(mb: int, n: int) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.randn(per) for i in range(n)}
 
 
-async def update_once(sd: dict[str, torch.Tensor], tp: int, version: int) -> float:
+async def update_once(fake: FakeProcess, sd: dict[str, torch.Tensor], tp: int,
+                      version: int) -> float:
     opts = RemoteOptions(weight_timeout_s=600.0, health_interval_s=5.0)
-    async with aiohttp.ClientSession() as http, FakeSGLang(tp_size=tp) as fake:
-        async with SGLangEngine(SGLangEngineConfig(tp_size=tp), index=0, session=http,
-                                url=fake.url, options=opts) as eng:
-            t0 = time.perf_counter()
-            await eng.update_weights(WeightUpdate(version=version, state_dict=sd))
-            return time.perf_counter() - t0
+    await fake.reset()
+    async with aiohttp.ClientSession() as http, \
+            SGLangEngine(SGLangEngineConfig(tp_size=tp), index=0, session=http, url=fake.url,
+                         options=opts) as eng:
+        t0 = time.perf_counter()
+        await eng.update_weights(WeightUpdate(version=version, state_dict=sd))
+        return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -62,12 +65,15 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for tp in (1, 2, 4):
         ser, upd = [], []
-        for r in range(args.repeats):
-            sd = state(args.mb, args.tensors)  # fresh tensors: first share_memory_ included
-            t0 = time.perf_counter()
-            rank_payloads(list(sd.items()), tp)
-            ser.append(time.perf_counter() - t0)
-            upd.append(asyncio.run(update_once(state(args.mb, args.tensors), tp, r + 1)))
+        with FakeProcess("sglang_server.py", "--model-path", "/fake/model", "--tp-size",
+                         str(tp), startup_timeout_s=60.0) as fake:
+            for r in range(args.repeats):
+                sd = state(args.mb, args.tensors)  # fresh tensors: first share_memory_ included
+                t0 = time.perf_counter()
+                rank_payloads(list(sd.items()), tp)
+                ser.append(time.perf_counter() - t0)
+                upd.append(asyncio.run(update_once(fake, state(args.mb, args.tensors), tp,
+                                                   r + 1)))
         rows.append({"tp": tp, "mb": args.mb, "serialize_s": min(ser), "update_s": min(upd)})
     print(f"{'tp':>3} {'MiB':>6} {'serialise all ranks (s)':>24} {'update via fake (s)':>20}")
     for x in rows:

@@ -2,20 +2,20 @@
 
 Pure: rids no abort can over-match, stream events (null logprobs, malformed entries, weight
 version tags), `/v1/loads` summed over DP ranks with its age, dtype names, error messages.
-Against fakes: capacity with attention-DP ranks, `sampling_seed` only where the server uses it,
-an abort that arrives before its request, router registration through `POST /workers`.
+Against fakes (each its own process, one per module, reset before each test): capacity with
+attention-DP ranks, `sampling_seed` only where the server uses it, an abort that arrives
+before its request, router registration through `POST /workers`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from fakes.sglang_router import FakeRouter
-from fakes.sglang_server import FakeSGLang
+from fakes.control import FakeProcess
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,6 +36,27 @@ FAST = RemoteOptions(health_interval_s=0.2, health_timeout_s=1.0, health_failure
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def processes() -> Iterator[tuple[FakeProcess, FakeProcess]]:
+    """A fake SGLang server and a fake sglang-router, each a process of its own."""
+    with FakeProcess("sglang_server.py", "--model-path", "/fake/model",
+                     "--incremental-streaming-output") as server, \
+            FakeProcess("sglang_router.py") as router:
+        yield server, router
+
+
+@pytest.fixture
+async def fake(processes) -> FakeProcess:
+    await processes[0].reset()
+    return processes[0]
+
+
+@pytest.fixture
+async def router(processes) -> FakeProcess:
+    await processes[1].reset()
+    return processes[1]
 
 
 # ---------------------------------------------------------------------------- pure
@@ -105,37 +126,35 @@ def test_server_messages_are_read_from_every_error_shape() -> None:
 
 
 # ---------------------------------------------------------------------- with fakes
-async def test_capacity_counts_every_attention_dp_rank(http) -> None:
-    async with FakeSGLang(capacity=4000, dp_size=1, attn_dp_size=4) as fake:
-        async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
-                                options=FAST) as eng:
-            assert eng.capacity == 4000  # 1000 per rank x 4 ranks
-            assert (await eng.load()).kv_tokens_capacity == 4000
+async def test_capacity_counts_every_attention_dp_rank(fake, http) -> None:
+    await fake.set(core__capacity=4000, dp_size=1, attn_dp_size=4)
+    async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
+                            options=FAST) as eng:
+        assert eng.capacity == 4000  # 1000 per rank x 4 ranks
+        assert (await eng.load()).kv_tokens_capacity == 4000
 
 
-async def test_sampling_seed_is_sent_only_to_a_deterministic_server(http) -> None:
+async def test_sampling_seed_is_sent_only_to_a_deterministic_server(fake, http) -> None:
     r = GenerateRequest(request_id="s", input_ids=[11],
                         sampling=SamplingParams(max_new_tokens=2, seed=5))
-    async with FakeSGLang() as fake:
-        async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
-                                options=FAST) as eng:
-            await collect(eng, r)
-            assert "sampling_seed" not in fake.calls["/generate"][0]["sampling_params"]
-            eng._deterministic = True  # what /server_info says under deterministic inference
-            await collect(eng, r)
-            assert fake.calls["/generate"][1]["sampling_params"]["sampling_seed"] == 5
+    async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
+                            options=FAST) as eng:
+        await collect(eng, r)
+        assert "sampling_seed" not in (await fake.calls("/generate"))[0]["sampling_params"]
+        eng._deterministic = True  # what /server_info says under deterministic inference
+        await collect(eng, r)
+        assert (await fake.calls("/generate"))[1]["sampling_params"]["sampling_seed"] == 5
 
 
-async def test_an_abort_that_arrives_before_its_request_ends_it_at_once(http) -> None:
-    async with FakeSGLang() as fake:
-        async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
-                                options=FAST) as eng:
-            await eng.abort("early")
-            g = await collect(eng, GenerateRequest(
-                request_id="early", input_ids=[11],
-                sampling=SamplingParams(max_new_tokens=500)))
-            assert g.finish_reason == "abort" and g.token_ids == []
-            assert "/generate" not in fake.calls
+async def test_an_abort_that_arrives_before_its_request_ends_it_at_once(fake, http) -> None:
+    async with SGLangEngine(SGLangEngineConfig(), index=0, session=http, url=fake.url,
+                            options=FAST) as eng:
+        await eng.abort("early")
+        g = await collect(eng, GenerateRequest(
+            request_id="early", input_ids=[11],
+            sampling=SamplingParams(max_new_tokens=500)))
+        assert g.finish_reason == "abort" and g.token_ids == []
+        assert "/generate" not in await fake.calls()
 
 
 async def test_launched_servers_never_return_untempered_logprobs(http, tmp_path,
@@ -154,19 +173,19 @@ async def test_launched_servers_never_return_untempered_logprobs(http, tmp_path,
     await eng.close()
 
 
-async def test_router_registration_waits_until_the_worker_is_healthy(http) -> None:
-    async with FakeSGLang() as fake, FakeRouter(add_delay_s=0.3) as router:
-        async with http.post(router.url + "/add_worker", params={"url": fake.url}) as r:
-            assert r.status == 404  # sglang-router 0.3.2 has no /add_worker
-        await register_worker(http, router.url, fake.url, timeout_s=5, poll_s=0.05)
-        assert router.workers[fake.url]["is_healthy"]
+async def test_router_registration_waits_until_the_worker_is_healthy(fake, router, http) -> None:
+    await router.set(add_delay_s=0.3)
+    async with http.post(router.url + "/add_worker", params={"url": fake.url}) as r:
+        assert r.status == 404  # sglang-router 0.3.2 has no /add_worker
+    await register_worker(http, router.url, fake.url, timeout_s=5, poll_s=0.05)
+    assert (await router.attr("workers"))[fake.url]["is_healthy"]
 
 
-async def test_router_registration_of_a_worker_that_never_turns_healthy_times_out(http):
-    async with FakeSGLang() as fake, FakeRouter() as router:
-        fake.starting = True  # /health answers 503
-        async with asyncio.timeout(5):
-            with pytest.raises(EngineUnavailable, match="did not report"):
-                await register_worker(http, router.url, fake.url, timeout_s=1.0, poll_s=0.05)
-        with pytest.raises(EngineError, match="HTTP 400"):
-            await register_worker(http, router.url, "not-a-url", timeout_s=1.0)
+async def test_router_registration_of_a_worker_that_never_turns_healthy_times_out(fake, router,
+                                                                                  http):
+    await fake.set(starting=True)  # /health answers 503
+    async with asyncio.timeout(5):
+        with pytest.raises(EngineUnavailable, match="did not report"):
+            await register_worker(http, router.url, fake.url, timeout_s=1.0, poll_s=0.05)
+    with pytest.raises(EngineError, match="HTTP 400"):
+        await register_worker(http, router.url, "not-a-url", timeout_s=1.0)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams
 from asyncrl.engine.remote import RemoteOptions
@@ -26,8 +27,15 @@ def make_request(input_ids: list[int] | None = None, *, max_new: int = 8, rid: s
                                 stop_token_ids=stop_ids, stop_strings=stop_strs))
 
 
-async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait until `predicate()` holds (engine state changes in the supervisor's own time)."""
+async def eventually(predicate: Callable[[], bool | Awaitable[bool]],
+                     timeout_s: float = 10.0) -> None:
+    """Wait until `predicate()` holds (engine state changes in the supervisor's own time, a
+    fake's in its own process: an async predicate is awaited)."""
+
+    async def holds() -> bool:
+        got = predicate()
+        return bool(await got) if inspect.isawaitable(got) else bool(got)
+
     async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110  (polling state owned by another task)
+        while not await holds():  # noqa: ASYNC110  (polling state owned by another task)
             await asyncio.sleep(0.05)

@@ -1,6 +1,7 @@
-"""The `sglang` engine against the fake SGLang server (in-process, real HTTP), and behind the
-fake sglang-router, where the router and its two workers run as processes of their own as the
-real ones do: started once for the module, reset before each test (`fakes.control`)."""
+"""The `sglang` engine against the fake SGLang server, and behind the fake sglang-router, each
+running as a process of its own as the real ones do: one server for the module (and the
+router with its two workers), reset before each test (`fakes.control`); a test that crashes
+a server, or brings one back on the same address, launches its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from fakes.control import FakeProcess
-from fakes.sglang_server import FakeSGLang, ScriptedModel, tensor_digest
+from fakes.scripted_core import ScriptedModel
+from fakes.sglang_server import tensor_digest
 from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
@@ -21,7 +23,24 @@ from asyncrl.errors import EngineUnavailable, WeightSyncError
 CFG = SGLangEngineConfig(request_timeout_s=30.0)
 
 
-def engine(fake: FakeSGLang, session, **kw) -> SGLangEngine:
+def launch(*args: str, port: int = 0) -> FakeProcess:
+    return FakeProcess("sglang_server.py", "--model-path", "/fake/model",
+                       "--incremental-streaming-output", *args, port=port)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeProcess]:
+    with launch() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def fake(server) -> FakeProcess:
+    await server.reset()
+    return server
+
+
+def engine(fake: FakeProcess, session, **kw) -> SGLangEngine:
     return SGLangEngine(CFG, index=0, session=session, url=fake.url, options=FAST, **kw)
 
 
@@ -35,8 +54,9 @@ def expected(weights: str, prompt: list[int], n: int) -> tuple[list[int], list[f
 
 
 @pytest.mark.parametrize("incremental", [True, False])
-async def test_streams_token_ids_and_logprobs(session, incremental):
-    async with FakeSGLang(incremental=incremental) as fake, engine(fake, session) as eng:
+async def test_streams_token_ids_and_logprobs(fake, session, incremental):
+    await fake.set(incremental=incremental)
+    async with engine(fake, session) as eng:
         assert isinstance(eng, Engine)
         deltas = [d async for d in eng.stream(make_request([11, 12, 13], max_new=6))]
         ids = [t for d in deltas for t in d.token_ids]
@@ -47,28 +67,30 @@ async def test_streams_token_ids_and_logprobs(session, incremental):
         assert eng.capacity == 4096
 
 
-async def test_stop_token_is_kept_and_ends_the_stream(session):
-    model = ScriptedModel(script=[20, 21, 7, 22, 23])
-    async with FakeSGLang(model=model) as fake, engine(fake, session) as eng:
+async def test_stop_token_is_kept_and_ends_the_stream(fake, session):
+    await fake.set(core__model__script=[20, 21, 7, 22, 23])
+    async with engine(fake, session) as eng:
         g = await collect(eng, make_request(max_new=10, stop_ids=(7,)))
         assert g.token_ids == [20, 21, 7] and g.finish_reason == "stop"
-        assert fake.calls["/generate"][0]["sampling_params"]["stop_token_ids"] == [7]
+        assert (await fake.calls("/generate"))[0]["sampling_params"]["stop_token_ids"] == [7]
 
 
-async def test_stop_string_keeps_the_closing_tag(session):
+async def test_stop_string_keeps_the_closing_tag(fake, session):
     vocab = {20: "<tool_call>", 21: '{"code": 1}', 22: "</tool_", 23: "call>", 24: "after"}
-    model = ScriptedModel(script=[20, 21, 22, 23, 24])
+    await fake.set(core__model__script=[20, 21, 22, 23, 24],
+                   core__vocab={str(i): text for i, text in vocab.items()})
     decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
-    async with FakeSGLang(model=model, decode=decode) as fake, engine(fake, session) as eng:
+    async with engine(fake, session) as eng:
         g = await collect(eng, make_request(max_new=10, stop_strs=("</tool_call>",)))
         # The tag spans two tokens; both are in the output, nothing after it.
         assert g.token_ids == [20, 21, 22, 23] and g.finish_reason == "stop"
         assert decode(g.token_ids).endswith("</tool_call>")
-        assert fake.calls["/generate"][0]["sampling_params"]["no_stop_trim"] is True
+        assert (await fake.calls("/generate"))[0]["sampling_params"]["no_stop_trim"] is True
 
 
-async def test_abort_ends_the_stream_and_frees_the_server(session):
-    async with FakeSGLang(token_delay_s=0.02) as fake, engine(fake, session) as eng:
+async def test_abort_ends_the_stream_and_frees_the_server(fake, session):
+    await fake.set(core__token_delay_s=0.02)
+    async with engine(fake, session) as eng:
         req = make_request(max_new=1000, rid="to-abort")
         got = []
 
@@ -83,13 +105,14 @@ async def test_abort_ends_the_stream_and_frees_the_server(session):
             await consume()
         assert got[-1].finish_reason == "abort" and len(got) == 4  # nothing after abort()
         assert sum(len(d.token_ids) for d in got) == 3
-        assert fake.calls["/abort_request"] == [{"rid": "to-abort#"}]  # see wire_rid
+        assert await fake.calls("/abort_request") == [{"rid": "to-abort#"}]  # see wire_rid
         await asyncio.sleep(0.1)
-        assert fake.core.running == {}
+        assert await fake.attr("core.running") == {}
 
 
-async def test_load_reports_running_requests_and_kv_and_is_cached(session):
-    async with FakeSGLang(token_delay_s=0.05, capacity=1000) as fake, engine(fake, session) as eng:
+async def test_load_reports_running_requests_and_kv_and_is_cached(fake, session):
+    await fake.set(core__token_delay_s=0.05, core__capacity=1000)
+    async with engine(fake, session) as eng:
         idle = await eng.load()
         assert (idle.kv_tokens_used, idle.kv_tokens_capacity, idle.running) == (0, 1000, 0)
         tasks = [asyncio.create_task(collect(eng, make_request([11] * 10, max_new=40)))
@@ -101,24 +124,29 @@ async def test_load_reports_running_requests_and_kv_and_is_cached(session):
             assert busy.running == 2 and busy.waiting == 0
             assert 2 * 10 <= busy.kv_tokens_used < 2 * 50  # prompts + tokens so far
             assert busy.kv_free == 1000 - busy.kv_tokens_used
-            n = len(fake.calls)  # no request recorded for /metrics; count via a second read
+            n = len(await fake.calls())  # no request recorded for /metrics; count via a second read
             cached = await eng.load()  # within the TTL: the cached scrape, a little older
             assert (cached.kv_tokens_used, cached.running) == (busy.kv_tokens_used, busy.running)
             assert cached.age_s >= busy.age_s
-            assert len(fake.calls) == n
+            assert len(await fake.calls()) == n
         finally:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_load_numbers_lag_like_the_servers_and_carry_their_age(session):
+async def test_load_numbers_lag_like_the_servers_and_carry_their_age(fake, session):
     # /v1/loads is a snapshot the server republishes every few decode steps: between two,
     # the numbers stand still and the report says how old they are
-    async with FakeSGLang(token_delay_s=0.03) as fake, engine(fake, session) as eng:
+    await fake.set(core__token_delay_s=0.03)
+    async with engine(fake, session) as eng:
         task = asyncio.create_task(collect(eng, make_request([11] * 10, max_new=200)))
+
+        async def sixteen_generated() -> bool:
+            return await fake.attr("core.tokens_generated") >= 16
+
         try:
-            await eventually(lambda: fake.core.tokens_generated >= 16, 5)
+            await eventually(sixteen_generated, 5)
             first = await eng.load()
             await asyncio.sleep(FAST.load_ttl_s + 0.1)
             second = await eng.load()
@@ -133,17 +161,18 @@ async def test_load_numbers_lag_like_the_servers_and_carry_their_age(session):
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_disk_update_pauses_flushes_resumes_and_changes_outputs(session, tmp_path):
-    async with FakeSGLang() as fake, engine(fake, session, model_path="/fake/model") as eng:
+async def test_disk_update_pauses_flushes_resumes_and_changes_outputs(fake, session, tmp_path):
+    async with engine(fake, session, model_path="/fake/model") as eng:
         before = await collect(eng, make_request(max_new=8))
         await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
         assert eng.policy_version == 3
-        assert fake.calls["/pause_generation"] == [{"mode": "retract"}]
-        assert fake.calls["/update_weights_from_disk"] == [
+        calls = await fake.calls()
+        assert calls["/pause_generation"] == [{"mode": "retract"}]
+        assert calls["/update_weights_from_disk"] == [
             {"model_path": str(tmp_path), "weight_version": "3", "flush_cache": True,
              "abort_all_requests": False}]  # the update flushes; no separate /flush_cache
-        assert len(fake.calls["/continue_generation"]) == 1
-        assert "/begin_weight_update" not in fake.calls  # the disk path needs no session
+        assert len(calls["/continue_generation"]) == 1
+        assert "/begin_weight_update" not in calls  # the disk path needs no session
         deltas = [d async for d in eng.stream(make_request(max_new=8))]
         after = [t for d in deltas for t in d.token_ids]
         assert after != before.token_ids
@@ -151,17 +180,19 @@ async def test_disk_update_pauses_flushes_resumes_and_changes_outputs(session, t
         assert {d.policy_version for d in deltas} == {3}
 
 
-async def test_failed_update_keeps_version_and_resumes(session):
-    async with FakeSGLang() as fake, engine(fake, session) as eng:
+async def test_failed_update_keeps_version_and_resumes(fake, session):
+    async with engine(fake, session) as eng:
         with pytest.raises(WeightSyncError, match="not found"):
             await eng.update_weights(WeightUpdate(version=1, path="/no/such/dir"))
         assert eng.policy_version == 0
-        assert len(fake.calls["/continue_generation"]) == 1  # never left paused
+        assert len(await fake.calls("/continue_generation")) == 1  # never left paused
         assert (await collect(eng, make_request(max_new=2))).finish_reason == "length"
 
 
-async def test_in_flight_request_survives_an_update_and_finishes_on_new_weights(session, tmp_path):
-    async with FakeSGLang(token_delay_s=0.02) as fake, engine(fake, session) as eng:
+async def test_in_flight_request_survives_an_update_and_finishes_on_new_weights(fake, session,
+                                                                                 tmp_path):
+    await fake.set(core__token_delay_s=0.02)
+    async with engine(fake, session) as eng:
         stream = eng.stream(make_request(max_new=30))
         first = await anext(stream)
         assert first.policy_version == 0
@@ -171,15 +202,16 @@ async def test_in_flight_request_survives_an_update_and_finishes_on_new_weights(
         assert len(first.token_ids) + sum(len(d.token_ids) for d in rest) == 30
 
 
-async def test_server_without_pause_support_still_updates(session, tmp_path):
-    async with FakeSGLang() as fake, engine(fake, session) as eng:
-        fake.replies["/pause_generation"] = (404, {"detail": "Not Found"})  # an old server
+async def test_server_without_pause_support_still_updates(fake, session, tmp_path):
+    async with engine(fake, session) as eng:
+        await fake.reply("/pause_generation", 404, {"detail": "Not Found"})  # an old server
         await eng.update_weights(WeightUpdate(version=2, path=str(tmp_path)))
         await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
-        assert eng.policy_version == 3 and len(fake.calls["/update_weights_from_disk"]) == 2
+        assert eng.policy_version == 3
+        assert len(await fake.calls("/update_weights_from_disk")) == 2
 
 
-async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(session,
+async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(fake, session,
                                                                            monkeypatch):
     import torch
 
@@ -187,19 +219,32 @@ async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(ses
 
     monkeypatch.setattr(sglang_weights, "TENSOR_BUCKET_BYTES", 80)  # 64 + 16 fit, 64 + 64 not
     state = {"a.weight": torch.ones(4, 4), "b.weight": torch.zeros(4, 4), "c.bias": torch.ones(4)}
-    async with FakeSGLang() as fake, engine(fake, session) as eng:
+    async with engine(fake, session) as eng:
         await eng.update_weights(WeightUpdate(version=5, state_dict=state))
-        sent = fake.calls["/update_weights_from_tensor"]
+        calls = await fake.calls()
+        sent = calls["/update_weights_from_tensor"]
         assert [c["names"] for c in sent] == [["a.weight"], ["b.weight", "c.bias"]]
         assert [c["flush_cache"] for c in sent] == [False, True]
         assert sent[-1]["weight_version"] == "5" and eng.policy_version == 5
-        assert len(fake.calls["/begin_weight_update"]) == 1
-        assert len(fake.calls["/end_weight_update"]) == 1 and not fake.session_open
-        assert fake.core.weights == tensor_digest(list(state.items()))
+        assert len(calls["/begin_weight_update"]) == 1
+        assert len(calls["/end_weight_update"]) == 1
+        assert not await fake.attr("session_open")
+        assert await fake.attr("core.weights") == tensor_digest(list(state.items()))
 
 
-async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(session):
-    async with FakeSGLang() as fake, engine(fake, session) as eng:
+async def test_a_tensor_update_of_several_megabytes_crosses_the_process_boundary(fake, session):
+    """One bucket is one request body (512 MiB by default): the server takes it whole."""
+    import torch
+
+    state = {"big.weight": torch.arange(3 << 18, dtype=torch.float32)}  # 3 MiB
+    async with engine(fake, session) as eng:
+        await eng.update_weights(WeightUpdate(version=2, state_dict=state))
+        assert eng.policy_version == 2
+        assert await fake.attr("core.weights") == tensor_digest(list(state.items()))
+
+
+async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(fake, session):
+    async with engine(fake, session) as eng:
         joined, sent = asyncio.Event(), asyncio.Event()
 
         async def join():
@@ -213,83 +258,83 @@ async def test_nccl_update_runs_server_receive_and_trainer_broadcast_together(se
         await eng.update_weights_from_distributed(names=["w"], dtypes=["torch.bfloat16"],
                                                   shapes=[[2, 2]], version=7, broadcast=broadcast)
         assert joined.is_set() and sent.is_set() and eng.policy_version == 7
-        assert fake.calls["/init_weights_update_group"][0]["rank_offset"] == 1
-        body = fake.calls["/update_weights_from_distributed"][0]
+        calls = await fake.calls()
+        assert calls["/init_weights_update_group"][0]["rank_offset"] == 1
+        body = calls["/update_weights_from_distributed"][0]
         assert body["names"] == ["w"] and body["weight_version"] == "7"
         assert body["dtypes"] == ["bfloat16"]
-        assert len(fake.calls["/begin_weight_update"]) == 1 and not fake.session_open
+        assert len(calls["/begin_weight_update"]) == 1 and not await fake.attr("session_open")
 
 
 async def test_server_dying_mid_stream_raises_unavailable_and_marks_down(session):
-    fake = FakeSGLang(token_delay_s=0.02)
-    await fake.start()
-    async with engine(fake, session) as eng:
-        events = []
-        eng.on_state = lambda name, up: events.append((name, up))
-        stream = eng.stream(make_request(max_new=500))
-        await anext(stream)
-        await fake.die()
-        with pytest.raises(EngineUnavailable):
-            async with asyncio.timeout(5):
-                async for _ in stream:
-                    pass
-        await eventually(lambda: not eng.healthy, 5)
-        assert events == [("sglang-0", False)]
-        with pytest.raises(EngineUnavailable, match="down"):
-            await eng.load()
-        with pytest.raises(EngineUnavailable, match="down"):
-            await collect(eng, make_request())
+    """The server process is killed mid-stream (its own process: the module's stays up)."""
+    with launch("--fake-token-delay", "0.02") as fake:
+        async with engine(fake, session) as eng:
+            events = []
+            eng.on_state = lambda name, up: events.append((name, up))
+            stream = eng.stream(make_request(max_new=500))
+            await anext(stream)
+            fake.stop()
+            with pytest.raises(EngineUnavailable):
+                async with asyncio.timeout(5):
+                    async for _ in stream:
+                        pass
+            await eventually(lambda: not eng.healthy, 5)
+            assert events == [("sglang-0", False)]
+            with pytest.raises(EngineUnavailable, match="down"):
+                await eng.load()
+            with pytest.raises(EngineUnavailable, match="down"):
+                await collect(eng, make_request())
 
 
 async def test_a_refused_connection_is_unavailable_and_marks_down():
     import aiohttp
 
-    fake = FakeSGLang()
-    await fake.start()
     # no kept-alive connection to fail on: the request itself finds nobody listening
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s, \
-            engine(fake, s) as eng:
-        await fake.die()
-        assert eng.healthy  # no probe since: the request is the first to find out
-        with pytest.raises(EngineUnavailable, match="unreachable"):
-            await collect(eng, make_request())
-        assert not eng.healthy
+    with launch() as fake:
+        async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True)) as s, engine(fake, s) as eng:
+            fake.stop()
+            assert eng.healthy  # no probe since: the request is the first to find out
+            with pytest.raises(EngineUnavailable, match="unreachable"):
+                await collect(eng, make_request())
+            assert not eng.healthy
 
 
-async def test_silent_server_is_marked_down_and_its_streams_cut(session):
-    async with FakeSGLang(token_delay_s=0.02) as fake, engine(fake, session) as eng:
+async def test_silent_server_is_marked_down_and_its_streams_cut(fake, session):
+    await fake.set(core__token_delay_s=0.02)
+    async with engine(fake, session) as eng:
         stream = eng.stream(make_request(max_new=500))
         await anext(stream)
-        fake.core.hang = True  # stops sending tokens and answering probes, keeps sockets open
+        # stops sending tokens and answering probes, keeps sockets open
+        await fake.set(hang=True)
         with pytest.raises(EngineUnavailable, match="went down"):
             async with asyncio.timeout(10):
                 async for _ in stream:
                     pass
         assert not eng.healthy
-        fake.core.hang = False
+        await fake.set(hang=False)
 
 
-async def test_attached_server_that_returns_is_used_again_with_the_latest_weights(session, tmp_path):
-    fake = FakeSGLang()
-    await fake.start()
-    port = int(fake.url.rsplit(":", 1)[1])
-    async with engine(fake, session, model_path="/fake/model") as eng:
-        events = []
-        eng.on_state = lambda name, up: events.append(up)
-        await eng.update_weights(WeightUpdate(version=4, path=str(tmp_path)))
-        await fake.die()
-        await eventually(lambda: not eng.healthy, 5)
-        back = FakeSGLang()  # a fresh server on the same address, with the base weights
-        await back.start(port=port)
-        try:
-            await eventually(lambda: eng.healthy, 10)
-            assert events == [False, True]
-            assert back.calls["/update_weights_from_disk"][0]["model_path"] == str(tmp_path)
-            g = await collect(eng, make_request(max_new=4))
-            assert g.token_ids == expected(str(tmp_path), [11, 12, 13], 4)[0]
-            assert eng.policy_version == 4
-        finally:
-            await back.stop()
+async def test_attached_server_that_returns_is_used_again_with_the_latest_weights(session,
+                                                                                tmp_path):
+    with launch() as fake:
+        port = int(fake.url.rsplit(":", 1)[1])
+        async with engine(fake, session, model_path="/fake/model") as eng:
+            events = []
+            eng.on_state = lambda name, up: events.append(up)
+            await eng.update_weights(WeightUpdate(version=4, path=str(tmp_path)))
+            fake.stop()
+            await eventually(lambda: not eng.healthy, 5)
+            # a fresh server process on the same address, with the base weights
+            with launch(port=port) as back:
+                await eventually(lambda: eng.healthy, 10)
+                assert events == [False, True]
+                calls = await back.calls("/update_weights_from_disk")
+                assert calls[0]["model_path"] == str(tmp_path)
+                g = await collect(eng, make_request(max_new=4))
+                assert g.token_ids == expected(str(tmp_path), [11, 12, 13], 4)[0]
+                assert eng.policy_version == 4
 
 
 @pytest.fixture(scope="module")
@@ -345,16 +390,15 @@ async def test_a_worker_failing_its_update_is_taken_out_of_the_router_and_put_ba
         assert routed.policy_version == 2
 
 
-async def test_registry_builds_engines_that_open_their_own_session(tmp_path):
+async def test_registry_builds_engines_that_open_their_own_session(fake, tmp_path):
     from asyncrl.engine import build_engines
     from asyncrl.errors import ConfigError
 
-    async with FakeSGLang() as fake:
-        engines = build_engines(SGLangEngineConfig(urls=[fake.url]), model_path="/fake/model",
-                                run_dir=tmp_path, remote_options=FAST)
-        assert [type(e) for e in engines] == [SGLangEngine]
-        async with engines[0] as eng:
-            assert len((await collect(eng, make_request(max_new=3))).token_ids) == 3
-        assert eng.session.closed
+    engines = build_engines(SGLangEngineConfig(urls=[fake.url]), model_path="/fake/model",
+                            run_dir=tmp_path, remote_options=FAST)
+    assert [type(e) for e in engines] == [SGLangEngine]
+    async with engines[0] as eng:
+        assert len((await collect(eng, make_request(max_new=3))).token_ids) == 3
+    assert eng.session.closed
     with pytest.raises(ConfigError, match=r"model\.path"):
         build_engines(SGLangEngineConfig(), model_path="")

@@ -1,5 +1,7 @@
 """The `vllm` engine against the fake vLLM server, running as its own process as a real one
-does: one for the module, reset before each test (`fakes.control`)."""
+does: one for the module, reset before each test (`fakes.control`), and one launched for
+runtime LoRA updating (`--enable-lora`, VLLM_ALLOW_RUNTIME_LORA_UPDATING) for the adapter
+tests."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from collections.abc import Iterator
 import pytest
 from fakes.control import FakeProcess
 from fakes.scripted_core import ScriptedModel
-from fakes.vllm_server import FakeVLLM
 from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import VLLMEngineConfig
@@ -21,7 +22,9 @@ CFG = VLLMEngineConfig(request_timeout_s=30.0)
 
 
 def _launch() -> FakeProcess:
-    return FakeProcess("vllm_server.py", "--model", "/fake/model")
+    """Without VLLM_ALLOW_RUNTIME_LORA_UPDATING (whatever the caller's environment holds)."""
+    return FakeProcess("vllm_server.py", "--model", "/fake/model",
+                       env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "0"})
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +37,20 @@ def server() -> Iterator[FakeProcess]:
 async def fake(server) -> FakeProcess:
     await server.reset()
     return server
+
+
+@pytest.fixture(scope="module")
+def lora_server() -> Iterator[FakeProcess]:
+    with FakeProcess("vllm_server.py", "--model", "/fake/model", "--enable-lora",
+                     "--max-lora-rank", "8",
+                     env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as fake:
+        yield fake
+
+
+@pytest.fixture
+async def lora_fake(lora_server) -> FakeProcess:
+    await lora_server.reset()
+    return lora_server
 
 
 def engine(fake: FakeProcess, session) -> VLLMEngine:
@@ -55,7 +72,7 @@ async def test_streams_deltas_with_logprobs(fake, session):
 
 
 async def test_stop_string_is_included(fake, session):
-    await fake.set(vocab={"20": "a", "21": "</tool_", "22": "call>", "23": "b"},
+    await fake.set(core__vocab={"20": "a", "21": "</tool_", "22": "call>", "23": "b"},
                    core__model__script=[20, 21, 22, 23])
     async with engine(fake, session) as eng:
         g = await collect(eng, make_request(max_new=10, stop_strs=("</tool_call>",)))
@@ -142,17 +159,17 @@ async def test_tied_embeddings_are_not_reloaded_in_place_on_an_attached_server(f
         assert await fake.calls("/collective_rpc") == [] and eng.policy_version == 0
 
 
-def _adapter(path) -> str:
+def _adapter(path, rank: int = 4) -> str:
     path.mkdir(parents=True)
-    (path / "adapter_config.json").write_text('{"r": 4, "peft_type": "LORA"}')
+    (path / "adapter_config.json").write_text(f'{{"r": {rank}, "peft_type": "LORA"}}')
     return str(path)
 
 
-async def test_lora_adapters_load_by_name_and_serve_their_requests(session, tmp_path):
+async def test_lora_adapters_load_by_name_and_serve_their_requests(lora_fake, session, tmp_path):
     """The base once, then each version's adapter by /v1/load_lora_adapter; requests name the
     newest as their model and carry its version; older ones than the previous are unloaded."""
-    # in-process: the adapter checks read the fake's state directly
-    async with FakeVLLM(enable_lora=True) as fake, engine(fake, session) as eng:
+    fake = lora_fake
+    async with engine(fake, session) as eng:
         base = str(tmp_path / "base")
         (tmp_path / "base").mkdir()
         paths = [_adapter(tmp_path / f"a{v}") for v in (1, 2, 3)]
@@ -165,23 +182,39 @@ async def test_lora_adapters_load_by_name_and_serve_their_requests(session, tmp_
         for i in range(4):
             ids.append(m.step(f"{base}+lora:{paths[2]}", [11, 12, *ids], i)[0])
         assert [t for d in deltas for t in d.token_ids] == ids
-        assert {d.policy_version for d in deltas} == {3} and fake.core.weight_version == "1"
-        assert fake.calls["/v1/completions"][-1]["model"] == "asyncrl-v3"
-        assert len(fake.calls["/collective_rpc"]) == 1
-        assert [c["lora_name"] for c in fake.calls["/v1/unload_lora_adapter"]] == ["asyncrl-v1"]
+        assert {d.policy_version for d in deltas} == {3}
+        assert await fake.attr("core.weight_version") == "1"
+        calls = await fake.calls()
+        assert calls["/v1/completions"][-1]["model"] == "asyncrl-v3"
+        assert len(calls["/collective_rpc"]) == 1
+        assert [c["lora_name"] for c in calls["/v1/unload_lora_adapter"]] == ["asyncrl-v1"]
+        assert await fake.attr("loras") == {"asyncrl-v2": paths[1], "asyncrl-v3": paths[2]}
         with pytest.raises(WeightSyncError, match="base of version 7"):
             await eng.update_weights(WeightUpdate(version=4, adapter_path=paths[0],
                                                   base_version=7))
 
 
-async def test_a_server_without_runtime_lora_refuses_the_adapter(session, tmp_path):
-    async with FakeVLLM() as fake, engine(fake, session) as eng:
+@pytest.mark.parametrize(("case", "words"), [("rank", "HTTP 400: LoRA rank 16 is greater"),
+                                             ("not_adapter", "HTTP 404: .*No adapter found")])
+async def test_a_refused_adapter_is_a_weight_sync_error_with_the_servers_words(
+        lora_fake, session, tmp_path, case, words):
+    path = _adapter(tmp_path / "a", rank=16) if case == "rank" else str(tmp_path)
+    async with engine(lora_fake, session) as eng:
+        with pytest.raises(WeightSyncError, match=words):
+            await eng.update_weights(WeightUpdate(version=1, adapter_path=path))
+        assert eng.policy_version == 0 and await lora_fake.attr("loras") == {}
+        await collect(eng, make_request(max_new=2))
+        assert (await lora_fake.calls("/v1/completions"))[-1]["model"] == "asyncrl"
+
+
+async def test_a_server_without_runtime_lora_refuses_the_adapter(fake, session, tmp_path):
+    # the module's server runs without VLLM_ALLOW_RUNTIME_LORA_UPDATING: no LoRA routes
+    async with engine(fake, session) as eng:
         with pytest.raises(WeightSyncError, match="load_lora_adapter -> HTTP 404"):
             await eng.update_weights(WeightUpdate(version=1, adapter_path=_adapter(tmp_path / "a")))
         assert eng.policy_version == 0
         await collect(eng, make_request(max_new=2))
-        assert fake.calls["/v1/completions"][-1]["model"] == "asyncrl"
-
+        assert (await fake.calls("/v1/completions"))[-1]["model"] == "asyncrl"
 
 
 def test_launched_servers_run_by_the_configured_interpreter_with_its_environment(tmp_path):

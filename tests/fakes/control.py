@@ -7,10 +7,18 @@ tests/fakes/<fake>.py --port 0 ...`), started once per module, and steer it thro
 control API every fake mounts under `/_fake/` (never a route of the real servers):
 
 - `GET  /_fake/state?get=a,core.b`  → `{"calls": {path: [body, ...]}, "attrs": {name: value}}`
+  (a value that is not JSON comes as its repr: `core.running` is `{rid: "<_Req ...>"}`)
 - `POST /_fake/set {name: value}`   → sets knobs (`replies` {path: [status, body] | null},
   `hang`, `scheduler_free` and any
-  existing JSON-valued attribute of the fake or, as `core.x`, of its core)
-- `POST /_fake/reset`               → the fake as launched (between tests)
+  existing JSON-valued attribute of the fake or, as `core.x` / `core.model.x`, of its core:
+  `core.token_delay_s`, `core.capacity`, `core.vocab`, `core.model.script`,
+  `core.crash_after_tokens`, ...; each fake's docstring names its own)
+- `POST /_fake/reset`               → the fake as launched (between tests); requests still
+  held by the old state are aborted and let go
+
+A crash is the process's own end: a test that needs one starts a process of its own and
+kills it (`FakeProcess.stop`) or sets `core.crash_after_tokens`; a server that comes back is
+a new process on the same port (`FakeProcess(..., port=p)`).
 
 `FakeProcess` launches a fake, reads the URL it prints, and wraps the control API;
 `mount_control` adds the routes to a fake's app.
@@ -43,7 +51,9 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if hasattr(value, "tolist"):  # a tensor
         return value.tolist()
-    return value
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return repr(value)
 
 
 def _resolve(fake: Any, name: str) -> tuple[Any, str]:
@@ -101,9 +111,10 @@ class FakeProcess:
     """
 
     def __init__(self, script: str, *args: str, env: dict[str, str] | None = None,
-                 startup_timeout_s: float = 30.0) -> None:
+                 port: int = 0, startup_timeout_s: float = 30.0) -> None:
         self.script = script
         self.args = list(args)
+        self.port = port
         self.env = env or {}
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
@@ -112,7 +123,7 @@ class FakeProcess:
     def start(self) -> FakeProcess:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, str(FAKES / self.script), "--port", "0", *self.args],
+            [sys.executable, str(FAKES / self.script), "--port", str(self.port), *self.args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
             start_new_session=True)
         deadline = time.monotonic() + self.startup_timeout_s

@@ -2,8 +2,10 @@
 
 Owns: a deterministic "model" (`ScriptedModel`) whose tokens depend on the loaded weights, the
 requests a fake server is running, their KV accounting, pause (with or without freeing a paused
-request's KV), a "scheduler busy loading weights" gate, and the failure knobs (`hang`,
-`crash_after_tokens`, `dead`). Each server fake adds only its wire format on top.
+request's KV), a "scheduler busy loading weights" gate, the tokens' text (`vocab`, for stop
+strings), and the failure knobs (`hang`, `crash_after_tokens`). Each server fake adds
+only its wire format on top. Every knob is a JSON-valued attribute, so a test steers it
+through the control API (`core.x`, `fakes.control`) of a fake running as its own process.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def default_decode(ids: list[int]) -> str:
 
 
 class _Req:
-    def __init__(self, rid: str, input_ids: list[int], transport: Any) -> None:
+    def __init__(self, rid: str, input_ids: list[int]) -> None:
         self.rid = rid
         self.input_ids = input_ids
         self.output: list[int] = []
@@ -52,7 +54,6 @@ class _Req:
         self.abort_message = ""
         self.waiting = False
         self.retracted = False
-        self.transport = transport
         self.adapter = ""
         """The LoRA adapter (its path) this request is served with; "" = the base."""
 
@@ -62,15 +63,18 @@ class FakeCore:
 
     `free_kv_on_pause` (SGLang's retract) frees a paused request's KV and counts it as queued.
     `scheduler_free` is cleared while weights load: no token is produced meanwhile.
+    `vocab` (token id as a string -> its text; unset ids and None: `default_decode`) is what
+    stop strings match against and what the text fields carry.
+    `crash_after_tokens` (the N-th token generated since launch) ends the whole process.
     """
 
     def __init__(self, *, model: ScriptedModel | None = None, capacity: int = 4096,
-                 token_delay_s: float = 0.0, decode: Callable[[list[int]], str] = default_decode,
-                 model_path: str = "/fake/model", crash_after_tokens: int = 0) -> None:
+                 token_delay_s: float = 0.0, model_path: str = "/fake/model",
+                 crash_after_tokens: int = 0) -> None:
         self.model = model or ScriptedModel()
         self.capacity = capacity
         self.token_delay_s = token_delay_s
-        self.decode = decode
+        self.vocab: dict[str, str] | None = None
         self.weights = model_path
         self.weight_version = "default"
         self.crash_after_tokens = crash_after_tokens
@@ -84,7 +88,6 @@ class FakeCore:
         self.scheduler_free.set()
         self.responsive = asyncio.Event()
         self.responsive.set()
-        self.dead = False
         self.tokens_generated = 0
         self.on_change: Callable[[str], None] = lambda event: None
         """Called with "start", "token", "pause" or "end" (for load snapshots)."""
@@ -107,6 +110,19 @@ class FakeCore:
 
     async def stall_if_hung(self) -> None:
         await self.responsive.wait()
+
+    def decode(self, ids: list[int]) -> str:
+        if self.vocab is None:
+            return default_decode(ids)
+        return "".join(self.vocab.get(str(i), f" t{i}") for i in ids)
+
+    def release(self) -> None:
+        """Let go of every request this core holds (a control reset replaces the core): the
+        handlers still waiting on it (hung, paused, loading) end instead of leaking."""
+        self.abort(all_=True)
+        self.hang = False
+        self.unpaused.set()
+        self.scheduler_free.set()
 
     async def generate(self, req: _Req, *, max_new: int, stop_ids: set[int],
                        stop_strs: list[str]) -> AsyncIterator[tuple[list[int], list[float],

