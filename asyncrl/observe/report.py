@@ -248,7 +248,8 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     avg = sampled_key(evals, "eval/avg@*")
     maj = sampled_key(evals, "eval/maj@*")
     sampled = not avg.endswith("*") and not maj.endswith("*")
-    temp = next((t for r in evals if (t := _number(r.get("eval/temperature"))) is not None), None)
+    temps = [_number(r.get("eval/temperature")) for r in evals]
+    temp = next((x for x in temps if x is not None), None)
     cols = ["checkpoint", "step", "accuracy"]
     if sampled:
         cols += [avg.removeprefix("eval/"), maj.removeprefix("eval/"), "tool errors (correct)"]
@@ -304,7 +305,7 @@ def _level_table(s: Summary, avg: str, maj: str) -> list[str]:
                                                 for k in (avg, maj) if k]
 
     def cell(prefix: str, lv: int) -> str:
-        vals = [_pct(r.get(f"{prefix}{lv}")) for r in (s.before, s.after)]
+        vals = [_pct(r.get(f"{prefix}{lv}") if r else None) for r in (s.before, s.after)]
         return " -> ".join(vals)
 
     out = ["", "By level (before RL -> after RL):", "",
