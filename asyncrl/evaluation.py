@@ -13,6 +13,13 @@ problems:
   reward judged correct are all equivalent to the ground truth, so they vote as one class;
   other answers vote by their text (whitespace removed); samples with no answer do not vote.
   Ties go to the class whose first vote came earliest in sample order.
+- tool_error_ratio_correct: failed / all tool calls of the *correct* samples: how clean the
+  policy's own right answers are (the policy-level form of RoC's claim, which the trained-on
+  positives show only after RoC's selection).
+
+An evaluation in training runs two passes over the same problems (`with_greedy`): k samples at
+the training temperature (avg@k, maj@k, pass@k, per level too) and one greedy answer
+(`accuracy`, `accuracy_L{n}`).
 """
 
 from __future__ import annotations
@@ -79,8 +86,10 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     the reward they were given). pass@k and avg@k use all n samples of a group; maj@k uses the
     first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K,
     response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
-    (failed / all calls), no_answer_ratio, truncated_ratio; then, when problems carry a
-    difficulty (a generator's level), `accuracy_L{n}` = avg@k over the problems of level n.
+    (failed / all calls), tool_error_ratio_correct (the same over correct samples),
+    no_answer_ratio, truncated_ratio; then, when problems carry a difficulty (a generator's
+    level), per level n: `accuracy_L{n}` = avg@k over its problems and, for k > 1,
+    `avg@K_L{n}` (the same) and `maj@K_L{n}`.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -99,11 +108,20 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     rollouts = [r for g in groups for r in g.rollouts]
     calls = sum(len(r.tool_calls) for r in rollouts)
     failed = sum(c.failed for r in rollouts for c in r.tool_calls)
+    right = [r for r in rollouts if r.reward > 0]
+    right_calls = sum(len(r.tool_calls) for r in right)
+    right_failed = sum(c.failed for r in right for c in r.tool_calls)
     accuracy = _mean(avg)
-    by_level: dict[int, list[float]] = {}
-    for g, a in zip(groups, avg, strict=True):
+    by_level: dict[int, list[tuple[float, float]]] = {}
+    for g, a, m in zip(groups, avg, maj, strict=True):
         if g.problem.difficulty is not None:
-            by_level.setdefault(int(g.problem.difficulty), []).append(a)
+            by_level.setdefault(int(g.problem.difficulty), []).append((a, m))
+    levels: dict[str, float] = {}
+    for lv, xs in sorted(by_level.items()):
+        levels[f"accuracy_L{lv}"] = _mean([a for a, _ in xs])
+        if k > 1:
+            levels[f"avg@{k}_L{lv}"] = _mean([a for a, _ in xs])
+            levels[f"maj@{k}_L{lv}"] = _mean([m for _, m in xs])
     return {
         "problems": float(len(groups)),
         "samples": float(len(rollouts)),
@@ -115,10 +133,23 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "response_tokens_mean": _mean([float(r.num_response_tokens) for r in rollouts]),
         "tool_calls_per_problem": calls / len(rollouts),
         "tool_error_ratio": failed / calls if calls else 0.0,
+        "tool_error_ratio_correct": right_failed / right_calls if right_calls else 0.0,
         "no_answer_ratio": _mean([float(r.answer is None) for r in rollouts]),
         "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
-        **{f"accuracy_L{lv}": _mean(xs) for lv, xs in sorted(by_level.items())},
+        **levels,
     }
+
+
+def with_greedy(sampled: dict[str, float], greedy: dict[str, float]) -> dict[str, float]:
+    """One evaluation's figures from its two passes over the same problems: the sampled pass's
+    (avg@k, maj@k, pass@k and their per-level forms, tool use, lengths), with `accuracy` and
+    `accuracy_L{n}` taken from the greedy pass (`summarize(greedy_groups, 1)`), and the greedy
+    pass's tool-error ratio as `greedy_tool_error_ratio`."""
+    out = {key: v for key, v in sampled.items() if not key.startswith("accuracy")}
+    out["accuracy"] = greedy["accuracy"]
+    out.update({key: v for key, v in greedy.items() if key.startswith("accuracy_L")})
+    out["greedy_tool_error_ratio"] = greedy["tool_error_ratio"]
+    return out
 
 
 _COUNTS = {"problems", "samples", "k"}

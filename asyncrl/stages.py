@@ -2,7 +2,7 @@
 
 Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
 problems a `hard` stage trains on (those the current policy does not solve k/k), and the
-learning rate and response budget in force; `TrainState`, where a run is in its curriculum (the
+learning rate, response budget and eval temperature in force; `TrainState`, where a run is in its curriculum (the
 part of a checkpoint besides weights and optimizer). Does not own: running rollouts or
 evaluations (the train loop feeds results in).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from asyncrl.config import PlateauRule, RolloutSection, StageSection
+from asyncrl.config import PlateauRule, RolloutSection, RunConfig, StageSection
 
 
 class PlateauState(msgspec.Struct, kw_only=True):
@@ -87,3 +87,10 @@ def stage_lr(stage: StageSection, base_lr: float, step: int = 0) -> float:
 
 def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:
     return stage.max_response_tokens or rollout.max_response_tokens
+
+
+def eval_temperature(cfg: RunConfig) -> float:
+    """The temperature of an evaluation's sampled answers: `eval.temperature`, else the training
+    temperature."""
+    t = cfg.eval.temperature
+    return cfg.rollout.temperature if t is None else t

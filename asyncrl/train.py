@@ -34,6 +34,7 @@ from asyncrl.rundir import pick_run_dir
 from asyncrl.stages import (
     PlateauState,
     TrainState,
+    eval_temperature,
     hard_problem_ids,
     plateau_update,
     stage_budget,
@@ -89,9 +90,10 @@ class StageRunner:
                                 shuffle=self.cfg.data.shuffle)
 
     def _settings(self, stage: StageSection | None, *, eval_: bool = False,
-                  seed_key: str = "") -> Any:
-        """A stage's sampling settings; with `rollout.seed_requests`, seeded by `run.seed` and
-        `seed_key` (each call of the runner gets its own key: a wave, an eval, a filter)."""
+                  seed_key: str = "", temperature: float | None = None) -> Any:
+        """A stage's sampling settings (an eval's: `eval.temperature` unless `temperature` is
+        given); with `rollout.seed_requests`, seeded by `run.seed` and `seed_key` (each call of
+        the runner gets its own key: a wave, an eval, a filter)."""
         from asyncrl.rollout import RolloutSettings
 
         r = self.cfg.rollout
@@ -99,7 +101,8 @@ class StageRunner:
         temp, top_p = r.temperature, r.top_p
         if eval_:
             budget = self.cfg.eval.max_response_tokens or budget
-            temp, top_p = self.cfg.eval.temperature, 1.0
+            temp, top_p = (eval_temperature(self.cfg) if temperature is None else temperature,
+                           1.0)
         return RolloutSettings(
             max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
             tool_format=self.rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
@@ -324,19 +327,32 @@ class StageRunner:
                 stage.plateau, self.state.plateau, m)
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
-        from asyncrl.evaluation import summarize
+        """k sampled answers per problem at `eval.temperature` and, with `eval.greedy`, one
+        greedy answer (`asyncrl.evaluation.with_greedy`); every rollout of both is kept under
+        `eval/` (`{step}-{label}.jsonl`, the greedy pass's `{step}-{label}-greedy.jsonl`)."""
+        from asyncrl.evaluation import summarize, with_greedy
 
         probs = self.eval_problems
         if not probs:
             return {}
-        if self.cfg.eval.max_problems:
-            probs = probs[: self.cfg.eval.max_problems]
+        ev = self.cfg.eval
+        if ev.max_problems:
+            probs = probs[: ev.max_problems]
         t0 = time.monotonic()
-        groups = await self._rollouts(probs, self.cfg.eval.k, self._settings(
-            stage, eval_=True, seed_key=f"eval:{self.state.global_step}:{label}"))
-        summary = summarize(groups, self.cfg.eval.k)
-        out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}.jsonl"
-        await asyncio.to_thread(save_jsonl, out, groups)  # every eval rollout, for inspection
+        temp = eval_temperature(self.cfg)
+        key = f"eval:{self.state.global_step}:{label}"
+        groups = await self._rollouts(probs, ev.k, self._settings(stage, eval_=True,
+                                                                  seed_key=key))
+        summary = summarize(groups, ev.k)
+        out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}"
+        await asyncio.to_thread(save_jsonl, out.with_suffix(".jsonl"), groups)
+        if ev.greedy and temp > 0:
+            greedy = await self._rollouts(probs, 1, self._settings(
+                stage, eval_=True, seed_key=key + ":greedy", temperature=0.0))
+            summary = with_greedy(summary, summarize(greedy, 1))
+            await asyncio.to_thread(save_jsonl, out.with_name(out.name + "-greedy.jsonl"),
+                                    greedy)
+        summary["temperature"] = temp
         m = {f"eval/{k}": v for k, v in summary.items()}
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
                            step=self.state.global_step, seconds=time.monotonic() - t0, **m)

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.evaluation import format_table, maj_at_k, pass_at_k, summarize, write_summary
+from asyncrl.evaluation import (
+    format_table,
+    maj_at_k,
+    pass_at_k,
+    summarize,
+    with_greedy,
+    write_summary,
+)
 from asyncrl.records import Group, Problem, Rollout, RolloutStatus, ToolCall, ToolStatus
 
 
@@ -126,3 +133,39 @@ def test_summarize_reports_accuracy_per_level() -> None:
     assert s["accuracy_L4"] == 0.0
     assert not any(k.startswith("accuracy_L") and k[-1] not in "14" for k in s)
     assert "accuracy_L1" not in summarize([g("d", None, [1, 1])], k=2)
+
+
+def _level_group(gid: str, level: float | None, answers: list[tuple[str, float]],
+                 calls: tuple[ToolStatus, ...] = ()) -> Group:
+    return Group(group_id=gid, problem=Problem(id=gid, question="q", answer="5",
+                                               difficulty=level),
+                 rollouts=[_rollout(i, a, r, calls=calls) for i, (a, r) in enumerate(answers)])
+
+
+def test_sampled_figures_per_level_and_the_tool_errors_of_correct_answers() -> None:
+    ok, err = ToolStatus.OK, ToolStatus.ERROR
+    a = _level_group("a", 1.0, [("5", 1), ("4", 0), ("5", 1), ("4", 0)])     # avg .5, maj 1
+    b = _level_group("b", 1.0, [("4", 0), ("4", 0), ("5", 1), ("4", 0)])     # avg .25, maj 0
+    c = _level_group("c", 2.0, [("5", 1), ("5", 1), ("5", 1), ("3", 0)])     # avg .75, maj 1
+    c.rollouts[0].tool_calls[:] = [ToolCall(name="python", status=err),
+                                   ToolCall(name="python", status=ok)]
+    c.rollouts[3].tool_calls[:] = [ToolCall(name="python", status=err)] * 3  # a wrong answer's
+    s = summarize([a, b, c], k=4)
+    assert s["avg@4_L1"] == pytest.approx(0.375) == s["accuracy_L1"]
+    assert s["maj@4_L1"] == pytest.approx(0.5)
+    assert s["avg@4_L2"] == pytest.approx(0.75) and s["maj@4_L2"] == 1.0
+    assert s["tool_error_ratio_correct"] == pytest.approx(1 / 2)   # 1 of the 2 calls of right ones
+    assert s["tool_error_ratio"] == pytest.approx(4 / 5)
+    assert "avg@1_L1" not in summarize([a], k=1)   # k = 1: accuracy_L1 alone
+
+
+def test_with_greedy_takes_accuracy_from_the_greedy_pass_and_the_rest_from_the_samples() -> None:
+    sampled = summarize([_level_group("a", 1.0, [("5", 1), ("4", 0), ("4", 0), ("4", 0)]),
+                         _level_group("b", 2.0, [("5", 1), ("5", 1), ("5", 1), ("5", 1)])], k=4)
+    greedy = summarize([_level_group("a", 1.0, [("5", 1)], (ToolStatus.ERROR,)),
+                        _level_group("b", 2.0, [("4", 0)])], k=1)
+    m = with_greedy(sampled, greedy)
+    assert m["accuracy"] == 0.5 and m["accuracy_L1"] == 1.0 and m["accuracy_L2"] == 0.0
+    assert m["avg@4"] == pytest.approx(0.625) and m["avg@4_L1"] == pytest.approx(0.25)
+    assert m["maj@4_L1"] == 0.0 and m["maj@4_L2"] == 1.0
+    assert m["greedy_tool_error_ratio"] == 1.0 and m["tool_error_ratio"] == 0.0

@@ -128,3 +128,36 @@ def test_register_adds_the_subcommand() -> None:
     cli._register_report(parser.add_subparsers())
     args = parser.parse_args(["report", "runs/tiny"])
     assert args.run_dir == "runs/tiny" and args.func is cli._cmd_report
+
+
+def test_sampled_figures_beside_greedy_and_per_level(tmp_path: Path) -> None:
+    """An eval with a sampled pass: greedy accuracy, avg@8, maj@8 and the tool errors of
+    correct answers, before and after RL and per level; the accuracy plot draws all three."""
+    def ev(step: int, label: str, greedy: float, avg: float, maj: float) -> dict:
+        return {"kind": "eval", "stage": "rl", "step": step, "time_s": 10.0 + step,
+                "label": label, "eval/temperature": 1.0, "eval/accuracy": greedy,
+                "eval/avg@8": avg, "eval/maj@8": maj, "eval/tool_error_ratio_correct": 0.125,
+                "eval/accuracy_L1": greedy, "eval/avg@8_L1": avg, "eval/maj@8_L1": maj,
+                "eval/accuracy_L2": 1.0, "eval/avg@8_L2": 0.5, "eval/maj@8_L2": 0.75}
+
+    rows = [ev(0, "after_sft", 0.25, 0.125, 0.375)]
+    rows += [_rl_row(s, "rl", 0.5) for s in (1, 2)]
+    rows.append(ev(2, "final", 0.75, 0.625, 0.875))
+    run = _write(tmp_path / "run", rows)
+    text = report.write_report(run).read_text()
+    assert "| checkpoint | step | accuracy | avg@8 | maj@8 | tool errors (correct) |" in text
+    assert "| before RL (`after_sft`) | 0 | 25.0% | 12.5% | 37.5% | 12.5% |" in text
+    assert "| after RL (`final`) | 2 | 75.0% | 62.5% | 87.5% | 12.5% |" in text
+    assert "sampled answers at temperature 1" in text
+    assert "| level | accuracy | avg@8 | maj@8 |" in text
+    assert "| 1 | 25.0% -> 75.0% | 12.5% -> 62.5% | 37.5% -> 87.5% |" in text
+    assert "| 2 | 100.0% -> 100.0% | 50.0% -> 50.0% | 75.0% -> 75.0% |" in text
+    assert report.sampled_key(rows, "eval/avg@*") == "eval/avg@8"
+    assert report.sampled_key(rows[1:3], "eval/avg@*") == "eval/avg@*"  # no eval row: as given
+    xs, ys = report.series(rows, "eval", report.sampled_key(rows, "eval/maj@*"))
+    assert (xs, ys) == ([0.0, 2.0], [0.375, 0.875])
+
+
+def test_a_greedy_only_run_keeps_the_one_column_table(tmp_path: Path) -> None:
+    text = report.write_report(_write(tmp_path / "run", _full_run())).read_text()
+    assert "| checkpoint | step | accuracy |\n" in text and "avg@" not in text

@@ -205,8 +205,30 @@ def test_viewer_in_headless_chromium(tmp_path: Path) -> None:
             assert page.evaluate("window.pwned === undefined")  # no model text ran as code
             assert page.locator("tr.detail img").count() == 0
 
+            assert page.locator("#figures").is_hidden()  # an RL wave has no eval figures
             page.select_option("#section", index=1)  # the eval
             assert shown() == ["r-eval"]
+            figures = page.locator("#figures tr.figure").all_text_contents()
+            assert figures == ["all1100.0%100.0%100.0%0.0%"]
+            assert "avg@1" in (page.locator("#figures thead").text_content() or "")
             assert not problems, problems
         finally:
             browser.close()
+
+
+def test_an_eval_section_carries_its_figures_per_level() -> None:
+    def g(gid: str, level: float | None, rewards: list[float]) -> Group:
+        return Group(group_id=gid, problem=Problem(id=gid, question="q", answer="5",
+                                                   difficulty=level),
+                     rollouts=[Rollout(rollout_id=f"{gid}{i}", prompt_id="p", group_id=gid,
+                                       policy_version=0, prompt_ids=[1], response_ids=[2],
+                                       loss_mask=[1], logprobs=[0.0], answer="5" if r else "4",
+                                       reward=r) for i, r in enumerate(rewards)])
+
+    from asyncrl.observe.viewer import eval_figures
+
+    figs = eval_figures([g("a", 1.0, [1, 0, 1, 0]), g("b", 2.0, [1, 1, 1, 0]),
+                         g("c", None, [0, 0, 0, 0, 1])])
+    assert [(f["level"], f["problems"], f["k"], f["avg"], f["maj"]) for f in figs] == [
+        ("all", 3, 4, 0.4833, 0.6667), ("L1", 1, 4, 0.5, 1.0), ("L2", 1, 4, 0.75, 1.0)]
+    assert eval_figures([]) == []

@@ -1,8 +1,10 @@
 """`asyncrl eval CONFIG --checkpoint PATH --data FILE [--k 16]`: score a policy on a data set.
 
 Owns: the command. Runs the same rollout engine as training (same format, tools, sandbox and
-reward, any engine kind), k samples per problem, and reports avg@k, pass@k, maj@k, response
-length, tool calls and tool-error ratio as a table and JSON (`asyncrl.evaluation`).
+reward, any engine kind), k samples per problem at the eval temperature plus one greedy answer
+each (as training's evaluations do), and reports greedy accuracy, avg@k, pass@k, maj@k (per
+level too), response length, tool calls and tool-error ratios as a table and JSON
+(`asyncrl.evaluation`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.errors import ConfigError
@@ -22,14 +26,21 @@ log = logmod.get_logger(__name__)
 
 
 async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
-                   temperature: float | None = None, max_problems: int = 0) -> dict[str, Any]:
+                   temperature: float | None = None, max_problems: int = 0,
+                   greedy: bool | None = None) -> dict[str, Any]:
+    """k samples per problem at `temperature` (default: `eval.temperature`, else the training
+    temperature) and, with `greedy` (default: `eval.greedy`), one greedy answer each: the
+    figures of `asyncrl.evaluation.with_greedy`, as in training."""
     from asyncrl.data import load_split
-    from asyncrl.evaluation import format_table, summarize, write_summary
+    from asyncrl.evaluation import format_table, summarize, with_greedy, write_summary
     from asyncrl.observe import metrics as metrics_mod
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
+    from asyncrl.stages import eval_temperature
 
+    temp = eval_temperature(cfg) if temperature is None else temperature
+    greedy = cfg.eval.greedy if greedy is None else greedy
     async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
         tools = [t.schema for t in rt.tools] or None
         loaded = load_split(data, cfg.data.generator_options, cfg.run.seed, "eval", rt.tokenizer,
@@ -38,20 +49,27 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         r = cfg.rollout
         settings = RolloutSettings(
             max_response_tokens=cfg.eval.max_response_tokens or r.max_response_tokens,
-            max_turns=r.max_turns,
-            temperature=cfg.eval.temperature if temperature is None else temperature,
+            max_turns=r.max_turns, temperature=temp,
             top_p=1.0, tool_format=rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
             stop_token_ids=(rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
         )
         t0 = time.monotonic()
         groups = [g async for g in rt.runner.run(problems, k, settings, 0)]
         summary = summarize(groups, k)
+        stats = metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout")
+        if greedy and temp > 0:
+            greedy_groups = [g async for g in rt.runner.run(
+                problems, 1, msgspec.structs.replace(settings, temperature=0.0), 0)]
+            summary = with_greedy(summary, summarize(greedy_groups, 1))
+            await asyncio.to_thread(save_jsonl, out_dir / "eval_groups_greedy.jsonl",
+                                    greedy_groups)
+        summary["temperature"] = temp
         summary["seconds"] = round(time.monotonic() - t0, 2)
         summary["skipped_rows"] = float(loaded.num_skipped)
-        summary.update(metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout"))
+        summary.update(stats)
     await asyncio.to_thread(save_jsonl, out_dir / "eval_groups.jsonl", groups)
     write_summary(summary, out_dir / "eval.json")
-    print(format_table(summary, title=f"eval {data} (k={k})"))
+    print(format_table(summary, title=f"eval {data} (k={k}, temperature {temp:g})"))
     return summary
 
 
@@ -71,7 +89,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval"
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=out)
     summary = run_loop(evaluate(cfg, args.data or cfg.data.eval, args.k or cfg.eval.k, out,
-                               args.temperature, args.max_problems))
+                               args.temperature, args.max_problems, args.greedy))
     print(json.dumps({k: summary[k] for k in sorted(summary) if "@" in k or k == "accuracy"}))
     return 0
 
@@ -83,7 +101,10 @@ def register(sub: Any) -> None:
     p.add_argument("--data", default="", help="problems (JSONL/parquet or generator:NAME); "
                    "default: data.eval")
     p.add_argument("--k", type=int, default=0, help="samples per problem (default: eval.k)")
-    p.add_argument("--temperature", type=float, default=None, help="default: eval.temperature")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="of the k samples (default: eval.temperature, else rollout.temperature)")
+    p.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
+                   help="also one greedy answer per problem, as `accuracy` (default: eval.greedy)")
     p.add_argument("--max-problems", type=int, default=0)
     p.add_argument("--out", default="", help="output directory (default: runs/NAME-eval)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -298,9 +298,15 @@ class EvalSection(_Section, frozen=True, kw_only=True):
     every_steps: NonNegInt = 10
     """Evaluate every N RL steps (0 = only at stage ends)."""
     k: PosInt = 1
-    """Samples per problem (avg@k, pass@k, maj@k)."""
-    temperature: NonNegFloat = 0.0
-    """0 = greedy."""
+    """Sampled answers per problem at `temperature`: avg@k, maj@k and pass@k, per level too
+    (`eval/avg@8_L1`), with the tool-error ratio of the correct ones."""
+    temperature: NonNegFloat | None = None
+    """Temperature of those answers; unset = the training temperature (`rollout.temperature`),
+    which is what the report's avg@k means. 0 makes them greedy."""
+    greedy: bool = True
+    """Also one greedy answer per problem, reported as `eval/accuracy` (per level
+    `eval/accuracy_L{n}`; the plateau rule and the run report read it). Skipped when the
+    sampled answers are greedy themselves (`temperature = 0`): then `eval/accuracy` is avg@k."""
     max_problems: NonNegInt = 0
     """Cap on eval problems (0 = all)."""
     max_response_tokens: NonNegInt = 0

@@ -61,12 +61,15 @@ class LinePlot:
 LINE_PLOTS = (
     LinePlot("reward.png", "Training reward (mean over rollouts)", "reward",
              (("rl_step", "reward/mean", "reward"),), (-0.02, 1.02)),
-    LinePlot("eval_accuracy.png", "Held-out accuracy (greedy)", "accuracy",
-             (("eval", "eval/accuracy", "eval accuracy"),), (-0.02, 1.02)),
+    LinePlot("eval_accuracy.png", "Held-out accuracy", "accuracy",
+             (("eval", "eval/accuracy", "greedy"), ("eval", "eval/avg@*", "avg@k, sampled"),
+              ("eval", "eval/maj@*", "maj@k, sampled")), (-0.02, 1.02)),
     LinePlot("tool_error_ratio.png", "Tool-error ratio", "failed calls / calls",
              (("rl_step", "rollout/tool_error_ratio_pos", "positive rollouts"),
               ("rl_step", "rollout/tool_error_ratio", "all rollouts with calls"),
-              ("eval", "eval/tool_error_ratio", "eval")), (-0.02, 1.02)),
+              ("eval", "eval/tool_error_ratio", "eval"),
+              ("eval", "eval/tool_error_ratio_correct", "eval, correct answers")),
+             (-0.02, 1.02)),
     LinePlot("response_length.png", "Response length", "tokens (mean)",
              (("rl_step", "rollout/response_tokens_mean", "training rollouts"),
               ("eval", "eval/response_tokens_mean", "eval"))),
@@ -241,16 +244,35 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     out = [f"# Run report: {title}", ""]
     b = _number(s.before.get("eval/accuracy")) if s.before else None
     a = _number(s.after.get("eval/accuracy")) if s.after else None
-    out += ["## Held-out accuracy", "", "| checkpoint | step | accuracy |", "| --- | --- | --- |"]
+    evals = [r for r in (s.before, s.after) if r]
+    avg = sampled_key(evals, "eval/avg@*")
+    maj = sampled_key(evals, "eval/maj@*")
+    sampled = not avg.endswith("*") and not maj.endswith("*")
+    temps = [_number(r.get("eval/temperature")) for r in evals]
+    temp = next((x for x in temps if x is not None), None)
+    cols = ["checkpoint", "step", "accuracy"]
+    if sampled:
+        cols += [avg.removeprefix("eval/"), maj.removeprefix("eval/"), "tool errors (correct)"]
+    out += ["## Held-out accuracy", "", "| " + " | ".join(cols) + " |",
+            "|" + " --- |" * len(cols)]
     for name, row in (("before RL", s.before), ("after RL", s.after)):
         label = f" (`{row['label']}`)" if row and isinstance(row.get("label"), str) else ""
         step = row.get("step", "") if row else ""
-        acc = _pct(row.get("eval/accuracy") if row else None)
-        out.append(f"| {name}{label} | {step} | {acc} |")
+        cells = [f"{name}{label}", str(step), _pct(row.get("eval/accuracy") if row else None)]
+        if sampled:
+            cells += [_pct(row.get(k) if row else None)
+                      for k in (avg, maj, "eval/tool_error_ratio_correct")]
+        out.append("| " + " | ".join(cells) + " |")
+    if sampled:
+        how = f" at temperature {temp:g}" if temp is not None else ""
+        out += ["", f"`accuracy` is one greedy answer per problem; {avg.removeprefix('eval/')} "
+                f"and {maj.removeprefix('eval/')} are over sampled answers{how}; tool errors "
+                "(correct) is the failed share of the tool calls in correct sampled answers."]
     if a is not None and b is not None:
         out += ["", f"Change: **{100 * (a - b):+.1f} points** ({s.evals} evaluations in all)."]
     else:
         out += ["", f"Change: n/a ({s.evals} evaluations; need one before and one after RL)."]
+    out += _level_table(s, avg if sampled else "", maj if sampled else "")
 
     last = "n/a" if s.last_rl_step is None else s.last_rl_step
     out += ["", "## Run", "", f"- Wall time: {_duration(s.wall_time_s)}",
@@ -270,6 +292,28 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     out += ["", "## Plots", ""]
     out += [f"![{p.removesuffix('.png')}]({p})" for p in plots] or ["(no data to plot)"]
     return "\n".join(out) + "\n"
+
+
+def _level_table(s: Summary, avg: str, maj: str) -> list[str]:
+    """Per level (`eval/accuracy_L{n}`, and the sampled keys' `_L{n}` forms), before -> after."""
+    rows = [r for r in (s.before, s.after) if r]
+    levels = sorted({int(k.removeprefix("eval/accuracy_L")) for r in rows for k in r
+                     if k.startswith("eval/accuracy_L") and k[15:].isdigit()})
+    if not levels:
+        return []
+    keys = [("accuracy", "eval/accuracy_L")] + [(k.removeprefix("eval/"), f"{k}_L")
+                                                for k in (avg, maj) if k]
+
+    def cell(prefix: str, lv: int) -> str:
+        vals = [_pct(r.get(f"{prefix}{lv}") if r else None) for r in (s.before, s.after)]
+        return " -> ".join(vals)
+
+    out = ["", "By level (before RL -> after RL):", "",
+           "| level | " + " | ".join(name for name, _ in keys) + " |",
+           "| --- |" + " --- |" * len(keys)]
+    out += [f"| {lv} | " + " | ".join(cell(prefix, lv) for _, prefix in keys) + " |"
+            for lv in levels]
+    return out
 
 
 # ------------------------------------------------------------------------------- plots
@@ -306,9 +350,28 @@ def _mark_stages(ax: Any, starts: Sequence[tuple[float, str]]) -> None:
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
 
 
+def sampled_key(rows: Sequence[Row], pattern: str) -> str:
+    """`eval/avg@*` -> the run's own key (`eval/avg@8`): the k of the first eval row that has
+    one (per-level keys excluded); `pattern` itself when none has, or when it has no `*`."""
+    if not pattern.endswith("*"):
+        return pattern
+    prefix = pattern[:-1]
+    for r in rows:
+        if r.get("kind") == "eval":
+            for key in r:
+                if key.startswith(prefix) and key[len(prefix):].isdigit():
+                    return key
+    return pattern
+
+
 def _line_plot(rows: Sequence[Row], spec: LinePlot, path: Path,
                starts: Sequence[tuple[float, str]]) -> bool:
-    data = [(label, kind, *series(rows, kind, key)) for kind, key, label in spec.series]
+    data = []
+    for kind, pattern, label in spec.series:
+        key = sampled_key(rows, pattern)
+        if key != pattern:  # "avg@k" -> "avg@8"
+            label = label.replace("@k", "@" + key.rpartition("@")[2])
+        data.append((label, kind, *series(rows, kind, key)))
     data = [d for d in data if d[2]]
     if not data:
         return False

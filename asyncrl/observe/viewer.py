@@ -162,7 +162,32 @@ def _section(title: str, kind: str, step: int, groups: Sequence[Group], *,
                 break
             rows.append(rollout_view(g, i, trained=kind == "rl", decode=decode,
                                      no_tool_call_penalty=penalty))
-    return {"title": title, "kind": kind, "step": step, "rollouts": rows, "total": total}
+    return {"title": title, "kind": kind, "step": step, "rollouts": rows, "total": total,
+            "figures": eval_figures(groups) if kind == "eval" else []}
+
+
+def eval_figures(groups: Sequence[Group]) -> list[dict[str, Any]]:
+    """An eval section's figures, for all problems and per level: problems, samples per
+    problem (k), avg@k, maj@k, pass@k and the tool-error ratio of the correct answers
+    (`asyncrl.evaluation.summarize`; k = the fewest samples any problem has)."""
+    from asyncrl.evaluation import summarize
+
+    groups = [g for g in groups if g.rollouts]
+    if not groups:
+        return []
+    k = min(len(g.rollouts) for g in groups)
+    levels: dict[str, list[Group]] = {"all": groups}
+    for g in groups:
+        if g.problem.difficulty is not None:
+            levels.setdefault(f"L{int(g.problem.difficulty)}", []).append(g)
+    out = []
+    for name, gs in levels.items():
+        m = summarize(gs, k)
+        out.append({"level": name, "problems": len(gs), "k": k,
+                    "avg": round(m[f"avg@{k}"], 4), "maj": round(m[f"maj@{k}"], 4),
+                    "pass": round(m[f"pass@{k}"], 4),
+                    "tool_errors_correct": round(m["tool_error_ratio_correct"], 4)})
+    return out
 
 
 def _step_of(name: str) -> int:

@@ -124,13 +124,19 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
     assert (full / "report" / "summary.md").exists()
     # the report reads the names the loop really writes
-    from asyncrl.observe.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES
+    from asyncrl.observe.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES, sampled_key
     written = {"rl_step": set().union(*steps), "eval": set().union(*_rows(full, "eval"))}
     # (this micro run makes no policy update, so the trainer's own train/* losses are absent)
     missing = [k for k in (*FINAL_KEYS, *(k for k, _ in STACKED_TIMES))
                if k not in written["rl_step"] and k not in ("train/pg_loss", "train/clip_frac")]
-    missing += [key for p in LINE_PLOTS for kind, key, _ in p.series if key not in written[kind]]
+    missing += [key for p in LINE_PLOTS for kind, pattern, _ in p.series
+                if (key := sampled_key(_rows(full, kind), pattern)) not in written[kind]]
     assert not missing, missing
+    # every eval: k sampled answers at the training temperature and one greedy answer, both kept
+    ev = _rows(full, "eval")[-1]
+    assert ev["eval/temperature"] == 1.0 and {"eval/avg@1", "eval/maj@1"} <= set(ev)
+    assert sorted(p.name for p in (full / "eval").glob("*-final*")) == [
+        f"{ev['step']:06d}-final-greedy.jsonl", f"{ev['step']:06d}-final.jsonl"]
     ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if not p.name.startswith("."))
     assert len(ckpts) == 2  # keep_last
 
