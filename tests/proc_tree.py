@@ -29,10 +29,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
+def started(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat field 22), None if it is gone:
+    with `pid`, what names one process (pids wrap at pid_max and are handed out again)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """A process that exists and is not a zombie; given `start` (`started(pid)` when it was
+    seen), the same process, not a later one that got its pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return False
+    return fields[0] != "Z" and (start is None or int(fields[19]) == start)

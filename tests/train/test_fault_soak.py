@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_tree import alive, descendants
+from proc_tree import alive, descendants, started
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -52,12 +52,18 @@ def _train(run_dir: Path, *extra: str) -> subprocess.Popen:
         start_new_session=True)
 
 
+def _note(seen: dict[int, int], pids: list[int]) -> None:
+    for pid in pids:
+        if pid not in seen and (t := started(pid)) is not None:
+            seen[pid] = t
+
+
 def test_the_tiny_run_survives_killed_workers_and_a_power_cut(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = _train(run)
     rng = random.Random(0)
     killed: list[int] = []
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # pid -> its start time: a later process given the pid is not ours
     last_kill = 0.0
     deadline = time.monotonic() + 3000
     while True:
@@ -65,7 +71,7 @@ def test_the_tiny_run_survives_killed_workers_and_a_power_cut(tmp_path: Path) ->
         assert proc.poll() is None, (tmp_path / "run.out").read_text()[-3000:]
         steps = [r["step"] for r in _rows(run) if r["kind"] == "rl_step"]
         tree = descendants(proc.pid)
-        seen.update(tree)
+        _note(seen, tree)
         if steps and steps[-1] >= 14:
             break
         if steps and len(killed) < 13 and time.monotonic() - last_kill > 3 and tree:
@@ -77,14 +83,14 @@ def test_the_tiny_run_survives_killed_workers_and_a_power_cut(tmp_path: Path) ->
                 pass
             last_kill = time.monotonic()
         time.sleep(0.5)
-    seen.update(descendants(proc.pid))
+    _note(seen, descendants(proc.pid))
     os.killpg(proc.pid, signal.SIGKILL)  # the power cut
     proc.wait()
     assert len(killed) >= 8
     t0 = time.monotonic()
-    while [p for p in seen if alive(p)] and time.monotonic() - t0 < 20:
+    while [p for p, t in seen.items() if alive(p, t)] and time.monotonic() - t0 < 20:
         time.sleep(0.5)
-    assert not [p for p in seen if alive(p)], "processes outlived the run"
+    assert not [p for p, t in seen.items() if alive(p, t)], "processes outlived the run"
 
     from asyncrl.checkpoint import list_checkpoints
     from asyncrl.observe.report import load_metrics
