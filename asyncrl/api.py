@@ -221,7 +221,7 @@ async def remote_sandbox(urls: Sequence[str], *, token: str | None = None,
                          time_limit_s: float = 4.0, max_output_chars: int = 256,
                          call_timeout_s: float = 120.0) -> AsyncIterator[PythonTool]:
     """The Python tool over `sandbox serve` nodes (`sandbox.HttpSandboxClient`: batched,
-    spread over the nodes, retried on transport failure only). `token`: the nodes' shared
+    spread over the nodes, moved to another node when one fails or goes silent). `token`: the nodes' shared
     bearer token (required by a node bound off loopback); a wrong one raises
     `sandbox.AuthError` on entry."""
     from sandbox import HttpSandboxClient

@@ -2,23 +2,47 @@
 
 ``SandboxClient`` is the protocol. ``LocalSandboxClient`` runs calls on a ``SandboxPool`` in this
 process. ``HttpSandboxClient`` coalesces calls into batches (flushed at ``batch_size`` calls,
-after ``batch_window_ms``, or at once when nothing is in flight), sends each batch to the node
-with the fewest calls outstanding, and retries a batch on another node only when it provably
-did not get an answer: a transport failure (connection refused/reset, node gone mid-request,
-undecodable answer) or a 503 (overloaded / shutting down: nothing was run). Every call gets
-exactly one ``ExecResult``; a call that cannot be served within ``call_timeout_s`` or after
-``max_attempts`` becomes ``sandbox_failure`` with a ``detail``. Clients are opened with
-``async with``. A node running several front ends (``sandbox serve --front-ends N``) is
-addressed as N nodes, one per front end's private port, when those are reachable. Given a
-``token``, the HTTP client sends it as a bearer token on every request;
-a node that refuses it (401) fails ``__aenter__`` with ``AuthError`` (nothing ran).
+after ``batch_window_ms``, or at once when nothing is in flight) and sends each batch to the
+node with the fewest calls outstanding. Every call gets exactly one ``ExecResult`` within
+``call_timeout_s``; one that no node could serve becomes ``sandbox_failure`` with a ``detail``
+naming each node tried and why it failed. Clients are opened with ``async with``. A node
+running several front ends (``sandbox serve --front-ends N``) is addressed as N nodes, one per
+front end's private port, when those are reachable. Given a ``token``, the HTTP client sends
+it as a bearer token on every request; a node that refuses it (401) fails ``__aenter__`` with
+``AuthError`` (nothing ran).
+
+Failover (the policy is ``sandbox.failover``'s). A batch goes to another node, up to
+``max_attempts`` attempts in all, when its node:
+
+- is not reachable or breaks the connection (refused, reset, connect timeout, an undecodable
+  answer); the node is marked down;
+- answers 503 (overloaded or draining: nothing ran); the node is skipped for a moment;
+- goes silent: the client asks every node for heartbeats (an empty stream frame after each
+  quarter of ``stall_timeout_s`` without a result, ``sandbox.wire``), so a node or link that
+  stops answering (a cut link drops packets without a reset, and the connection just hangs)
+  is caught after ``stall_timeout_s`` of silence, not at the call's deadline. The node is
+  marked down. A node that sends no heartbeats (an older server) is given the batch's work
+  bound instead: its longest call's time limit plus ``attempt_margin_s``;
+- takes longer than this attempt's share of the deadline while another node could still run
+  the calls (``failover.attempt_budget``); the node is alive, so it stays up.
+
+Only the calls whose result has not arrived are sent again (each streamed result is kept as
+it comes). One that the silent node did run may thus run twice; that is safe because a
+sandboxed call is side-effect free outside its jail (a fresh process and working directory,
+no network, nothing written that outlives the call: ``sandbox.isolation``), and its first
+result never reaches the caller. A down node is never picked; a background task per down node
+probes its ``/health`` (timeout ``stall_timeout_s``, waits doubling from
+``probe_interval_s`` to ``probe_max_interval_s``) and puts it back once it answers 200. Both
+transitions are logged (``sandbox_node_down`` / ``sandbox_node_up``, with the URL and the
+reason) and counted in ``stats``. When every node is down a call fails at once (nothing could
+run it) instead of waiting out its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import aiohttp
@@ -29,9 +53,10 @@ from yarl import URL
 from .auth import bearer
 from .config import IsolationLevel, PoolConfig
 from .errors import AuthError, IsolationUnavailable, Overloaded, PoolClosed, TransportError
+from .failover import Node, attempt_budget, pick, probe_delays, work_bound
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult
-from .wire import FRAME, MSGPACK, STREAM, ExecBatch, codec_for
+from .wire import FRAME, HEARTBEAT, MSGPACK, STREAM, ExecBatch, codec_for
 
 log = structlog.get_logger("sandbox.client")
 
@@ -113,24 +138,19 @@ class _Call:
         self.deadline = deadline
 
 
-class _Node:
-    __slots__ = ("down_until", "failures", "isolation", "outstanding", "sent", "url")
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self.outstanding = 0
-        self.down_until = 0.0
-        self.failures = 0
-        self.isolation = ""
-        self.sent = 0
-
-
 class _Retry(Exception):
     """This attempt got no answer; the batch may go to another node."""
 
 
 class HttpSandboxClient:
-    """Batching, load-spreading client for one or more ``sandbox serve`` nodes."""
+    """Batching, load-spreading, failing-over client for one or more ``sandbox serve`` nodes.
+
+    ``call_timeout_s``: the deadline of one call, every attempt and transport included.
+    ``stall_timeout_s``: silence (no result, no heartbeat) after which a node is taken for
+    dead. ``attempt_margin_s``: added to a batch's longest time limit to bound how long a
+    node may legitimately take (the work bound). ``probe_interval_s`` /
+    ``probe_max_interval_s``: the first and the longest wait between health probes of a down
+    node."""
 
     _loop: asyncio.AbstractEventLoop  # set by __aenter__
     _session: aiohttp.ClientSession  # given, or opened by __aenter__
@@ -138,20 +158,28 @@ class HttpSandboxClient:
     def __init__(self, urls: Sequence[str], *, batch_size: int = 64,
                  batch_window_ms: float = 2.0, call_timeout_s: float = 120.0,
                  connect_timeout_s: float = 3.0, max_attempts: int = 3,
-                 backoff_s: float = 0.05, require_isolation: str | None = None,
+                 backoff_s: float = 0.05, stall_timeout_s: float = 3.0,
+                 attempt_margin_s: float = 3.0, probe_interval_s: float = 0.25,
+                 probe_max_interval_s: float = 10.0, require_isolation: str | None = None,
                  token: str | None = None,
                  session: aiohttp.ClientSession | None = None) -> None:
         if not urls:
             raise ValueError("HttpSandboxClient needs at least one node URL")
         if batch_size < 1 or max_attempts < 1 or call_timeout_s <= 0:
             raise ValueError("batch_size and max_attempts must be >= 1, call_timeout_s > 0")
-        self.nodes = [_Node(u) for u in urls]
+        if min(stall_timeout_s, probe_interval_s, probe_max_interval_s) <= 0:
+            raise ValueError("stall_timeout_s and the probe intervals must be > 0")
+        self.nodes = [Node(u) for u in urls]
         self.batch_size = batch_size
         self.batch_window_s = batch_window_ms / 1000.0
         self.call_timeout_s = call_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.stall_timeout_s = stall_timeout_s
+        self.attempt_margin_s = attempt_margin_s
+        self.probe_interval_s = probe_interval_s
+        self.probe_max_interval_s = probe_max_interval_s
         self._require = require_isolation
         self._auth = bearer(token) if token else {}
         if session is not None:
@@ -161,10 +189,13 @@ class HttpSandboxClient:
         self._pending: list[_Call] = []
         self._timer: asyncio.TimerHandle | None = None
         self._flush_soon = False
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # batches in flight
+        self._probes: dict[Node, asyncio.Task] = {}  # one per down node
         self._closed = False
         self._isolation = ""
-        self.stats = {"batches": 0, "retries": 0, "transport_failures": 0, "overloaded": 0}
+        self.stats = {"batches": 0, "retries": 0, "transport_failures": 0, "overloaded": 0,
+                      "stalls": 0, "attempt_timeouts": 0, "nodes_marked_down": 0,
+                      "nodes_marked_up": 0}
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -187,28 +218,44 @@ class HttpSandboxClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _health(self, node: _Node) -> dict | None:
-        """The node's /health body (isolation noted on ``node``), or None if unreachable."""
+    async def _health(self, node: Node, timeout_s: float) -> dict:
+        """The node's /health body (isolation and time limits noted on ``node``). Raises
+        AuthError if it refuses our token, TransportError if it is not serving."""
         try:
-            timeout = aiohttp.ClientTimeout(total=max(5.0, self.connect_timeout_s))
-            async with self._session.get(node.url + "/health", timeout=timeout,
-                                         headers=self._auth) as resp:
+            async with self._session.get(node.url + "/health", headers=self._auth,
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 if resp.status == 401:
                     raise AuthError(f"sandbox node {node.url} refused this client's token")
                 info = await resp.json(content_type=None)
-            if info.get("auth") == "token" and not self._auth:
-                raise AuthError(f"sandbox node {node.url} requires a token; this client "
-                                "has none")
-            node.isolation = info.get("isolation", "")
-            return info
+                status = resp.status
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            node.down_until = time.monotonic() + 1.0
-            log.warning("sandbox_node_unreachable", url=node.url, error=repr(exc))
-            return None
+            raise TransportError(f"/health: {exc!r}") from None
+        if not isinstance(info, dict):
+            raise TransportError(f"/health answered {info!r}")
+        if info.get("auth") == "token" and not self._auth:
+            raise AuthError(f"sandbox node {node.url} requires a token; this client has none")
+        node.isolation = info.get("isolation", "")
+        node.time_limit_s = float(info.get("time_limit_s", node.time_limit_s))
+        node.max_time_limit_s = float(info.get("max_time_limit_s", node.max_time_limit_s))
+        if status != 200:
+            raise TransportError(f"/health answered HTTP {status} ({info.get('status')})")
+        return info
 
     async def _check_nodes(self) -> None:
-        async def one(node: _Node) -> list[_Node]:
-            info = await self._health(node)
+        unreachable: dict[Node, str] = {}
+
+        async def health(node: Node) -> dict | None:
+            try:
+                return await self._health(node, max(5.0, self.connect_timeout_s))
+            except AuthError:
+                raise
+            except TransportError as exc:
+                log.warning("sandbox_node_unreachable", url=node.url, error=str(exc))
+                unreachable[node] = str(exc)
+                return None
+
+        async def one(node: Node) -> list[Node]:
+            info = await health(node)
             ports = (info or {}).get("front_end_ports") or []
             if len(ports) < 2:
                 return [node]
@@ -216,8 +263,8 @@ class HttpSandboxClient:
             # so that batches are spread by outstanding calls, not by which front end
             # happened to accept a connection; those not reachable (a port not forwarded)
             # leave the node as it was given
-            subs = [_Node(str(URL(node.url).with_port(int(p)))) for p in ports]
-            infos = await asyncio.gather(*(self._health(sub) for sub in subs))
+            subs = [Node(str(URL(node.url).with_port(int(p)))) for p in ports]
+            infos = await asyncio.gather(*(health(sub) for sub in subs))
             reachable = [sub for sub, i in zip(subs, infos, strict=True) if i is not None]
             return reachable if len(reachable) == len(subs) else [node]
 
@@ -229,9 +276,13 @@ class HttpSandboxClient:
                                  + ", ".join(n.url for n in self.nodes))
         self._isolation = min(levels, key=lambda v: IsolationLevel(v).rank)
         _check_isolation(self._isolation, self._require)
+        for node in self.nodes:
+            if node in unreachable:
+                self._mark_down(node, f"unreachable at start ({unreachable[node]})")
 
     async def aclose(self) -> None:
-        """Flush what is pending, wait for batches in flight, close the session we opened."""
+        """Flush what is pending, wait for batches in flight, stop the probes, close the
+        session we opened."""
         if self._closed:
             return
         self._closed = True
@@ -239,6 +290,10 @@ class HttpSandboxClient:
             self._flush()
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        probes = list(self._probes.values())
+        for task in probes:
+            task.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
         if self._owns_session and hasattr(self, "_session"):
             await self._session.close()
 
@@ -286,72 +341,141 @@ class HttpSandboxClient:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    # ------------------------------------------------------------------ transport
-    def _pick(self, tried: set[_Node]) -> _Node:
-        now = time.monotonic()
-        fresh = [n for n in self.nodes if n not in tried] or self.nodes
-        up = [n for n in fresh if n.down_until <= now]
-        if up:
-            return min(up, key=lambda n: n.outstanding)
-        return min(fresh, key=lambda n: n.down_until)
+    # ------------------------------------------------------------------ node health
+    def _mark_down(self, node: Node, reason: str) -> None:
+        if not node.mark_down(reason, time.monotonic()):
+            return
+        self.stats["nodes_marked_down"] += 1
+        log.warning("sandbox_node_down", url=node.url, reason=reason)
+        if not self._closed:
+            self._probes[node] = self._loop.create_task(self._probe(node))
 
-    def _mark_down(self, node: _Node) -> None:
-        node.failures += 1
-        node.down_until = time.monotonic() + min(0.5 * 2 ** (node.failures - 1), 10.0)
-
-    async def _send(self, batch: list[_Call]) -> None:
-        tried: set[_Node] = set()
-        last_error = ""
-        for attempt in range(self.max_attempts):
-            live = [c for c in batch if not c.future.done()]
-            if not live:
+    async def _probe(self, node: Node) -> None:
+        """Probe a down node's /health until it answers 200, then put it back in rotation."""
+        try:
+            for delay in probe_delays(self.probe_interval_s, self.probe_max_interval_s):
+                await asyncio.sleep(delay)
+                try:
+                    await self._health(node, self.stall_timeout_s)
+                except TransportError as exc:  # AuthError included: not servable by us
+                    log.debug("sandbox_node_probe_failed", url=node.url, error=str(exc))
+                    continue
+                was = node.mark_up(time.monotonic())
+                self.stats["nodes_marked_up"] += 1
+                log.info("sandbox_node_up", url=node.url,
+                         reason=f"/health answered after {was:.1f}s down")
                 return
-            remaining = max(c.deadline for c in live) - time.monotonic()
-            if remaining <= 0:
-                break
-            node = self._pick(tried)
-            tried.add(node)
+        finally:
+            self._probes.pop(node, None)
+
+    # ------------------------------------------------------------------ transport
+    async def _send(self, batch: list[_Call]) -> None:
+        tried: list[Node] = []
+        errors: list[str] = []
+        for attempt in range(self.max_attempts):
             if attempt:
                 self.stats["retries"] += 1
                 await asyncio.sleep(min(self.backoff_s * 2 ** (attempt - 1), 1.0))
+            live = [c for c in batch if not c.future.done()]
+            if not live:
+                return
+            now = time.monotonic()
+            remaining = max(c.deadline for c in live) - now
+            if remaining <= 0:
+                break
+            node = pick(self.nodes, tried, now)
+            if node is None:
+                errors.append("no node is up (" + "; ".join(
+                    f"{n.url} down for {now - n.down_since:.1f}s: {n.down_reason}"
+                    for n in self.nodes if n not in tried) + ")")
+                break
+            tried.append(node)
+            bound = work_bound(node, (c.req.time_limit_s for c in live), self.attempt_margin_s)
+            can_fail_over = attempt + 1 < self.max_attempts and any(
+                n is not node and not n.down for n in self.nodes)
             try:
-                await self._post(node, live, remaining)
+                await self._post(node, live, attempt_budget(remaining, bound, can_fail_over),
+                                 bound)
             except _Retry as exc:
-                last_error = f"{node.url}: {exc}"
+                errors.append(f"{node.url}: {exc}")
                 continue
-            node.failures = 0
             return
+        detail = (f"no sandbox node answered after {len(tried)} attempt(s): "
+                  + "; ".join(errors or ["the deadline passed"]))
         for call in batch:
             if not call.future.done():
-                call.future.set_result(ExecResult.failure(
-                    f"no sandbox node answered after {len(tried)} attempt(s): {last_error}"))
+                call.future.set_result(ExecResult.failure(detail))
 
-    async def _post(self, node: _Node, calls: list[_Call], timeout_s: float) -> None:
+    async def _post(self, node: Node, calls: list[_Call], budget_s: float,
+                    bound_s: float) -> None:
         """Send ``calls`` to ``node`` and resolve each call's future as its answer streams in.
-        Raises _Retry if some calls got no answer and may be sent elsewhere."""
+        Raises _Retry if some calls got no answer and may be sent elsewhere.
+
+        One timer covers the attempt: the connection and the answer's headers must come within
+        ``stall_timeout_s`` (a streaming node sends them before running anything); then a node
+        that heartbeats may not be silent for ``stall_timeout_s``, and one that does not must
+        be done within ``bound_s``; nothing goes past ``budget_s``. Silence and the work bound
+        mark the node down; the budget does not (the node may be alive and slow)."""
         body = self._codec.encode(ExecBatch([c.req for c in calls]))
         node.outstanding += len(calls)
         node.sent += 1
         self.stats["batches"] += 1
-        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
-        headers = {"Content-Type": MSGPACK, "Accept": STREAM, **self._auth}
+        loop = self._loop
+        start = loop.time()
+        silence = self.stall_timeout_s
+        beats = False
+        # the deadline the timer is armed with, and what it means when it passes
+        limits = {"budget": start + budget_s,
+                  "headers": start + max(silence, self.connect_timeout_s),
+                  "work": start + bound_s}
+        cause = ["headers"]
+
+        def arm(timer: asyncio.Timeout, phase: str) -> None:
+            # the earliest of this phase's deadline and the attempt's budget (on a tie the
+            # phase's, which says more)
+            at = loop.time() + silence if phase == "silence" else limits[phase]
+            cause[0], at = (phase, at) if at <= limits["budget"] else ("budget",
+                                                                     limits["budget"])
+            timer.reschedule(at)
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        headers = {"Content-Type": MSGPACK, "Accept": STREAM, HEARTBEAT: f"{silence / 4:g}",
+                   **self._auth}
         try:
-            async with self._session.post(node.url + "/v1/execute", data=body, timeout=timeout,
-                                          headers=headers) as resp:
-                if resp.status == 200 and resp.content_type == STREAM:
-                    await self._read_stream(resp, calls)
-                    return
-                data = await resp.read()
-                status = resp.status
-                ctype = resp.headers.get("Content-Type")
+            async with asyncio.timeout(None) as timer:
+                arm(timer, "headers")
+                async with self._session.post(node.url + "/v1/execute", data=body,
+                                              timeout=timeout, headers=headers) as resp:
+                    # a node that heartbeats is alive while bytes come; one that does not
+                    # is given the batch's work bound
+                    beats = HEARTBEAT in resp.headers
+                    phase = "silence" if beats else "work"
+                    arm(timer, phase)
+                    if resp.status == 200 and resp.content_type == STREAM:
+                        await self._read_stream(resp, calls, lambda: arm(timer, phase))
+                        return
+                    data = await resp.read()
+                    status = resp.status
+                    ctype = resp.headers.get("Content-Type")
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                 asyncio.IncompleteReadError) as exc:
             self.stats["transport_failures"] += 1
-            self._mark_down(node)
+            self._mark_down(node, f"transport failure: {exc!r}")
             raise _Retry(f"transport failure: {exc!r}") from None
         except TimeoutError:
-            # the batch's deadline passed on this node; there is no time left to retry
-            raise _Retry(f"no answer within {timeout_s:.1f}s") from None
+            if cause[0] == "budget":
+                # this attempt's share of the deadline: the node may well be alive (and slow)
+                self.stats["attempt_timeouts"] += 1
+                raise _Retry(f"no answer within this attempt's {budget_s:.1f}s") from None
+            self.stats["stalls"] += 1
+            reason = {
+                "headers": f"no answer to the request within {limits['headers'] - start:g}s",
+                "silence": f"silent for {silence:g}s (no result, no heartbeat)",
+                "work": f"no answer within {bound_s:.1f}s, the batch's work bound (the node "
+                        "sends no heartbeats)",
+            }[cause[0]]
+            self._mark_down(node, reason)
+            raise _Retry(reason) from None
         finally:
             node.outstanding -= len(calls)
         codec = codec_for(ctype)
@@ -359,11 +483,12 @@ class HttpSandboxClient:
             try:
                 results = codec.result.decode(data).results
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._mark_down(node)
+                self._mark_down(node, f"undecodable answer: {exc}")
                 raise _Retry(f"undecodable answer: {exc}") from None
             if len(results) != len(calls):
-                self._mark_down(node)
-                raise _Retry(f"answer has {len(results)} results for {len(calls)} calls")
+                reason = f"answer has {len(results)} results for {len(calls)} calls"
+                self._mark_down(node, reason)
+                raise _Retry(reason)
             for call, result in zip(calls, results, strict=True):
                 if not call.future.done():
                     call.future.set_result(result)
@@ -376,23 +501,28 @@ class HttpSandboxClient:
             pass
         if status == 503:  # overloaded or draining: nothing ran, another node may take it
             self.stats["overloaded"] += 1
-            node.down_until = time.monotonic() + 0.2
+            node.busy_until = time.monotonic() + 0.2
             raise _Retry(f"HTTP 503 {reason}")
         for call in calls:
             if not call.future.done():
                 call.future.set_result(ExecResult.failure(
                     f"node {node.url} answered HTTP {status}: {reason}"))
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, calls: list[_Call]) -> None:
+    async def _read_stream(self, resp: aiohttp.ClientResponse, calls: list[_Call],
+                           alive: Callable[[], None]) -> None:
         decode = self._codec.frame.decode
         answered = 0
         while answered < len(calls):
             (size,) = FRAME.unpack(await resp.content.readexactly(4))
+            alive()
+            if size == 0:  # a heartbeat
+                continue
             try:
                 index, result = decode(await resp.content.readexactly(size))
                 call = calls[index]
             except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as exc:
                 raise aiohttp.ClientPayloadError(f"bad frame from node: {exc}") from None
+            alive()
             if not call.future.done():
                 call.future.set_result(result)
             answered += 1

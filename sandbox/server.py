@@ -2,7 +2,8 @@
 
 Routes:
 - ``POST /v1/execute``: a batch of calls (see ``sandbox.wire``), answered in request order.
-- ``GET /health``: isolation level in force, workers, queue, in-flight calls (JSON). HTTP 200
+- ``GET /health``: isolation level in force, workers, queue, in-flight calls, the default and
+  largest call time limits (what a client needs to bound a batch's run time) (JSON). HTTP 200
   while serving, 503 while shutting down or when no worker can be started.
 - ``GET /metrics``: Prometheus text: calls by status, latency histogram, queue depth, ...
 
@@ -39,7 +40,17 @@ from .frontends import SINGLE, FrontEnd
 from .metrics import render
 from .pool import SandboxPool
 from .records import ExecResult
-from .wire import FRAME, JSON, MSGPACK, STREAM, ErrorBody, ExecBatchResult, codec_for
+from .wire import (
+    FRAME,
+    HEARTBEAT,
+    JSON,
+    MSGPACK,
+    STREAM,
+    ErrorBody,
+    ExecBatchResult,
+    codec_for,
+    heartbeat_interval,
+)
 
 _json = msgspec.json.Encoder()
 POOL_KEY: web.AppKey[SandboxPool] = web.AppKey("sandbox_pool", SandboxPool)
@@ -125,6 +136,8 @@ def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int =
                     inflight_batches=state.inflight_batches, auth="token" if token else "none",
                     front_end=front_end.index, front_ends=front_end.count,
                     front_end_ports=list(front_end.ports),
+                    time_limit_s=pool.config.time_limit_s,
+                    max_time_limit_s=pool.config.max_time_limit_s,
                     uptime_s=round(time.monotonic() - state.started, 1))
         code = 200 if info["status"] == "ok" else 503
         if request.get(auth.AUTH_RESULT_KEY) == "missing":  # an anonymous probe
@@ -160,18 +173,28 @@ def _put_index(queue: asyncio.Queue, index: int, _fut: asyncio.Future) -> None:
 
 async def _stream_results(request: web.Request, pool: SandboxPool,
                           reqs: list) -> web.StreamResponse:
-    """Answer each call as soon as it is done (frames in completion order)."""
+    """Answer each call as soon as it is done (frames in completion order), with an empty
+    frame after each heartbeat interval without one when the client asked (``sandbox.wire``)."""
     futures = pool.submit_many(reqs)  # raises Overloaded before anything is sent
     done: asyncio.Queue[int] = asyncio.Queue()
     for i, fut in enumerate(futures):
         fut.add_done_callback(functools.partial(_put_index, done, i))
-    resp = web.StreamResponse(headers={"Content-Type": STREAM})
+    beat = heartbeat_interval(request.headers.get(HEARTBEAT))
+    headers = {"Content-Type": STREAM}
+    if beat is not None:
+        headers[HEARTBEAT] = f"{beat:g}"
+    resp = web.StreamResponse(headers=headers)
     enc = codec_for(MSGPACK)
     try:
         await resp.prepare(request)
         remaining = len(futures)
         while remaining:
-            ready = [await done.get()]
+            try:
+                async with asyncio.timeout(beat):  # None: no heartbeats asked for
+                    ready = [await done.get()]
+            except TimeoutError:
+                await resp.write(FRAME.pack(0))  # an empty frame: still working on it
+                continue
             while not done.empty():
                 ready.append(done.get_nowait())
             buf = bytearray()

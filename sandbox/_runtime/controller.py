@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import struct
-import sys
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -115,14 +114,17 @@ class Controller:
         self.deadlines: list[tuple[float, int]] = []
         self.ep: select.epoll  # by prepare()
         self.inbuf = bytearray()
-        self.out = sys.stdout.buffer
+        # Answers are buffered here and written with os.write, never through sys.stdout: a
+        # child forked from this process (the Python shape) reuses sys.stdout as its own
+        # output, and would flush whatever answers sat unflushed in its buffer at the fork
+        # (other calls' results) into its own stdout.
+        self._outbuf = bytearray()
         self.info: dict = {}
         self.templates: list[_Template] = []  # [main, light]: the C fork loops, if used
         self.template_by_fd: dict[int, _Template] = {}
         self.light_modules: frozenset[str] = frozenset()
         self._rbuf = bytearray(_REPLY.size)
         self._devnull = -1  # by prepare(): stdin of the calls that have none
-        self._unflushed = False
 
     # ---------------------------------------------------------------- start-up
     def prepare(self) -> None:
@@ -175,13 +177,12 @@ class Controller:
         """Queue a frame to the pool; `serve` flushes once per loop iteration (one write, and
         one wake-up of the pool, for every answer that iteration produced)."""
         data = _encoder.encode(obj)
-        self.out.write(protocol.HEADER.pack(len(data)) + data)
-        self._unflushed = True
+        self._outbuf += protocol.HEADER.pack(len(data)) + data
 
     def flush(self) -> None:
-        if self._unflushed:
-            self._unflushed = False
-            self.out.flush()
+        out = self._outbuf
+        while out:  # fd 1 is a blocking pipe: each write blocks until some of it went
+            del out[:os.write(1, out)]
 
     def serve(self) -> None:
         os.set_blocking(0, False)

@@ -204,6 +204,19 @@ print('SEEN', seen)
 
 
 # ----------------------------------------------------------------------------- processes
+async def test_another_calls_results_never_reach_a_calls_output(any_pool):
+    # Many short calls at once: answers of finished calls are waiting to be sent while the
+    # next children are forked. A child forked from the process that buffers those answers
+    # (the Python shape) once flushed them into its own stdout: other calls' results leaked.
+    from sandbox import ExecRequest
+
+    for _ in range(3):
+        results = await any_pool.execute_many([ExecRequest(f"{i} ** 2") for i in range(150)])
+        assert [(r.status, r.stdout) for r in results] == [("ok", f"{i * i}\n")
+                                                           for i in range(150)]
+    await assert_serves(any_pool)
+
+
 @needs_jail
 async def test_fork_bomb_is_stopped_at_the_first_fork(jail_pool):
     code = "import os\nn = 0\nwhile True:\n    os.fork()\n    n += 1"
