@@ -74,6 +74,19 @@ log = get_logger(__name__)
 SERVED_NAME = "asyncrl"
 """`--served-model-name` of launched servers; attached servers report theirs at /v1/models."""
 
+LORA_CPU_CACHE = 8
+"""`--max-cpu-loras` of a launched server with runtime LoRA that does not set it.
+
+vLLM keeps loaded adapters in an LRU cache of `--max-cpu-loras` entries (default: `--max-loras`,
+itself 1) and evicts the oldest when a new one loads into a full cache; a running request whose
+adapter was evicted has it reloaded from its directory at its next step. `push_weights` removes
+the previous version's directory as soon as the push is done, so with the default a request
+sent under version N-1 and still running when N loads made vLLM reload a directory that was
+gone, and its EngineCore died ("Loading lora asyncrl-v2 failed: No adapter found", then
+EngineDeadError; tests/engine_remote/test_vllm_lora_real.py). Eight adapters cover requests up
+to seven versions old (keep `rollout.max_staleness` + 2 below it); host memory is eight adapters.
+Attached servers need the flag from whoever starts them."""
+
 
 def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     s = request.sampling
@@ -87,6 +100,22 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     if s.seed is not None:
         body["seed"] = s.seed
     return body
+
+
+def lora_cache_args(extra_args: list[str]) -> list[str]:
+    """`--max-cpu-loras` to add to a launch with `extra_args` (see `LORA_CPU_CACHE`): none
+    without `--enable-lora` or when the flag is given; never below `--max-loras`, which vLLM
+    refuses."""
+    if "--enable-lora" not in extra_args or any(
+            a == "--max-cpu-loras" or a.startswith("--max-cpu-loras=") for a in extra_args):
+        return []
+    slots = 1
+    for i, a in enumerate(extra_args):
+        value = (a.split("=", 1)[1] if a.startswith("--max-loras=") else
+                 extra_args[i + 1] if a == "--max-loras" and i + 1 < len(extra_args) else "")
+        if value.isdigit():
+            slots = int(value)
+    return ["--max-cpu-loras", str(max(LORA_CPU_CACHE, slots))]
 
 
 def error_message(raw: bytes) -> str:
@@ -161,7 +190,7 @@ class VLLMEngine(RemoteEngine):
                 "--tensor-parallel-size", str(self.cfg.tp_size),
                 "--gpu-memory-utilization", str(self.cfg.gpu_memory_utilization),
                 "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
-                *self.cfg.extra_args]
+                *self.cfg.extra_args, *lora_cache_args(self.cfg.extra_args)]
 
     def _server_env(self) -> dict[str, str]:
         # One GPU group per server, carved out of the devices this process may use.
