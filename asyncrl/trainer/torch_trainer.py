@@ -55,18 +55,20 @@ class TorchTrainer:
 
     `temperature` is the sampling temperature of the rollouts (logprobs are computed on
     `logits / temperature`, matching the engine's). `total_steps` is the number of optimizer
-    steps of the run, needed only by the cosine schedule.
+    steps of the run, needed only by the cosine schedule. `seed` (`run.seed`) seeds the LoRA
+    adapter's initial A factors (`lora.attach`).
     """
 
     def __init__(self, model: Any, cfg: TorchTrainerConfig, algo: AlgorithmSection,
                  pad_token_id: int, *, temperature: float = 1.0,
-                 total_steps: int | None = None) -> None:
+                 total_steps: int | None = None, seed: int = 0) -> None:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg, self.algo = cfg, algo
         self.pad_token_id = pad_token_id
         self.temperature = temperature
         self.total_steps = total_steps
+        self.seed = seed
         if algo.lr_schedule == "cosine" and not total_steps:
             raise TrainerError("algorithm.lr_schedule = cosine needs total_steps")
         self.world_size, self.rank = _init_distributed(cfg)
@@ -129,7 +131,7 @@ class TorchTrainer:
         if self.peft is not None or self.lora_cfg is None:
             return
         self.optimizer.zero_grad(set_to_none=True)
-        self.peft = lora.attach(self.model, self.lora_cfg)
+        self.peft = lora.attach(self.model, self.lora_cfg, self.seed)
         self.model.train()
         self.optimizer = self._new_optimizer()
         self.base_changed = True

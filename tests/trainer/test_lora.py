@@ -26,11 +26,12 @@ def _one_thread():
     torch.set_num_threads(old)
 
 
-def make(model=None, **lora) -> TorchTrainer:
+def make(model=None, *, seed: int | None = None, **lora) -> TorchTrainer:
     cfg = LoraSection(**{"rank": 4, "alpha": 8, **lora})
+    kw = {} if seed is None else {"seed": seed}
     return TorchTrainer(model if model is not None else tiny_model(0),
                         TorchTrainerConfig(micro_batch_tokens=4096, lora=cfg),
-                        AlgorithmSection(lr=1e-2), pad_token_id=0)
+                        AlgorithmSection(lr=1e-2), pad_token_id=0, **kw)
 
 
 def logits(model, ids=(5, 9, 17, 33, 2, 8)) -> torch.Tensor:
@@ -63,6 +64,26 @@ def test_merged_weights_compute_what_the_trained_model_computes() -> None:
     plain.load_state_dict(tr.state_dict_for_sync())
     tr.model.eval()
     torch.testing.assert_close(logits(plain), logits(tr.model), atol=1e-5, rtol=1e-5)
+
+
+def test_the_adapter_starts_from_the_run_seed_whatever_the_global_rng() -> None:
+    # A run from a pretrained base (model.path) seeds nothing before the adapter is made: its
+    # A factors, hence every RL step after, must not depend on the process's torch RNG, or two
+    # runs of one curriculum (a stopped one and an unstopped one) diverge at the first step.
+    def factors(global_seed: int, **kw) -> dict[str, torch.Tensor]:
+        model = tiny_model(0)  # (seeds torch itself)
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        tr = make(model, **kw)
+        assert torch.equal(torch.get_rng_state(), before)  # the global stream is left alone
+        return tr.adapter_for_sync()
+
+    a, b, c = factors(1), factors(2), factors(1, seed=7)
+    assert a.keys() == b.keys() == c.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert all(torch.equal(a[k], factors(2, seed=0)[k]) for k in a)  # 0 is the default
+    assert not all(torch.equal(a[k], c[k]) for k in a if k.endswith("lora_A"))
 
 
 def test_unknown_target_modules_are_a_trainer_error() -> None:
