@@ -8,12 +8,12 @@ dev-mode RL endpoints (`/pause`, `/resume`, `/collective_rpc`, `/reset_prefix_ca
 `/abort_requests`, `/update_weight_version`), and the dynamic LoRA API as vLLM's
 `serve/lora/api_router.py` and `serving_models.py` serve it: the routes exist only with
 VLLM_ALLOW_RUNTIME_LORA_UPDATING true in the server's environment (a 404 otherwise);
-`/v1/load_lora_adapter` {lora_name, lora_path} answers 200 with a text body, 400
-`{"message"}` without `--enable-lora` ("LoRA is not enabled."), for a name already loaded or
+`/v1/load_lora_adapter` {lora_name, lora_path} answers 200 with a text body, 400 without `--enable-lora` ("LoRA is not enabled."), for a name already loaded or
 a rank over `--max-lora-rank` (16 by default), 404 (NotFoundError) for a path without
 `adapter_config.json` ("No adapter found"); `/v1/unload_lora_adapter` {lora_name} answers 200,
 or 404 for a name not loaded; a completion whose "model" is a loaded adapter's name is served
-with it.
+with it. Errors have vLLM 0.32's shape, `{"error": {"message", "type", "param",
+"code"}}`.
 
 Runs as its own program (`python tests/fakes/vllm_server.py --model M --port 0`, a subset of
 `vllm.entrypoints.openai.api_server`'s flags), steered through `fakes.control`'s `/_fake/`
@@ -121,9 +121,8 @@ class FakeVLLM:
         body = await request.json()
         self.calls["/v1/completions"].append(body)
         if body.get("model") != self.served_name and body.get("model") not in self.loras:
-            return web.json_response({"object": "error", "message": f"The model "
-                                      f"`{body.get('model')}` does not exist.", "code": 404},
-                                     status=404)
+            return _error(f"The model `{body.get('model')}` does not exist.", 404,
+                          "NotFoundError")
         ids = body["prompt"]
         rid = f"cmpl-{body.get('request_id', 'x')}-0"
         req = _Req(rid, list(ids))
@@ -216,8 +215,7 @@ class FakeVLLM:
 
     def _lora_error(self, message: str, status: int = 400,
                     kind: str = "BadRequestError") -> web.Response:
-        return web.json_response({"object": "error", "message": message, "type": kind,
-                                  "code": status}, status=status)
+        return _error(message, status, kind)
 
     async def load_lora(self, request: web.Request) -> web.Response:
         if not self.runtime_lora_updating:  # the route is not mounted
@@ -282,6 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(serve())
     except KeyboardInterrupt:
         sys.exit(0)
+
+
+def _error(message: str, status: int, kind: str = "BadRequestError") -> web.Response:
+    """vLLM 0.32's error body (`ErrorResponse` in `entrypoints/serve/engine/protocol.py`):
+    `{"error": {"message", "type", "param", "code"}}`."""
+    return web.json_response({"error": {"message": message, "type": kind, "param": None,
+                                        "code": status}}, status=status)
 
 
 if __name__ == "__main__":
