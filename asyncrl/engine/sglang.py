@@ -404,8 +404,9 @@ class SGLangEngine(RemoteEngine):
                     self, "/init_weights_update_group", body, self.options.weight_timeout_s),
                     join)
         except (EngineError, TimeoutError) as e:
+            what = str(e) or f"no answer within {self.options.weight_timeout_s:.0f}s"
             raise WeightSyncError(f"{self.name}: joining the weight-update group failed: "
-                                  f"{e or 'timed out'}") from e
+                                  f"{what}") from e
 
     async def destroy_weights_update_group(self, group_name: str = "asyncrl") -> None:
         """The server leaves the group `group_name` (`/destroy_weights_update_group`; a server

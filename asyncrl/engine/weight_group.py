@@ -229,7 +229,7 @@ class WeightGroup:
 
         async def join() -> None:
             backend.append(await asyncio.to_thread(
-                _rank0_backend, store, name, world, timeout_s, self.device))
+                _rank0_backend, store, name, world, timeout_s, self.device, address))
 
         async def server(m: Any, offset: int) -> None:
             try:
@@ -392,11 +392,14 @@ def _master_store(address: str, port: int, world: int, timeout_s: float) -> Any:
                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _rank0_backend(store: Any, name: str, world: int, timeout_s: float, device: Any) -> Any:
+def _rank0_backend(store: Any, name: str, world: int, timeout_s: float, device: Any,
+                   address: str = "") -> Any:
     """Rank 0's backend of group `name`; blocks until every rank joined (gloo) or returns
     at once (NCCL connects at the first broadcast). The store prefixes are those of SGLang's
     `init_custom_process_group` (`PrefixStore(name)`), then of torch's
-    `_new_process_group_helper` (`"{name}/"`, then the device type of the backend)."""
+    `_new_process_group_helper` (`"{name}/"`, then the device type of the backend). Gloo
+    listens on `address` (the one the servers were given), not on whatever this host's name
+    resolves to, which on a container or a multi-homed node may be loopback."""
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -408,7 +411,13 @@ def _rank0_backend(store: Any, name: str, world: int, timeout_s: float, device: 
         opts = ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return ProcessGroupNCCL(prefixed, 0, world, opts)
-    return dist.ProcessGroupGloo(prefixed, 0, world, timeout)
+    if not address:
+        return dist.ProcessGroupGloo(prefixed, 0, world, timeout)
+    gloo_opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    gloo_opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    gloo_opts._timeout = timeout
+    gloo_opts._threads = 2
+    return dist.ProcessGroupGloo(prefixed, 0, world, gloo_opts)
 
 
 def _send_bucket(backend: Any, bucket: list[tuple[str, Any]], device: Any) -> None:
