@@ -193,8 +193,10 @@ class WeightGroup:
                 run.member_failed(m.name, e)
                 if not isinstance(e, WeightSyncError | EngineError):
                     raise
-                errors[m.name] = (e if isinstance(e, WeightSyncError)
-                                  else WeightSyncError(f"{m.name}: {e}"))
+                # named: a member may fail by the shared broadcast's error
+                errors[m.name] = (e if isinstance(e, WeightSyncError) and str(e).startswith(
+                    m.name) else WeightSyncError(f"{m.name}: weight update to version "
+                                                 f"{version} failed: {e}"))
             else:
                 formed.versions[m.name] = version
 

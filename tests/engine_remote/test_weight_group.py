@@ -61,11 +61,25 @@ def _launch(port: int = 0) -> FakeProcess:
                        "--incremental-streaming-output", *extra)
 
 
+async def warm_up(fake: FakeProcess) -> None:
+    """Have the fake import torch before a test times anything (a real server has it loaded;
+    the import stalls the fake for seconds on a busy machine): an NCCL call it answers after
+    its dtype check, on a group it does not have, inside a session."""
+    async with aiohttp.ClientSession() as s:
+        for path, body in (("/begin_weight_update", {}),
+                           ("/update_weights_from_distributed", {"group_name": "warm-up"}),
+                           ("/end_weight_update", {})):
+            async with s.post(fake.url + path, json=body) as r:
+                await r.read()
+
+
 @pytest.fixture(scope="module")
 def servers() -> Iterator[list[FakeProcess]]:
     ports = [_free_port(), _free_port()]
     fakes = [_launch(p).start() for p in ports]
     try:
+        for f in fakes:
+            asyncio.run(warm_up(f))
         yield fakes
     finally:
         for f in fakes:
@@ -177,6 +191,7 @@ async def test_a_server_killed_mid_broadcast_is_named_and_the_rest_still_updated
         port = int(a.url.rsplit(":", 1)[1])
         back = _launch(port).start()
         servers[0] = back
+        await warm_up(back)
         await eventually(lambda: ea.healthy, 15)
         monkeypatch.setattr(wg, "_send_bucket", real_send)
         assert await group.push([ea, eb], sent, 4) == []

@@ -26,7 +26,7 @@ from asyncrl.engine import weight_group as wg
 from asyncrl.engine.remote_options import RemoteOptions
 from asyncrl.engine.sglang import SGLangEngine
 
-OPTS = RemoteOptions(health_interval_s=0.2, health_timeout_s=1.0, health_failures=2,
+OPTS = RemoteOptions(health_interval_s=0.2, health_timeout_s=2.0, health_failures=2,
                      control_timeout_s=2.0, weight_timeout_s=6.0, load_ttl_s=0.0,
                      startup_timeout_s=20.0)
 
@@ -56,8 +56,9 @@ def holding(send: Any, hold: int) -> Any:
 
 
 async def warm_up(http: aiohttp.ClientSession, url: str) -> None:
-    """Have the fake import torch (a real server has it loaded): an NCCL call it answers
-    after its dtype check, on a group it does not have, inside a session."""
+    """Have the fake import torch (a real server has it loaded; the import blocks the fake's
+    event loop for seconds on a busy machine): an NCCL call it answers after its dtype check,
+    on a group it does not have, inside a session."""
     for path, body in (("/begin_weight_update", {"selector": "all"}),
                        ("/update_weights_from_distributed", {
                            "names": [], "dtypes": [], "shapes": [], "group_name": "warm-up"}),
@@ -71,8 +72,8 @@ async def main(url: str, hold: int) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
         eng = SGLangEngine(SGLangEngineConfig(weight_sync="distributed"), index=0,
                            session=http, url=url, model_path="/fake/model", options=OPTS)
+        await warm_up(http, url)  # before the engine's health checks start
         async with eng, wg.WeightGroup(bucket_bytes=20 << 10) as group:
-            await warm_up(http, url)
             if hold:
                 wg._send_bucket = holding(wg._send_bucket, hold)  # type: ignore[assignment]
             for version, scale in ((1, 1.0), (2, 2.0)):
