@@ -46,6 +46,10 @@ class Runtime:
     reward: MathReward
     fmt: formats.ToolFormat
     sandbox_isolation: str
+    weight_group: Any = None
+    """`weight_sync = "distributed"`: the trainer's process group with the SGLang servers
+    (`asyncrl.engine.weight_group.WeightGroup`, formed at the first push, ended with the
+    runtime); None otherwise."""
 
     def need_trainer(self) -> Trainer:
         """The trainer; a runtime opened for evaluation has none."""
@@ -166,6 +170,10 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                 await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any], e))
             else:
                 stack.push_async_callback(e.close)
+        weight_group = None
+        if with_trainer and getattr(cfg.engine, "weight_sync", "") == "distributed":
+            weight_group = await stack.enter_async_context(
+                _weight_group(cfg.engine, getattr(trainer, "device", None)))
         tools: list[Tool] = []
         if cfg.rollout.tools:
             time_limit = getattr(cfg.sandbox, "time_limit_s", 4.0)
@@ -179,4 +187,14 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                  isolation=isolation, trainer=cfg.trainer.kind)
         yield Runtime(cfg=cfg, run_dir=run_dir, tokenizer=tok, trainer=trainer, engines=engines,
                       runner=runner, tools=tools, reward=reward, fmt=fmt,
-                      sandbox_isolation=str(isolation))
+                      sandbox_isolation=str(isolation), weight_group=weight_group)
+
+
+def _weight_group(eng: Any, trainer_device: Any) -> Any:
+    """The distributed weight sync's group (closed before the engines: it is entered after
+    them). Rank 0 broadcasts from the trainer's CUDA device, else over gloo from the CPU."""
+    from asyncrl.engine.weight_group import WeightGroup
+
+    device = trainer_device if getattr(trainer_device, "type", "") == "cuda" else "cpu"
+    return WeightGroup(address=eng.weight_group_address, port=eng.weight_group_port,
+                       bucket_bytes=eng.weight_bucket_mb << 20, device=device)

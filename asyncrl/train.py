@@ -575,4 +575,4 @@ async def _push_weights(rt: Runtime, version: int) -> None:
     from asyncrl.engine.weightsync import push_weights
 
     await push_weights(rt.engines, rt.need_trainer(), version, rt.cfg.engine.weight_sync,
-                       Path(rt.run_dir))
+                       Path(rt.run_dir), group=rt.weight_group)

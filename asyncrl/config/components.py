@@ -36,9 +36,16 @@ class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_fie
     """torch device for generation ("cpu", "cuda", "cuda:1")."""
     threads: NonNegInt = 0
     """torch intra-op threads for the forward thread (0 = leave torch's default)."""
-    weight_sync: Literal["tensor", "disk"] = "tensor"
+    weight_sync: str = "tensor"
     """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
-    the engine's model in-process) or "disk" (an HF directory the engine loads)."""
+    the engine's model in-process) or "disk" (an HF directory the engine loads). There is no
+    server to join a process group, so "distributed" is refused."""
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in ("tensor", "disk"):
+            raise _bad("weight_sync", f"{self.weight_sync!r} is not a weight sync of the local "
+                       "engine: use \"tensor\" or \"disk\" (\"distributed\" is for SGLang "
+                       "servers)")
 
 
 class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_field="kind"):
@@ -54,20 +61,40 @@ class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_f
     """Fraction of GPU memory SGLang reserves for weights and KV cache."""
     base_port: Annotated[int, Meta(ge=1024, le=65535)] = 30000
     """First port of launched servers."""
-    weight_sync: Literal["disk", "tensor"] = "disk"
+    weight_sync: str = "disk"
     """How the train loop pushes new weights: "disk" (the trainer exports an HF directory under
     the run directory, which every server must see, e.g. a shared filesystem, and the servers
-    load it) or "tensor" (serialised tensors, one payload per TP rank: servers on the trainer's
+    load it), "tensor" (serialised tensors, one payload per TP rank: servers on the trainer's
     own GPUs: CUDA tensors travel as IPC handles; CPU tensors by value, so any server opens
-    them). The NCCL path (`SGLangEngine.init_weights_update_group` /
-    `update_weights_from_distributed`) exists on the engine but the loop does not drive it
-    yet."""
+    them) or "distributed" (trainer rank 0 forms a process group with every server's TP ranks,
+    NCCL from a CUDA trainer, gloo from a CPU one, and broadcasts the weights in buckets:
+    servers on other hosts, no shared filesystem needed; `asyncrl.engine.weight_group`).
+    With `trainer.lora` only "disk" (adapters load from a directory)."""
+    weight_group_address: str = ""
+    """"distributed": the address the servers reach the trainer's rank 0 at (its process
+    group's TCP store); "" = this host's address on the route to the first server."""
+    weight_group_port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    """"distributed": the TCP store's port on `weight_group_address`; 0 = a free port, picked
+    each time the group is formed."""
+    weight_bucket_mb: PosInt = 512
+    """"distributed": MiB of weights per bucket, one `/update_weights_from_distributed` call
+    and one broadcast each (a bigger tensor gets a bucket of its own); bounds what the server
+    allocates per call."""
     router_url: str = ""
     """Optional sglang-router in front of the servers."""
     extra_args: list[str] = []
     """Passed through to `sglang.launch_server`."""
     request_timeout_s: PosFloat = 3600.0
     """Deadline for one streamed request."""
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in SGLANG_WEIGHT_SYNCS:
+            raise _bad("weight_sync", f"{self.weight_sync!r} is not a weight sync of SGLang: "
+                       "use \"disk\", \"tensor\" or \"distributed\"")
+
+
+SGLANG_WEIGHT_SYNCS = ("disk", "tensor", "distributed")
+"""`SGLangEngineConfig.weight_sync`'s choices."""
 
 
 class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field="kind"):
@@ -103,7 +130,8 @@ class VLLMEngineConfig(_Tagged, frozen=True, kw_only=True, tag="vllm", tag_field
     def __post_init__(self) -> None:
         if self.weight_sync != "disk":
             raise _bad("weight_sync", f"{self.weight_sync!r} is not supported by vLLM, which "
-                       "reloads weights from disk only: use weight_sync = \"disk\"")
+                       "reloads weights from disk only (\"tensor\" and \"distributed\" are "
+                       "SGLang's): use weight_sync = \"disk\"")
 
 
 EngineConfig = LocalEngineConfig | SGLangEngineConfig | VLLMEngineConfig

@@ -416,8 +416,9 @@ class RunConfig(_Section, frozen=True, kw_only=True):
     def _check_lora_engine(self) -> None:  # LoRA sync needs an engine that serves adapters
         eng = self.engine
         if isinstance(eng, SGLangEngineConfig) and eng.weight_sync != "disk":
-            raise ValueError("engine.weight_sync: SGLang loads LoRA adapters from a "
-                             "directory; use weight_sync = \"disk\" with trainer.lora")
+            raise ValueError(f"engine.weight_sync: SGLang loads LoRA adapters from a "
+                             f"directory, so {eng.weight_sync!r} cannot carry them; use "
+                             f"weight_sync = \"disk\" with trainer.lora")
         if not isinstance(eng, LocalEngineConfig) and not (eng.urls or "--enable-lora" in eng.extra_args):
             raise ValueError("engine.extra_args: launched servers serve adapters only with "
                              "[\"--enable-lora\", \"--max-lora-rank\", \"R\"] (R >= trainer.lora.rank)")

@@ -45,7 +45,9 @@ against a real server when one is installed (`gpu`). Endpoints relied on:
   POST /init_weights_update_group {"master_address", "master_port", "rank_offset",
                                    "world_size", "group_name", "backend"}
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name",
-                                   "flush_cache": true, "weight_version"}
+                                   "flush_cache", "weight_version"}: one call per bucket
+                                   (the last flushes and sets the version)
+  POST /destroy_weights_update_group {"group_name"}
   POST /load_lora_adapter         {"lora_name", "lora_path"} → {"success", "error_message",
                                    "loaded_adapters"}; POST /unload_lora_adapter {"lora_name"}
                                    (SGLang's dynamic LoRA API; the server must run with
@@ -76,7 +78,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -390,7 +392,8 @@ class SGLangEngine(RemoteEngine):
                                         ) -> None:
         """Disaggregated sync, step 1: the server's TP ranks join a process group with the
         trainer (trainer rank 0, server ranks from `rank_offset`). `join` is the trainer's
-        own rendezvous, run concurrently because both sides block until all ranks arrive.
+        own rendezvous, run concurrently because both sides block until all ranks arrive
+        (None when the caller runs it itself, as `weight_group` does for several servers).
         Raises `WeightSyncError`."""
         body = {"master_address": master_address, "master_port": master_port,
                 "rank_offset": rank_offset, "world_size": world_size,
@@ -401,25 +404,60 @@ class SGLangEngine(RemoteEngine):
                     self, "/init_weights_update_group", body, self.options.weight_timeout_s),
                     join)
         except (EngineError, TimeoutError) as e:
+            what = str(e) or f"no answer within {self.options.weight_timeout_s:.0f}s"
             raise WeightSyncError(f"{self.name}: joining the weight-update group failed: "
-                                  f"{e or 'timed out'}") from e
+                                  f"{what}") from e
+
+    async def destroy_weights_update_group(self, group_name: str = "asyncrl") -> None:
+        """The server leaves the group `group_name` (`/destroy_weights_update_group`; a server
+        without the route, or that never joined, is left alone). Raises `WeightSyncError` or
+        `EngineError` when the server refuses or does not answer."""
+        status, raw = await self.call("POST", "/destroy_weights_update_group",
+                                      json={"group_name": group_name})
+        if status == 404:
+            return
+        message = weights.server_message(raw)
+        if status != 200 and "does not exist" not in message:
+            raise WeightSyncError(f"{self.name}: /destroy_weights_update_group -> HTTP "
+                                  f"{status}: {message}")
 
     async def update_weights_from_distributed(
-            self, *, names: list[str], dtypes: list[str], shapes: list[list[int]], version: int,
-            broadcast: Callable[[], Awaitable[None]], group_name: str = "asyncrl") -> None:
+            self, *, version: int, broadcast: Callable[[], Awaitable[None]],
+            names: list[str] | None = None, dtypes: list[str] | None = None,
+            shapes: list[list[int]] | None = None,
+            buckets: Sequence[weights.DistributedBucket] = (),
+            group_name: str = "asyncrl") -> None:
         """Disaggregated sync, step 2: the server receives the tensors the trainer
-        `broadcast`s (rank 0 of the group), inside a weight-update session and the same
-        pause → load → resume sequence as every other path. Raises `WeightSyncError`."""
-        if not len(names) == len(dtypes) == len(shapes):
-            raise WeightSyncError(f"{self.name}: names, dtypes and shapes differ in length")
-        body = {"names": names, "dtypes": weights.torch_dtype_names(dtypes), "shapes": shapes,
-                "group_name": group_name, "flush_cache": True, "weight_version": str(version)}
+        broadcasts (rank 0 of the group), inside a weight-update session and the same
+        pause → load → resume sequence as every other path.
+
+        The tensors come in `buckets` (or one bucket given as `names`, `dtypes`, `shapes`):
+        one `/update_weights_from_distributed` call each, run together with one call of
+        `broadcast` (the trainer's send of that bucket, so `broadcast` is called once per
+        bucket, in order). Only the last call flushes the cache and sets the weight version.
+        Raises `WeightSyncError` (the version stays the old one when any bucket failed)."""
+        if not buckets:
+            buckets = [weights.DistributedBucket(list(names or []), list(dtypes or []),
+                                                 list(shapes or []))]
+        bodies = []
+        for i, b in enumerate(buckets):
+            if not len(b.names) == len(b.dtypes) == len(b.shapes):
+                raise WeightSyncError(f"{self.name}: names, dtypes and shapes differ in length")
+            last = i == len(buckets) - 1
+            body: dict[str, Any] = {"names": list(b.names),
+                                    "dtypes": weights.torch_dtype_names(b.dtypes),
+                                    "shapes": [list(s) for s in b.shapes],
+                                    "group_name": group_name, "flush_cache": last}
+            if last:  # the version changes once every bucket is in
+                body["weight_version"] = str(version)
+            bodies.append(body)
         timeout = self.options.weight_timeout_s
 
         async def apply() -> None:
             async with weights.weight_session(self, self._sessions):
-                await with_peer(weights.post_update(
-                    self, "/update_weights_from_distributed", body, timeout), broadcast)
+                for body in bodies:
+                    await with_peer(weights.post_update(
+                        self, "/update_weights_from_distributed", body, timeout), broadcast)
 
         async with self._update_lock:
             if not self.healthy:

@@ -127,13 +127,19 @@ class RoutedSGLangEngine:
         weights; its requests in flight finish under their old version tags); one taken out
         earlier that now succeeds is put back. Raises `WeightSyncError` only when no server
         took the weights, naming each failure."""
-        failed = dict(await push_to_all(self.servers, update))
+        await self.record_update(dict(await push_to_all(self.servers, update)),
+                                 update.version)
+
+    async def record_update(self, failed: dict[str, WeightSyncError], version: int) -> None:
+        """After an update of the servers (by `update_weights`, or by a caller that updated
+        them itself, as `weight_group` does): take the failed ones out of the router and put
+        back those that succeeded. Raises `WeightSyncError` when every server failed."""
         if len(failed) == len(self.servers):
             raise WeightSyncError("; ".join(f"{n}: {r}" for n, r in failed.items()))
         for s in self.servers:
             if s.name in failed and s.name not in self._out:
                 log.error("sglang_worker_taken_out", engine=s.name, url=s.url,
-                          version=update.version, error=str(failed[s.name]))
+                          version=version, error=str(failed[s.name]))
                 self._out.add(s.name)
                 await self._deregister(s)
             elif s.name not in failed and s.name in self._out:
@@ -144,7 +150,7 @@ class RoutedSGLangEngine:
                     log.warning("sglang_worker_not_put_back", engine=s.name, error=str(e))
                     continue
                 self._out.discard(s.name)
-                log.info("sglang_worker_put_back", engine=s.name, version=update.version)
+                log.info("sglang_worker_put_back", engine=s.name, version=version)
 
     async def _deregister(self, server: RemoteEngine) -> None:
         """`DELETE {router}/workers/{id}`: 0.3.2 names a worker by the UUID `GET /workers`

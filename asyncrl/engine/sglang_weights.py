@@ -8,8 +8,9 @@ which SGLang 0.5.23 requires around tensor and NCCL loads, `weight_updater.py:18
 (one serialisation per TP rank, since rank r unpickles element r, `tp_worker.py:194-201`; CUDA
 tensors carry their device UUID, as SGLang's own `patch_torch.py:71-89` does, so the server finds
 the GPU whatever its `CUDA_VISIBLE_DEVICES`; CPU tensors travel by value, since a CPU tensor
-pickled by handle opens only in a child of the sender), and the dtype names of an NCCL update (torch
-attribute names such as "bfloat16", `weight_updater.py:282-286` of the model runner).
+pickled by handle opens only in a child of the sender), and the announcement of each bucket of
+an NCCL update (`DistributedBucket`: names, shapes, and dtypes as torch attribute names such as
+"bfloat16", `weight_updater.py:282-286` of the model runner).
 
 The sequence around these calls (pause, apply, flush, version, resume; one deadline; resume in
 any case) is `remote.RemoteEngine._run_update`, shared with every remote engine. Which path
@@ -19,7 +20,7 @@ opens a session: tensor and NCCL do; the disk path does not, because
 only a tensor or NCCL load marks the session loaded).
 
 Does not own: the trainer side of a sync (building the state dict, the NCCL/gloo group on the
-trainer, the broadcast itself).
+trainer, the broadcast itself: `weight_group`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import base64
 import contextlib
 import io
 from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -39,7 +40,8 @@ from asyncrl.log import get_logger
 log = get_logger(__name__)
 
 TENSOR_BUCKET_BYTES = 512 << 20
-"""Tensors are sent to `/update_weights_from_tensor` in buckets of about this size."""
+"""Tensors are sent to `/update_weights_from_tensor` in buckets of about this size (the
+distributed path's buckets are `engine.weight_bucket_mb`, the same by default)."""
 
 
 class _Caller(Protocol):
@@ -246,3 +248,20 @@ def torch_dtype_names(dtypes: Sequence[str]) -> list[str]:
             raise WeightSyncError(f"{d!r} is not a torch dtype name (e.g. \"bfloat16\")")
         out.append(name)
     return out
+
+
+class DistributedBucket(NamedTuple):
+    """What one `/update_weights_from_distributed` call announces: the tensors the trainer
+    then broadcasts, in this order (the server allocates `shapes` of `dtypes` and receives
+    each by a broadcast from rank 0, `model_runner.update_weights_from_distributed`)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
+def bucket_meta(named: Sequence[tuple[str, Any]]) -> DistributedBucket:
+    """The announcement of a bucket of (name, tensor) pairs, dtypes as torch attribute names."""
+    return DistributedBucket(names=[n for n, _ in named],
+                             dtypes=[str(t.dtype).removeprefix("torch.") for _, t in named],
+                             shapes=[list(t.shape) for _, t in named])

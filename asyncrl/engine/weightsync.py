@@ -1,7 +1,8 @@
 """Pushing one weight version into engines: the side of a weight update that is not a server's.
 
-Owns: `push_weights`, the train loop's whole push (the trainer's weights as an HF directory
-or an in-memory state dict, as `engine.weight_sync` says; every engine; the run goes on while
+Owns: `push_weights`, the train loop's whole push (the trainer's weights as an HF directory,
+an in-memory state dict, or a broadcast over the run's `weight_group.WeightGroup`, as
+`engine.weight_sync` says; every engine; the run goes on while
 one engine took them; older exported versions removed), fanning an update out to several engines (`push_to_all`: concurrently; one engine's
 `WeightSyncError` does not stop the others, and the failures are returned by name, since a
 failed engine keeps serving its old weights under its old version tags), and running the
@@ -11,7 +12,7 @@ until every rank arrives, so they run together; the first failure ends both).
 Does not own: the update sequence of one server (pause, apply, flush, version, resume:
 `remote.RemoteEngine`), any server's weight endpoints (`sglang_weights`, `vllm`), or the
 trainer's state dict, export and collectives (the train loop passes them in as an update or
-as the `peer` callable).
+as the `peer` callable), or the distributed mode's process group (`weight_group`).
 """
 
 from __future__ import annotations
@@ -28,23 +29,29 @@ from asyncrl.log import get_logger
 from asyncrl.trainer.base import AdapterTrainer
 
 if TYPE_CHECKING:
+    from asyncrl.engine.weight_group import WeightGroup
     from asyncrl.trainer.base import Trainer
 
 log = get_logger(__name__)
 
 
 async def push_weights(engines: Sequence[Any], trainer: Trainer, version: int,
-                       mode: str, run_dir: Path) -> WeightUpdate:
+                       mode: str, run_dir: Path, group: WeightGroup | None = None
+                       ) -> WeightUpdate:
     """The trainer's current weights to every engine as `version`.
 
     "disk": the trainer exports an HF directory `run_dir/weights/v{version}` and the engines
     load it from there (older `v*` directories are removed once they have); "tensor": the
-    trainer's full state dict, in memory. A trainer training LoRA (`AdapterTrainer`) sends
+    trainer's full state dict, in memory; "distributed": the state dict broadcast over
+    `group` (`weight_group.WeightGroup`, SGLang servers only; formed on the first push and
+    re-formed after a failure). A trainer training LoRA (`AdapterTrainer`) sends
     only its adapter (`v{version}/adapter`, a PEFT directory, on disk), and the base weights
     with it only when they changed since the last push that every engine took. An engine
     whose update fails keeps its old weights (its tokens keep their old version tags) and the
     push goes on; it raises only when no engine took them.
     """
+    if mode == "distributed":
+        return await _push_distributed(engines, trainer, version, group)
     update = await _payload(trainer, version, mode, Path(run_dir))
     failed = await push_to_all(engines, update)
     for name, err in failed:
@@ -61,6 +68,23 @@ async def push_weights(engines: Sequence[Any], trainer: Trainer, version: int,
             if old.name != f"v{version}" and (update.has_base or not _holds_base_of(old, update)):
                 await asyncio.to_thread(shutil.rmtree, old, True)
     return update
+
+
+async def _push_distributed(engines: Sequence[Any], trainer: Trainer, version: int,
+                            group: WeightGroup | None) -> WeightUpdate:
+    if group is None:
+        raise WeightSyncError("weight_sync = \"distributed\" needs the run's weight-update "
+                              "group (asyncrl.engine.weight_group.WeightGroup)")
+    if isinstance(trainer, AdapterTrainer) and trainer.lora_active:
+        raise WeightSyncError("a LoRA adapter cannot be broadcast: SGLang loads adapters from "
+                              "a directory; use weight_sync = \"disk\" with trainer.lora")
+    state = await asyncio.to_thread(trainer.state_dict_for_sync)
+    failed = await group.push(engines, state, version)
+    for name, err in failed:
+        log.error("weight_sync_failed", version=version, engine=name, error=str(err))
+    if failed and len(failed) == len(engines):
+        raise failed[0][1]
+    return WeightUpdate(version=version, state_dict=state)
 
 
 def _holds_base_of(old: Path, update: WeightUpdate) -> bool:

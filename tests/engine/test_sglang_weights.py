@@ -31,6 +31,7 @@ from asyncrl.engine.remote import RemoteOptions
 from asyncrl.engine.sglang import SGLangEngine
 from asyncrl.engine.sglang_router import RoutedSGLangEngine
 from asyncrl.engine.sglang_weights import serialize_named_tensors
+from asyncrl.engine.weight_group import _rank0_backend
 from asyncrl.errors import EngineError, WeightSyncError
 
 FAST = RemoteOptions(health_interval_s=0.1, health_timeout_s=1.0, health_failures=2,
@@ -105,9 +106,11 @@ class GlooTrainer:
         self.group: Any = None
 
     def _join(self) -> None:
+        # the store prefixes SGLang's own group helper uses (the trainer side of
+        # `asyncrl.engine.weight_group` builds its backend the same way)
         timeout = datetime.timedelta(seconds=30)
         store = dist.TCPStore("127.0.0.1", self.port, 2, is_master=True, timeout=timeout)
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore("asyncrl", store), 0, 2, timeout)
+        self.group = _rank0_backend(store, "asyncrl", 2, 30.0, torch.device("cpu"))
 
     async def join(self) -> None:
         await asyncio.to_thread(self._join)

@@ -52,7 +52,8 @@ without deterministic inference); a "decode iteration" is one generated token, a
 incremental chunks are never merged into one; the weight endpoints do not assert `dp_size == 1`
 as the real ones do; `/health` polls every `health_poll_s` (the real one every 1 s); the NCCL
 path joins a real process group only for `backend = "gloo"` and a `tp_size` of 1 (what runs on
-a CPU); with "nccl" it receives nothing and takes a digest of the request as its weights.
+a CPU), built as the real one builds it; with "nccl" it receives nothing and takes a digest
+of the request as its weights. `/destroy_weights_update_group` leaves a group.
 
 Runs as a program taking SGLang's launch flags (`python tests/fakes/sglang_server.py
 --model-path M --port 0 ...`), rejecting unknown ones as the real launcher does, and every
@@ -242,6 +243,7 @@ class FakeSGLang:
         r.add_post("/update_weights_from_tensor", self.update_from_tensor)
         r.add_post("/init_weights_update_group", self.init_group)
         r.add_post("/update_weights_from_distributed", self.update_from_distributed)
+        r.add_post("/destroy_weights_update_group", self.destroy_group)
         r.add_post("/load_lora_adapter", self.load_lora)
         r.add_post("/unload_lora_adapter", self.unload_lora)
         mount_control(app, self, self._reset)
@@ -561,14 +563,29 @@ class FakeSGLang:
     async def init_group(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.calls["/init_weights_update_group"].append(body)
+        name = body.get("group_name", "weight_update_group")
+        if name in self.groups:  # torch refuses a second group of one name
+            return _fail("Failed to initialize custom process group: The specified group "
+                         "name has already been created, please use a different group name.")
         if body.get("backend") == "gloo":
             try:
-                self.groups[body["group_name"]] = await asyncio.to_thread(_join_gloo, body)
+                self.groups[name] = await asyncio.to_thread(_join_gloo, body)
             except Exception as e:  # any rendezvous failure is the reply, as on the real one
-                return _fail(f"Failed to init process group: {e!r}")
+                return _fail(f"Failed to initialize custom process group: {e!r}.")
         else:
-            self.groups[body.get("group_name", "weight_update_group")] = None
+            self.groups[name] = None
         return _ok("Succeeded to initialize custom process group.")
+
+    async def destroy_group(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls["/destroy_weights_update_group"].append(body)
+        name = body.get("group_name", "weight_update_group")
+        if name not in self.groups:
+            return _fail("The group to be destroyed does not exist.")
+        group = self.groups.pop(name)
+        if group is not None:
+            await asyncio.to_thread(_destroy_gloo, group)
+        return _ok("Succeeded to destroy custom process group.")
 
     async def update_from_distributed(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -589,8 +606,11 @@ class FakeSGLang:
             weights = "nccl:" + hashlib.blake2b(json.dumps(body, sort_keys=True).encode(),
                                                 digest_size=8).hexdigest()
         else:
-            got = await asyncio.to_thread(_receive_gloo, group, body["names"], dtypes,
-                                          body["shapes"])
+            try:
+                got = await asyncio.to_thread(_receive_gloo, group, body["names"], dtypes,
+                                              body["shapes"])
+            except Exception as e:  # a broken group is the reply, as on the real one
+                return _fail(f"Failed to update parameter online: {e!r}.")
             self.received.update(got)
             weights = tensor_digest(list(self.received.items()))
         return await self._load(weights, body) or _ok("Succeeded to update parameter online.")
@@ -637,28 +657,65 @@ def _spans(versions: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+GROUP_TIMEOUT_S = 30.0
+"""Timeout of a gloo group's rendezvous and receives (the real server: torch's default,
+30 minutes)."""
+
+
 def _join_gloo(body: dict[str, Any]) -> Any:
-    """The server's rank (`rank_offset`) of a gloo group with the trainer (rank 0)."""
+    """The server's rank (`rank_offset`; one TP rank) of a gloo group with the trainer (rank
+    0), built as SGLang's `init_custom_process_group` builds it (`utils/common.py`): a TCP
+    store client from `tcp://master_address:master_port`, `PrefixStore(group_name, store)`,
+    and torch's own `_new_process_group_helper`, which adds its own prefixes. So a trainer
+    that meets this fake meets the real server's ranks."""
     import datetime
 
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
 
-    timeout = datetime.timedelta(seconds=30)
-    store = dist.TCPStore(body["master_address"], int(body["master_port"]),
-                          int(body["world_size"]), is_master=False, timeout=timeout)
-    return dist.ProcessGroupGloo(dist.PrefixStore(body["group_name"], store),
-                                 int(body["rank_offset"]), int(body["world_size"]), timeout)
+    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    name, world = body["group_name"], int(body["world_size"])
+    for stale, n in list(_world.pg_names.items()):  # left behind by a control-API reset
+        if n == name:
+            dist.destroy_process_group(stale)
+    store, rank, world = next(rendezvous(
+        f"tcp://{body['master_address']}:{int(body['master_port'])}",
+        int(body["rank_offset"]), world, timeout=timeout))
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(world, rank, [], Backend("gloo"),
+                                      PrefixStore(name, store), group_name=name,
+                                      timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    assert isinstance(pg, dist.ProcessGroup)
+    return pg
+
+
+def _destroy_gloo(group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
 
 
 def _receive_gloo(group: Any, names: list[str], dtypes: list[Any],
                   shapes: list[list[int]]) -> dict[str, Any]:
+    """As `model_runner.update_weights_from_distributed`: every receive posted (a broadcast
+    from rank 0, in the announced order), then all waited for."""
     import torch
+    import torch.distributed as dist
 
-    out = {}
+    out, works = {}, []
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         t = torch.empty(shape, dtype=dtype)
-        group.broadcast(t, 0).wait()
+        works.append(dist.broadcast(t, src=0, group=group, async_op=True))
         out[name] = t
+    for w in works:
+        w.wait()
     return out
 
 
