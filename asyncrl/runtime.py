@@ -133,7 +133,8 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
         else:
             client = await stack.enter_async_context(HttpSandboxClient(
                 sb.urls, batch_size=sb.batch_size, batch_window_ms=sb.batch_window_ms,
-                call_timeout_s=sb.call_timeout_s, token=token))
+                call_timeout_s=sb.call_timeout_s, stall_timeout_s=sb.stall_timeout_s,
+                token=token))
         yield client, reward_pool
 
 

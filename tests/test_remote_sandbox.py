@@ -46,9 +46,11 @@ async def test_the_remote_section_sends_the_token_from_its_file(tmp_path, monkey
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     async with node_with_token() as url:
-        cfg = run_config({"kind": "remote", "urls": [url], "token_file": str(token_file)})
+        cfg = run_config({"kind": "remote", "urls": [url], "token_file": str(token_file),
+                          "stall_timeout_s": 7.5})
         async with open_sandbox(cfg) as (client, _):
             r = await client.execute(ExecRequest("print(2**10)"))
+            assert client.stall_timeout_s == 7.5  # the section's failover setting reaches it
         assert (r.status, r.stdout) == ("ok", "1024\n")
 
         monkeypatch.setenv("MY_SANDBOX_TOKEN", "x" * 32)

@@ -237,6 +237,10 @@ class RemoteSandboxConfig(_Tagged, frozen=True, kw_only=True, tag="remote", tag_
     """Wall-clock limit of one tool call."""
     call_timeout_s: PosFloat = 30.0
     """Client-side deadline for one call, transport included."""
+    stall_timeout_s: PosFloat = 3.0
+    """A node that sends nothing this long (no result, no heartbeat: nodes send one each
+    quarter of it) is taken for dead or cut off: its unanswered calls go to another node and
+    it is probed back in (docs/sandbox.md, Failover). Raise it on links with long pauses."""
     token_file: str = ""
     """File holding the nodes' shared auth token (sent as `Authorization: Bearer`). Empty:
     use `token_env`. The token itself never goes in the config or on a command line."""
