@@ -161,3 +161,12 @@ def test_sampled_figures_beside_greedy_and_per_level(tmp_path: Path) -> None:
 def test_a_greedy_only_run_keeps_the_one_column_table(tmp_path: Path) -> None:
     text = report.write_report(_write(tmp_path / "run", _full_run())).read_text()
     assert "| checkpoint | step | accuracy |\n" in text and "avg@" not in text
+
+
+def test_evals_sampled_at_temperature_zero_show_the_greedy_table_alone(tmp_path: Path) -> None:
+    rows = [{"kind": "eval", "step": s, "label": lb, "eval/temperature": 0.0, "eval/accuracy": a,
+             "eval/avg@1": a, "eval/maj@1": a, "eval/accuracy_L1": a}
+            for s, lb, a in [(0, "after_sft", 0.25), (4, "final", 1.0)]]
+    text = report.write_report(_write(tmp_path / "run", rows)).read_text()
+    assert "| checkpoint | step | accuracy |\n" in text and "avg@1" not in text
+    assert "| level | accuracy |\n" in text and "| 1 | 25.0% -> 100.0% |" in text

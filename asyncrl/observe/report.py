@@ -247,9 +247,10 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     evals = [r for r in (s.before, s.after) if r]
     avg = sampled_key(evals, "eval/avg@*")
     maj = sampled_key(evals, "eval/maj@*")
-    sampled = not avg.endswith("*") and not maj.endswith("*")
     temps = [_number(r.get("eval/temperature")) for r in evals]
     temp = next((x for x in temps if x is not None), None)
+    # sampled columns when the evals sampled (at temperature 0 they are the greedy answer again)
+    sampled = not avg.endswith("*") and not maj.endswith("*") and temp != 0.0
     cols = ["checkpoint", "step", "accuracy"]
     if sampled:
         cols += [avg.removeprefix("eval/"), maj.removeprefix("eval/"), "tool errors (correct)"]
@@ -301,8 +302,9 @@ def _level_table(s: Summary, avg: str, maj: str) -> list[str]:
                      if k.startswith("eval/accuracy_L") and k[15:].isdigit()})
     if not levels:
         return []
-    keys = [("accuracy", "eval/accuracy_L")] + [(k.removeprefix("eval/"), f"{k}_L")
-                                                for k in (avg, maj) if k]
+    keys = [("accuracy", "eval/accuracy_L")] + [
+        (k.removeprefix("eval/"), f"{k}_L") for k in (avg, maj)
+        if k and any(f"{k}_L{lv}" in r for r in rows for lv in levels)]
 
     def cell(prefix: str, lv: int) -> str:
         vals = [_pct(r.get(f"{prefix}{lv}") if r else None) for r in (s.before, s.after)]
