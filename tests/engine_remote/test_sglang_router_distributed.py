@@ -168,9 +168,10 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
             # the routed engine took the version (B did): not a failure of the push ...
             assert await group.push([routed], state(2.0), 2) == []
         # ... which names A, and takes it out of the router
-        failed = [r.getMessage() for r in caplog.records
-                  if "weight_group_push_failed" in r.getMessage()]
-        assert failed and "'sglang-0':" in failed[0]
+        assert group.last_push["missed"] == ["sglang-0"]
+        (summary,) = [r.getMessage() for r in caplog.records
+                      if "weight_group_push'" in r.getMessage()]
+        assert "missed=['sglang-0']" in summary
         assert any("sglang_worker_taken_out" in r.getMessage() and "sglang-0" in r.getMessage()
                    for r in caplog.records)
         assert not ea.healthy and ea.policy_version == 1
@@ -194,9 +195,9 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
         for _ in range(4):
             assert await versions_of(routed, 3) == ("length", [2] * 3)
         assert len(await b.calls("/generate")) == before + 4
-        # while A is down it is left out of the push
+        # while A is down it is left out of the push, and named
         assert await group.push([routed], state(2.5), 3) == []
-        assert routed.policy_version == 3
+        assert group.last_push["missed"] == ["sglang-0"] and routed.policy_version == 3
         # A is back on its port: the next push re-forms the group with both, and puts A back
         port = int(a.url.rsplit(":", 1)[1])
         back = _launch(port).start()
@@ -210,6 +211,7 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
         st = await back.state("received", "core.weight_version")
         assert same(st["attrs"]["received"], state(3.0))
         assert st["attrs"]["core.weight_version"] == "4"
+        assert group.last_push["missed"] == []
         assert (await back.calls("/init_weights_update_group"))[0]["world_size"] == 3
         assert [s.name for s in routed.in_service] == ["sglang-0", "sglang-1"]
         assert await listed(session, router) == {back.url, b.url}
