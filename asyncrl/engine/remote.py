@@ -269,6 +269,10 @@ class RemoteEngine:
             except Exception:  # a listener's bug must not stop supervision
                 log.exception("engine_state_listener_failed", engine=self.name)
 
+    def probe_soon(self) -> None:
+        """Have the supervisor probe the server now (something in front of it saw trouble)."""
+        self._probe_now.set()
+
     def mark_down(self, reason: str) -> None:
         """Take the server out of service: cut its streams (they raise EngineUnavailable)."""
         if not self._up:
@@ -397,23 +401,26 @@ class RemoteEngine:
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         return self.stream_via(self.url, request)
 
-    async def stream_via(self, base_url: str, request: GenerateRequest
-                         ) -> AsyncIterator[TokenDelta]:
+    async def stream_via(self, base_url: str, request: GenerateRequest,
+                         streams: StreamGuard | None = None) -> AsyncIterator[TokenDelta]:
         """Stream `request` from `base_url` (this server, or a router in front of it).
 
         Every network wait has a deadline (`request_timeout_s` for the whole request); while
         the consumer holds a delta no timer runs. An abort or a down server cuts the wait at
         once. The connection is closed (the server drops the request) unless the stream ran
-        to `[DONE]`. The reading itself is `remote_stream.StreamGuard.stream`.
+        to `[DONE]`. The reading itself is `remote_stream.StreamGuard.stream`, of `streams`
+        when given (a router's own: the router picks the server, so this one going down
+        must not cut the stream), else this server's.
         """
         if not self._up:
             raise EngineUnavailable(f"{self.name} is down: {self._down_reason}")
-        if self._streams.take_early_abort(request.request_id):
+        guard = self._streams if streams is None else streams
+        if guard.take_early_abort(request.request_id):
             yield finish_delta("abort", self.policy_version)  # aborted before it was sent
             return
         path, body = self._request(request)
         # aclosing: closing this stream closes the guard's at once (its connection with it)
-        async with contextlib.aclosing(self._streams.stream(
+        async with contextlib.aclosing(guard.stream(
                 self._session, base_url + path, body, request,
                 timeout_s=self._request_timeout_s, decode=self._decode)) as deltas:
             async for delta in deltas:

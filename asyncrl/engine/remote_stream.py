@@ -1,4 +1,5 @@
-"""The stream guard of remote engines: one server's open generation streams, read safely.
+"""The stream guard of remote engines: one server's (or one router's) open generation
+streams, read safely.
 
 Owns: the table of open streams (each with a `StreamCtl` that lets an abort or a down server
 cut a wait on the network at once), the ids aborted while streaming and those aborted before
@@ -35,7 +36,8 @@ EARLY_ABORTS_KEPT = 4096
 
 Decode = Callable[[dict[str, Any], dict[str, Any]], TokenDelta | None]
 """One SSE event and the stream's state → the new tokens (or None); see
-`RemoteEngine._decode`."""
+`RemoteEngine._decode`. The state's `aborting` says whether the stream was aborted (its
+server may then end it with "abort")."""
 
 
 class StreamCtl:
@@ -60,7 +62,7 @@ def finish_delta(reason: str, version: int) -> TokenDelta:
 
 
 class StreamGuard:
-    """The open streams of one server (engine `name`).
+    """The open streams of one server, or of a router in front of several (engine `name`).
 
     `version()` is the engine's current policy version (the tag of tokens the server did not
     tag itself), `down_reason()` why it is down; `on_trouble()` asks for a health probe now,
@@ -84,10 +86,6 @@ class StreamGuard:
     def __len__(self) -> int:
         """Streams open now."""
         return len(self._open)
-
-    def aborting(self, request_id: str) -> bool:
-        """`request_id` is streaming and was aborted (its server may end it with "abort")."""
-        return request_id in self._aborted
 
     def take_early_abort(self, request_id: str) -> bool:
         """Whether `request_id` was aborted before its stream started (forgotten now)."""
@@ -160,6 +158,7 @@ class StreamGuard:
                             state["done"] = True
                             break
                         state["version"] = None
+                        state["aborting"] = request.request_id in self._aborted
                         delta = decode(orjson.loads(data), state)
                         if delta is None or final is not None:
                             continue

@@ -274,7 +274,6 @@ class SGLangEngine(RemoteEngine):
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         rid = state["request"].request_id
         state["incr"] = self._incremental
-        state["aborting"] = self._streams.aborting(rid)
         delta = decode_event(event, state, self.name)
         adapter = self._adapter_of.get(rid)
         if adapter is not None:

@@ -1,9 +1,10 @@
 """sglang-router in front of SGLang servers: one engine to the scheduler.
 
 Owns: `RoutedSGLangEngine` (generation through the router, which keeps prefix-cache affinity
-across servers; load summed over servers; abort and weight updates sent to every server; a
-server whose update failed taken out of the router, so no request lands on its old weights,
-and put back once an update succeeds) and registering servers with the router. For a weight
+across servers; its streams are the routed engine's own, so a server going down breaks only
+those the router gave it; load summed over servers; abort and weight updates sent to every
+server; a server whose update failed taken out of the router, so no request lands on its old
+weights, and put back once an update succeeds) and registering servers with the router. For a weight
 push each server counts as an engine: the routed engine fails an update only when every
 server behind it failed. Does not own: a server's wire format or
 supervision (`sglang.SGLangEngine`; the router needs only what every `remote.RemoteEngine`
@@ -29,6 +30,7 @@ import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote import RemoteEngine, open_all
+from asyncrl.engine.remote_stream import StreamGuard
 from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
@@ -54,6 +56,11 @@ class RoutedSGLangEngine:
         self._stack: contextlib.AsyncExitStack | None = None
         self._out: set[str] = set()
         """Names of servers taken out of the router after a failed weight update."""
+        self._streams = StreamGuard(self.name, version=lambda: self.policy_version,
+                                    down_reason=lambda: "closed", on_trouble=self._probe_all,
+                                    on_refused=lambda reason: self._probe_all())
+        """The streams through the router, whichever server it picked: one server going down
+        cuts none of them (the router's own stream to it breaks), the router's close all."""
 
     @property
     def in_service(self) -> list[RemoteEngine]:
@@ -89,6 +96,7 @@ class RoutedSGLangEngine:
         self._stack = stack
 
     async def close(self) -> None:
+        self._streams.cut_all("down")
         if self._stack is not None:
             stack, self._stack = self._stack, None
             await asyncio.shield(stack.aclose())
@@ -99,11 +107,18 @@ class RoutedSGLangEngine:
                 return s
         raise EngineUnavailable("no SGLang server behind the router is up")
 
+    def _probe_all(self) -> None:
+        """A stream through the router broke: have every server probed now."""
+        for s in self.in_service:
+            s.probe_soon()
+
     def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
-        return self._any().stream_via(self.router_url, request)
+        return self._any().stream_via(self.router_url, request, self._streams)
 
     async def abort(self, request_id: str) -> None:
+        self._streams.note_abort(request_id)
         await asyncio.gather(*(s.abort(request_id) for s in self.servers if s.healthy))
+        self._streams.cut(request_id, "abort")
 
     async def load(self) -> EngineLoad:
         loads = []

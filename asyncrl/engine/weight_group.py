@@ -113,7 +113,8 @@ class WeightGroup:
         self._dropped: _Formed | None = None
         """A group rank 0 left whose servers are still to be told."""
         self.last_push: dict[str, Any] = {}
-        """Numbers of the last push: bytes, buckets, seconds, members, attempts."""
+        """Numbers of the last push: bytes, buckets, seconds, members, attempts, and `missed`:
+        the servers that did not take the version (named even when their routed engine did)."""
 
     async def __aenter__(self) -> WeightGroup:
         return self
@@ -163,7 +164,8 @@ class WeightGroup:
                 out.append((e.name, mine[e.name]))
         self.last_push = {"bytes": sum(t.numel() * t.element_size() for b in parts for _, t in b),
                           "buckets": len(parts), "seconds": round(time.monotonic() - t0, 3),
-                          "members": self.members, "attempts": attempts}
+                          "members": self.members, "attempts": attempts,
+                          "missed": [s.name for s in servers if s.name in failed]}
         log.info("weight_group_push", version=version, failed=[n for n, _ in out],
                  **self.last_push)
         return out

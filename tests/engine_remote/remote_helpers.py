@@ -1,4 +1,5 @@
-"""Helpers shared by the remote-engine tests: fast supervision options, request builder."""
+"""Helpers shared by the remote-engine tests: fast supervision options, request builder,
+polling, a fake's warm-up before a weight-group test, an sglang-router's worker list."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import asyncio
 import inspect
 import itertools
 from collections.abc import Awaitable, Callable
+
+import aiohttp
+from fakes.control import FakeProcess
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams
 from asyncrl.engine.remote import RemoteOptions
@@ -39,3 +43,21 @@ async def eventually(predicate: Callable[[], bool | Awaitable[bool]],
     async with asyncio.timeout(timeout_s):
         while not await holds():  # noqa: ASYNC110  (polling state owned by another task)
             await asyncio.sleep(0.05)
+
+
+async def listed(session: aiohttp.ClientSession, router_url: str) -> set[str]:
+    """The worker urls an sglang-router lists (`GET /workers`)."""
+    async with session.get(router_url + "/workers") as r:
+        return {w["url"].rstrip("/") for w in (await r.json())["workers"]}
+
+
+async def warm_up(fake: FakeProcess) -> None:
+    """Have the fake import torch before a test times anything (a real server has it loaded;
+    the import stalls the fake for seconds on a busy machine): an NCCL call it answers after
+    its dtype check, on a group it does not have, inside a session."""
+    async with aiohttp.ClientSession() as s:
+        for path, body in (("/begin_weight_update", {}),
+                           ("/update_weights_from_distributed", {"group_name": "warm-up"}),
+                           ("/end_weight_update", {})):
+            async with s.post(fake.url + path, json=body) as r:
+                await r.read()

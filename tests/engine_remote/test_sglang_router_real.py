@@ -4,28 +4,20 @@ through it, a weight push to every worker, and a worker whose update fails taken
 the run goes on (each worker counts as an engine for the all-failed rule).
 
 `sglang-router==0.3.2` comes with the dev extra, so the default suite runs it; elsewhere it is
-skipped unless `sglang_router` is importable or installed in `.venv-router`.
+skipped unless `sglang_router` is importable or installed in `.venv-router` (the `router`
+fixture, conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from fakes.control import FakeProcess
-from remote_helpers import FAST, make_request
+from remote_helpers import FAST, listed, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import collect
@@ -33,57 +25,7 @@ from asyncrl.engine.sglang import SGLangEngine
 from asyncrl.engine.sglang_router import RoutedSGLangEngine
 from asyncrl.engine.weightsync import push_weights
 
-ROOT = Path(__file__).resolve().parents[2]
 STATE = {"w": torch.arange(6, dtype=torch.float32), "b": torch.ones(2)}
-
-
-def _router_python() -> str:
-    if importlib.util.find_spec("sglang_router") is not None:
-        return sys.executable
-    venv = ROOT / ".venv-router" / "bin" / "python"
-    if venv.exists():
-        return str(venv)
-    pytest.skip("sglang-router is not installed (pip install sglang-router==0.3.2, here or "
-                "in .venv-router)")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def router(tmp_path_factory) -> Iterator[str]:
-    python = _router_python()
-    port = _port()
-    log = open(tmp_path_factory.mktemp("router") / "router.log", "wb")
-    proc = subprocess.Popen(
-        [python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-         str(port), "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-         "--prometheus-port", str(_port()), "--worker-startup-check-interval", "1",
-         "--health-check-interval-secs", "1", "--log-level", "warn"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"sglang-router did not start (rc={proc.poll()}), see {log.name}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +36,6 @@ def workers() -> Iterator[tuple[FakeProcess, FakeProcess]]:
         yield a, b
 
 
-async def _listed(session, router_url: str) -> set[str]:
-    async with session.get(router_url + "/workers") as r:
-        return {w["url"].rstrip("/") for w in (await r.json())["workers"]}
-
-
 async def test_real_router_streams_and_takes_a_worker_out_when_its_update_fails(
         router, workers, session, tmp_path):
     a, b = workers
@@ -106,7 +43,7 @@ async def test_real_router_streams_and_takes_a_worker_out_when_its_update_fails(
     servers = [SGLangEngine(cfg, index=i, session=session, url=w.url, options=FAST)
                for i, w in enumerate(workers)]
     async with RoutedSGLangEngine(router, servers, register=True) as routed:
-        assert await _listed(session, router) == {a.url, b.url}
+        assert await listed(session, router) == {a.url, b.url}
         g = await collect(routed, make_request(max_new=5))
         assert len(g.token_ids) == 5 and g.finish_reason == "length"
         trainer = SimpleNamespace(state_dict_for_sync=lambda: STATE)
@@ -117,7 +54,7 @@ async def test_real_router_streams_and_takes_a_worker_out_when_its_update_fails(
         await push_weights([routed], trainer, 2, "tensor", tmp_path)
         assert [s.policy_version for s in servers] == [1, 2] and routed.policy_version == 2
         async with asyncio.timeout(15):
-            while a.url in await _listed(session, router):  # noqa: ASYNC110  (router state)
+            while a.url in await listed(session, router):  # noqa: ASYNC110  (router state)
                 await asyncio.sleep(0.2)
         before = len(await a.calls("/generate"))
         for _ in range(4):  # round robin over what is left: b only, on the new weights
@@ -128,4 +65,4 @@ async def test_real_router_streams_and_takes_a_worker_out_when_its_update_fails(
         await a.reply("/update_weights_from_tensor", None)
         await push_weights([routed], trainer, 3, "tensor", tmp_path)
         assert [s.name for s in routed.in_service] == ["sglang-0", "sglang-1"]
-        assert await _listed(session, router) == {a.url, b.url}
+        assert await listed(session, router) == {a.url, b.url}

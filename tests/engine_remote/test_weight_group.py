@@ -27,7 +27,7 @@ import msgspec
 import pytest
 import torch
 from fakes.control import FakeProcess
-from remote_helpers import FAST, eventually
+from remote_helpers import FAST, eventually, warm_up
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine import weight_group as wg
@@ -59,18 +59,6 @@ def _launch(port: int = 0) -> FakeProcess:
     extra = ["--port", str(port)] if port else []
     return FakeProcess("sglang_server.py", "--model-path", "/fake/model",
                        "--incremental-streaming-output", *extra)
-
-
-async def warm_up(fake: FakeProcess) -> None:
-    """Have the fake import torch before a test times anything (a real server has it loaded;
-    the import stalls the fake for seconds on a busy machine): an NCCL call it answers after
-    its dtype check, on a group it does not have, inside a session."""
-    async with aiohttp.ClientSession() as s:
-        for path, body in (("/begin_weight_update", {}),
-                           ("/update_weights_from_distributed", {"group_name": "warm-up"}),
-                           ("/end_weight_update", {})):
-            async with s.post(fake.url + path, json=body) as r:
-                await r.read()
 
 
 @pytest.fixture(scope="module")
