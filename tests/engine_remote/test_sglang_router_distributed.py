@@ -15,7 +15,6 @@ Skipped when sglang-router is not installed (the `router` fixture, conftest.py).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import structlog.testing
 import torch
 from fakes.control import FakeProcess
 from remote_helpers import FAST, eventually, listed, make_request, warm_up
@@ -108,7 +108,7 @@ async def test_a_push_through_the_router_reaches_both_workers_in_one_group(
         assert await listed(session, router) == {a.url, b.url}
         for f in workers:  # requests that are still running when the push comes
             await f.set(core__token_delay_s=0.05)
-        streams = [asyncio.create_task(versions_of(routed, 40)) for _ in range(4)]
+        streams = [asyncio.create_task(versions_of(routed, 100)) for _ in range(4)]
         await eventually(lambda: _running_on_both(workers), 10)
         await push_weights([routed], trainer, 1, "distributed", tmp_path,  # type: ignore[arg-type]
                            group=group)
@@ -127,7 +127,10 @@ async def test_a_push_through_the_router_reaches_both_workers_in_one_group(
         # the requests in flight were served across the push, through the router
         done = await asyncio.wait_for(asyncio.gather(*streams), 30)
         assert [r for r, _ in done] == ["length"] * 4
-        assert all(v[0] == 0 and v[-1] == 1 for _, v in done)
+        # each stream's tokens carry the version that made them (0 then 1, never back), and
+        # the push landed inside a stream (a loaded machine may finish one before it lands)
+        assert all(v == sorted(v) and set(v) <= {0, 1} for _, v in done)
+        assert any(v[0] == 0 and v[-1] == 1 for _, v in done)
         for f in workers:
             await f.set(core__token_delay_s=0.0)
         assert [await versions_of(routed, 3) for _ in range(2)] == [("length", [1] * 3)] * 2
@@ -138,7 +141,7 @@ async def _running_on_both(workers: list[FakeProcess]) -> bool:
 
 
 async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later(
-        router, workers, session, tmp_path, monkeypatch, caplog):
+        router, workers, session, tmp_path, monkeypatch):
     a, b = workers
     for f in workers:
         await f.reset()
@@ -164,16 +167,16 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
         streams = [asyncio.create_task(versions_of(routed, 40)) for _ in range(4)]
         await eventually(lambda: _running_on_both(workers), 10)
         calls["armed"] = True
-        with caplog.at_level(logging.INFO, logger="asyncrl"):
+        # (structlog's own capture: an earlier test may have sent asyncrl's logs to a console)
+        with structlog.testing.capture_logs() as logs:
             # the routed engine took the version (B did): not a failure of the push ...
             assert await group.push([routed], state(2.0), 2) == []
         # ... which names A, and takes it out of the router
         assert group.last_push["missed"] == ["sglang-0"]
-        (summary,) = [r.getMessage() for r in caplog.records
-                      if "weight_group_push'" in r.getMessage()]
-        assert "missed=['sglang-0']" in summary
-        assert any("sglang_worker_taken_out" in r.getMessage() and "sglang-0" in r.getMessage()
-                   for r in caplog.records)
+        (summary,) = [e for e in logs if e["event"] == "weight_group_push"]
+        assert summary["missed"] == ["sglang-0"]
+        assert any(e["event"] == "sglang_worker_taken_out" and e.get("engine") == "sglang-0"
+                   for e in logs)
         assert not ea.healthy and ea.policy_version == 1
         # B: in a re-formed group of its own, it got version 2 whole
         assert group.members == ["sglang-1"] and group.last_push["attempts"] == 2
