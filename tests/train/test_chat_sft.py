@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from micro_config import metric_rows
 
 from asyncrl import config
 from asyncrl.rollout.eventloop import run as run_loop
@@ -73,17 +74,12 @@ def _setup(tmp_path: Path, steps: int) -> config.RunConfig:
     })
 
 
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_chat_file_sft_learns_reports_bad_rows_and_resumes(tmp_path: Path) -> None:
     cfg = _setup(tmp_path, steps=40)
     full = run_loop(train_async(cfg, run_dir=str(tmp_path / "full")))
-    (data,) = _rows(full, "sft_data")
+    (data,) = metric_rows(full, "sft_data")
     assert data["rows"] == 63 and data["bad"] == 3 and data["train"] + data["valid"] == 60
     assert data["bad/missing_role"] == data["bad/tool_without_call"] == 1
     assert data["bad/bad_arguments"] == 1
@@ -91,15 +87,15 @@ def test_chat_file_sft_learns_reports_bad_rows_and_resumes(tmp_path: Path) -> No
     bad = [json.loads(x) for x in (full / "log.jsonl").read_text().splitlines()]
     assert sorted(e["where"] for e in bad if e.get("event") == "bad_chat_row") == [
         f"{chat}:21", f"{chat}:22", f"{chat}:23"]
-    valid = [r["sft/valid_loss"] for r in _rows(full, "sft_valid")]
+    valid = [r["sft/valid_loss"] for r in metric_rows(full, "sft_valid")]
     assert len(valid) == 4 and valid[-1] < valid[0] - 0.5  # held-out loss falls
-    train = [r["sft/loss"] for r in _rows(full, "sft_step")]
+    train = [r["sft/loss"] for r in metric_rows(full, "sft_step")]
     assert train[-1] < train[0]
 
     # Stop after 20 steps (a checkpoint at step 20 holds the chat cursor), then resume to 40.
     part = tmp_path / "part"
     run_loop(train_async(_setup(tmp_path, steps=20), run_dir=str(part)))
     run_loop(train_async(cfg, run_dir=str(part), resume=True))
-    after = {r["sft_step"]: r["sft/loss"] for r in _rows(part, "sft_step")}
-    assert after[30] == pytest.approx(_rows(full, "sft_step")[2]["sft/loss"], rel=1e-4)
+    after = {r["sft_step"]: r["sft/loss"] for r in metric_rows(part, "sft_step")}
+    assert after[30] == pytest.approx(metric_rows(full, "sft_step")[2]["sft/loss"], rel=1e-4)
     assert after[40] == pytest.approx(train[-1], rel=1e-4)

@@ -16,7 +16,6 @@ A's rollouts, rewards, losses, grad norms and policy versions, and B ends with A
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_MODEL
+from micro_config import MICRO_MODEL, RUN_ENV, metric_rows, run_ok
 
 from asyncrl.checkpoint import load_checkpoint
 
@@ -118,7 +117,6 @@ keep_last = 3
 console = "json"
 """
 
-_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # wall-clock times and what is measured from them differ between identical runs
 _TIMING = ("time", "seconds", "_s_", "_s", "per_s", "timing/", "wall")
 
@@ -128,20 +126,8 @@ def _cmd(cfg: Path, run_dir: Path, *extra: str) -> list[str]:
             str(run_dir), *extra]
 
 
-def _run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, cwd=ROOT, env=_ENV, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout + proc.stderr
-
-
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
-    return [r for r in rows if r["kind"] == kind]
-
-
 def _steps(run_dir: Path) -> dict[int, dict]:
-    return {r["step"]: r for r in _rows(run_dir, "rl_step")}  # a redone step: the last row
+    return {r["step"]: r for r in metric_rows(run_dir, "rl_step")}  # a redone step: the last row
 
 
 def _events(run_dir: Path, name: str) -> list[dict]:
@@ -154,20 +140,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     """(the LoRA curriculum, its uninterrupted run A, the base model directory)."""
     tmp = tmp_path_factory.mktemp("lora_resume")
     (tmp / "base.toml").write_text(BASE)
-    _run(_cmd(tmp / "base.toml", tmp / "base"))
+    run_ok(_cmd(tmp / "base.toml", tmp / "base"))
     base = tmp / "base" / "final"
     cfg = tmp / "lora.toml"
     cfg.write_text(LORA.format(base=base))
-    _run(_cmd(cfg, tmp / "A"))
+    run_ok(_cmd(cfg, tmp / "A"))
     return cfg, tmp / "A", base
 
 
 def _stop_when(cfg: Path, run_dir: Path, sig: int, rl_steps: int) -> str:
     """Start a run and send `sig` once `rl_steps` RL steps are logged; its output."""
-    proc = subprocess.Popen(_cmd(cfg, run_dir), cwd=ROOT, env=_ENV, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(cfg, run_dir), cwd=ROOT, env=RUN_ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
-    while len(_rows(run_dir, "rl_step")) < rl_steps:
+    while len(metric_rows(run_dir, "rl_step")) < rl_steps:
         assert proc.poll() is None and time.monotonic() < deadline, (
             proc.stdout.read()[-3000:] if proc.stdout else "")
         time.sleep(0.02)
@@ -237,7 +223,7 @@ def _same_final_adapter(part: Path, ref: Path) -> None:
 
 
 def _resume_and_compare(cfg: Path, ref: Path, base: Path, part: Path) -> int:
-    done = max(r["step"] for r in _rows(part, "rl_step"))  # the last step B logged
+    done = max(r["step"] for r in metric_rows(part, "rl_step"))  # the last step B logged
     ckpts = sorted((part / "checkpoints").glob("step_*"))
     ckpt = ckpts[-1]
     _check_adapter_only(ckpt, base)
@@ -245,7 +231,7 @@ def _resume_and_compare(cfg: Path, ref: Path, base: Path, part: Path) -> int:
     assert 0 < at < RL_STEPS and at <= done
     version = load_checkpoint(ckpt, restore_rng=False)["policy_version"]  # (pruned later)
 
-    out = _run(_cmd(cfg, part, "--resume"))
+    out = run_ok(_cmd(cfg, part, "--resume"))
     resumed = [json.loads(x) for x in out.splitlines() if '"event": "resumed"' in x]
     assert resumed and resumed[0]["step"] == at
     # The resumed run's first push gives the engine the checkpoint's policy version (the

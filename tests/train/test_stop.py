@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_DATA, MICRO_MODEL
+from micro_config import MICRO_DATA, MICRO_MODEL, RUN_ENV, metric_rows, run_ok
 
 from asyncrl import config
 from asyncrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
@@ -79,19 +78,6 @@ def _cmd(cfg: Path, run_dir: Path, *extra: str) -> list[str]:
             str(run_dir), *extra]
 
 
-def _run(cmd: list[str]) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout + proc.stderr
-
-
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
-    return [r for r in rows if r["kind"] == kind]
-
-
 def _by(rows: list[dict], key: str) -> dict[int, dict]:
     out = {}
     for r in rows:  # a step logged twice (redone after a stop) counts once: the last
@@ -113,8 +99,8 @@ def _same_row(got: dict, want: dict) -> None:
 def _same_evals(part: Path, ref: Path) -> None:
     """Every evaluation of the reference, with the same results (seeded: an eval that a stop
     aborted is run by the resumed run before it goes on)."""
-    want = {(r["step"], r["label"]): r for r in _rows(ref, "eval")}
-    got = {(r["step"], r["label"]): r for r in _rows(part, "eval")}
+    want = {(r["step"], r["label"]): r for r in metric_rows(ref, "eval")}
+    got = {(r["step"], r["label"]): r for r in metric_rows(part, "eval")}
     assert sorted(got) == sorted(want)
     for key, w in want.items():
         _same_row(got[key], w)
@@ -127,14 +113,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cfg = tmp / "stop.toml"
     cfg.write_text(CONFIG)
     ref = tmp / "ref"
-    _run(_cmd(cfg, ref))
+    run_ok(_cmd(cfg, ref))
     return cfg, ref
 
 
 def _stop_when(cfg: Path, run_dir: Path, sig: int, ready) -> tuple[str, int, float]:
     """Start a run, send `sig` once `ready(run_dir)`; (output, exit code, seconds to exit)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_cmd(cfg, run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(cfg, run_dir), cwd=ROOT, env=RUN_ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 600
     while not ready(run_dir):
@@ -161,24 +146,24 @@ def test_sigint_mid_rl_saves_the_last_step_and_resume_matches_an_unstopped_run(
     cfg, ref = setup
     part = tmp_path / "part"
     out, rc, exit_s = _stop_when(cfg, part, signal.SIGINT,
-                                 lambda rd: len(_rows(rd, "rl_step")) >= 4)
+                                 lambda rd: len(metric_rows(rd, "rl_step")) >= 4)
     assert rc == 130, out[-3000:]
     assert exit_s < GRACE_S
-    done = max(r["step"] for r in _rows(part, "rl_step"))  # the last completed step
+    done = max(r["step"] for r in metric_rows(part, "rl_step"))  # the last completed step
     assert done >= 4
     ckpt = latest_checkpoint(part)
     assert ckpt is not None and ckpt.name == f"step_{done:08d}"  # not the cadence's step 3
     assert f"Newest checkpoint: {ckpt}" in out
     saved = load_checkpoint(ckpt, restore_rng=False)
     assert (saved["stage_index"], saved["stage_step"], saved["global_step"]) == (1, done, done)
-    assert any(r["kind"] == "stopped" for r in _rows(part, "stopped"))
+    assert any(r["kind"] == "stopped" for r in metric_rows(part, "stopped"))
 
-    out2 = _run(_resume_command(out))
+    out2 = run_ok(_resume_command(out))
     resumed = [json.loads(x) for x in out2.splitlines() if '"event": "resumed"' in x]
     assert resumed and resumed[0]["step"] == done
     new_steps = [json.loads(x)["step"] for x in out2.splitlines() if '"event": "rl_step"' in x]
     assert new_steps[0] == done + 1  # continues from the step after the checkpoint
-    want, got = _by(_rows(ref, "rl_step"), "step"), _by(_rows(part, "rl_step"), "step")
+    want, got = _by(metric_rows(ref, "rl_step"), "step"), _by(metric_rows(part, "rl_step"), "step")
     assert sorted(got) == sorted(want) == list(range(1, 9))
     for step in range(done + 1, 9):  # the same rollouts, losses, entropy, optimizer steps
         _same_row(got[step], want[step])
@@ -201,17 +186,17 @@ def test_sigterm_mid_sft_saves_the_last_step_and_resume_matches_an_unstopped_run
     saved = load_checkpoint(ckpt, restore_rng=False)
     k = saved["stage_step"]
     assert saved["stage_index"] == 0 and 4 < k < 120, k  # a step past the cadence's, not the end
-    assert not _rows(part, "rl_step")
+    assert not metric_rows(part, "rl_step")
     assert f"stage sft step {k}/120" in out and "Resume with: " in out
 
-    _run(_resume_command(out))
-    want, got = _by(_rows(ref, "sft_step"), "sft_step"), _by(_rows(part, "sft_step"), "sft_step")
+    run_ok(_resume_command(out))
+    want, got = _by(metric_rows(ref, "sft_step"), "sft_step"), _by(metric_rows(part, "sft_step"), "sft_step")
     assert sorted(got) == sorted(want)
     later = [s for s in want if s > k]
     assert later
     for s in later:  # the SFT losses after the stop, then the whole RL stage
         _same_row(got[s], want[s])
-    want_rl, got_rl = _by(_rows(ref, "rl_step"), "step"), _by(_rows(part, "rl_step"), "step")
+    want_rl, got_rl = _by(metric_rows(ref, "rl_step"), "step"), _by(metric_rows(part, "rl_step"), "step")
     assert sorted(got_rl) == list(range(1, 9))
     for step in want_rl:
         _same_row(got_rl[step], want_rl[step])
@@ -234,7 +219,7 @@ async def test_a_stop_request_saves_the_last_completed_step_and_resume_goes_on(
 
     async def stop_after_step_one() -> None:
         for _ in range(30_000):  # polls the metrics file (nothing to wait on), 5 min at most
-            if await asyncio.to_thread(lambda: bool(_rows(rd, "rl_step"))):
+            if await asyncio.to_thread(lambda: bool(metric_rows(rd, "rl_step"))):
                 break
             await asyncio.sleep(0.01)
         stop.request()
@@ -250,6 +235,6 @@ async def test_a_stop_request_saves_the_last_completed_step_and_resume_goes_on(
     assert (saved["stage_index"], saved["stage_step"]) == (1, 1)
     assert len(saved["pending_problem_ids"]) == 2  # step 2's problems, regenerated on resume
     await train_async(cfg, run_dir=str(rd), resume=True)
-    steps = [r["step"] for r in _rows(rd, "rl_step")]
+    steps = [r["step"] for r in metric_rows(rd, "rl_step")]
     assert steps == [1, 2, 3]  # step 2 was never logged before the stop
     assert (rd / "final" / "config.json").exists()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_DATA, MICRO_MODEL
+from micro_config import MICRO_DATA, MICRO_MODEL, metric_rows
 
 from asyncrl import config
 from asyncrl.errors import ConfigError
@@ -84,11 +84,6 @@ def _train(cfg: Path, run_dir: Path, *extra: str, wait: bool = True) -> subproce
     return proc
 
 
-def _rows(run_dir: Path, kind: str) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    return [r for r in rows if r["kind"] == kind]
-
-
 @pytest.mark.timeout(900)
 def _assert_resumed(run_dir: Path) -> dict:
     """What only a resume can show (a restart from step 1 would reproduce the problem ids of
@@ -113,27 +108,27 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     cfg = _write_config(tmp_path)
     full = tmp_path / "full"
     _train(cfg, full)
-    steps = _rows(full, "rl_step")
+    steps = metric_rows(full, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert [r["stage"] for r in steps] == ["rl"] * 4 + ["hard"]
-    assert _rows(full, "sft_step") and _rows(full, "hard_filter")
+    assert metric_rows(full, "sft_step") and metric_rows(full, "hard_filter")
     # lr_decay_steps = 2 of 2: the last SFT step runs at half the stage's rate
-    assert _rows(full, "sft_step")[-1]["sft/lr"] == pytest.approx(5e-4)
-    labels = [r["label"] for r in _rows(full, "eval")]
+    assert metric_rows(full, "sft_step")[-1]["sft/lr"] == pytest.approx(5e-4)
+    labels = [r["label"] for r in metric_rows(full, "eval")]
     assert labels[0] == "after_sft" and labels[-1] == "final"
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
     assert (full / "report" / "summary.md").exists()
     # the report reads the names the loop really writes
     from asyncrl.observe.report import FINAL_KEYS, LINE_PLOTS, STACKED_TIMES, sampled_key
-    written = {"rl_step": set().union(*steps), "eval": set().union(*_rows(full, "eval"))}
+    written = {"rl_step": set().union(*steps), "eval": set().union(*metric_rows(full, "eval"))}
     # (this micro run makes no policy update, so the trainer's own train/* losses are absent)
     missing = [k for k in (*FINAL_KEYS, *(k for k, _ in STACKED_TIMES))
                if k not in written["rl_step"] and k not in ("train/pg_loss", "train/clip_frac")]
     missing += [key for p in LINE_PLOTS for kind, pattern, _ in p.series
-                if (key := sampled_key(_rows(full, kind), pattern)) not in written[kind]]
+                if (key := sampled_key(metric_rows(full, kind), pattern)) not in written[kind]]
     assert not missing, missing
     # every eval: k sampled answers at the training temperature and one greedy answer, both kept
-    ev = _rows(full, "eval")[-1]
+    ev = metric_rows(full, "eval")[-1]
     assert ev["eval/temperature"] == 1.0 and {"eval/avg@1", "eval/maj@1"} <= set(ev)
     assert sorted(p.name for p in (full / "eval").glob("*-final*")) == [
         f"{ev['step']:06d}-final-greedy.jsonl", f"{ev['step']:06d}-final.jsonl"]
@@ -145,7 +140,7 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     proc = _train(cfg, part, wait=False)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        rows = _rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
+        rows = metric_rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
         if len(rows) >= 2 and any((part / "checkpoints").glob("step_*0002")):
             break
         assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
@@ -166,7 +161,7 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert _assert_resumed(part)["step"] == older < newest
     log = (part / "log.jsonl").read_text()
     assert '"checkpoint_unreadable"' in log and newest_dir.name in log
-    resumed = _rows(part, "rl_step")
+    resumed = metric_rows(part, "rl_step")
     by_step = {}
     for r in resumed:  # a step redone after the kill is logged twice; the last one counts
         by_step[r["step"]] = r["problem_ids"]
@@ -223,7 +218,7 @@ def test_staleness_one_overlaps_rollouts_with_the_update(tmp_path: Path) -> None
     cfg = _write_config(tmp_path)
     run = tmp_path / "stale1"
     _train(cfg, run, "--set", "rollout.max_staleness=1")
-    steps = _rows(run, "rl_step")
+    steps = metric_rows(run, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     # rollouts of steps 2-4 were started under the previous version: one version stale at
     # most, so none is dropped; with staleness 0 every step samples the current version
@@ -241,7 +236,7 @@ def test_a_plateau_ends_only_its_own_stage(tmp_path: Path) -> None:
     # hard stage, which has its own rule, must still run its step
     _train(cfg, run, "--set", "stages.1.plateau.patience=1", "--set",
            "stages.2.plateau.patience=1")
-    steps = _rows(run, "rl_step")
+    steps = metric_rows(run, "rl_step")
     assert [r["stage"] for r in steps][-1] == "hard"
 
 
@@ -255,7 +250,7 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
             "--set", 'algorithm.correction="decoupled"')
     full = tmp_path / "full"
     _train(cfg, full, *args)
-    steps = _rows(full, "rl_step")
+    steps = metric_rows(full, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     rl = [r for r in steps if r["stage"] == "rl"]
     # waves 0-2 start together under the SFT version; step 3 trains wave 2 two updates later
@@ -274,7 +269,7 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     proc = _train(cfg, part, *args, wait=False)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        rows = _rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
+        rows = metric_rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
         if len(rows) >= 2 and any((part / "checkpoints").glob("step_*0002")):
             break
         assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
@@ -288,7 +283,7 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     _train(cfg, part, *args, "--resume")
     _assert_resumed(part)
     by_step = {}
-    for r in _rows(part, "rl_step"):  # a step redone after the kill is logged twice
+    for r in metric_rows(part, "rl_step"):  # a step redone after the kill is logged twice
         by_step[r["step"]] = r["problem_ids"]
     assert by_step == {r["step"]: r["problem_ids"] for r in steps}
     trained = [p for s in sorted(by_step) for p in by_step[s]]
@@ -305,7 +300,7 @@ def test_a_lora_run_trains_syncs_and_exports_adapters(tmp_path: Path) -> None:
     run = tmp_path / "lora"
     _train(cfg, run, "--set", "trainer.lora.rank=4", "--set", "trainer.lora.merge_on_export=true",
            "--set", "rollout.max_staleness=1")
-    assert [r["step"] for r in _rows(run, "rl_step")] == [1, 2, 3, 4, 5]
+    assert [r["step"] for r in metric_rows(run, "rl_step")] == [1, 2, 3, 4, 5]
     events = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x]
     attached = [e for e in events if e["event"] == "lora_attached"]
     assert len(attached) == 1 and attached[0]["adapter_params"] < attached[0]["base_params"]
