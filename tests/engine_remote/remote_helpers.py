@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import itertools
+import os
+import signal
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from fakes.control import FakeProcess
@@ -61,3 +64,23 @@ async def warm_up(fake: FakeProcess) -> None:
                            ("/end_weight_update", {})):
             async with s.post(fake.url + path, json=body) as r:
                 await r.read()
+
+
+def kill_at_broadcast(monkeypatch: Any, victim: FakeProcess, n: int = 2) -> Callable[[], None]:
+    """Make the weight group's `n`-th bucket broadcast after `arm()` SIGKILL `victim` first:
+    every server has sent its call for that bucket, so the victim dies in the middle of an
+    update (once: later broadcasts run as they are). Returns `arm`."""
+    from asyncrl.engine import weight_group as wg
+
+    real = wg._send_bucket
+    seen = {"n": 0, "armed": False}
+
+    def send(backend: Any, bucket: Any, device: Any) -> None:
+        seen["n"] += seen["armed"]
+        if seen["n"] == n:
+            assert victim.proc is not None
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+        real(backend, bucket, device)
+
+    monkeypatch.setattr(wg, "_send_bucket", send)
+    return lambda: seen.__setitem__("armed", True)

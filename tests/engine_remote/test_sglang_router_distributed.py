@@ -15,8 +15,6 @@ Skipped when sglang-router is not installed (the `router` fixture, conftest.py).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -28,10 +26,9 @@ import pytest
 import structlog.testing
 import torch
 from fakes.control import FakeProcess
-from remote_helpers import FAST, eventually, listed, make_request, warm_up
+from remote_helpers import FAST, eventually, kill_at_broadcast, listed, make_request, warm_up
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine import weight_group as wg
 from asyncrl.engine.sglang import SGLangEngine
 from asyncrl.engine.sglang_router import RoutedSGLangEngine
 from asyncrl.engine.weight_group import WeightGroup
@@ -147,17 +144,7 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
         await f.reset()
     servers = engines(workers, session)
     ea, eb = servers
-    real_send = wg._send_bucket
-    calls = {"n": 0, "armed": False}
-
-    def send_and_kill(backend: Any, bucket: Any, device: Any) -> None:
-        calls["n"] += calls["armed"]
-        if calls["n"] == 2:  # both workers sent their call for bucket 2: A dies now
-            assert a.proc is not None
-            os.killpg(a.proc.pid, signal.SIGKILL)
-        real_send(backend, bucket, device)
-
-    monkeypatch.setattr(wg, "_send_bucket", send_and_kill)
+    arm = kill_at_broadcast(monkeypatch, a)  # A dies at bucket 2 of the armed push
     async with RoutedSGLangEngine(router, servers, register=True) as routed, \
             WeightGroup(bucket_bytes=6 << 10) as group:
         assert await group.push([routed], state(), 1) == []
@@ -166,7 +153,7 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
             await f.set(core__token_delay_s=0.05)
         streams = [asyncio.create_task(versions_of(routed, 40)) for _ in range(4)]
         await eventually(lambda: _running_on_both(workers), 10)
-        calls["armed"] = True
+        arm()
         # (structlog's own capture: an earlier test may have sent asyncrl's logs to a console)
         with structlog.testing.capture_logs() as logs:
             # the routed engine took the version (B did): not a failure of the push ...
@@ -207,7 +194,6 @@ async def test_a_worker_killed_mid_broadcast_leaves_the_router_and_rejoins_later
         workers[0] = back
         await warm_up(back)
         await eventually(lambda: ea.healthy, 15)
-        monkeypatch.setattr(wg, "_send_bucket", real_send)
         assert await group.push([routed], state(3.0), 4) == []
         assert group.members == ["sglang-0", "sglang-1"]
         assert ea.policy_version == eb.policy_version == routed.policy_version == 4

@@ -13,8 +13,6 @@ server as its own process joining a real gloo group as the real server does
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import sys
 import time
@@ -27,10 +25,9 @@ import msgspec
 import pytest
 import torch
 from fakes.control import FakeProcess
-from remote_helpers import FAST, eventually, warm_up
+from remote_helpers import FAST, eventually, kill_at_broadcast, warm_up
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine import weight_group as wg
 from asyncrl.engine.sglang import SGLangEngine
 from asyncrl.engine.weight_group import WeightGroup
 from asyncrl.engine.weightsync import push_weights
@@ -139,21 +136,11 @@ async def test_a_server_killed_mid_broadcast_is_named_and_the_rest_still_updated
         await f.reset()
     a, b = servers
     sent = state()
-    real_send = wg._send_bucket
-    calls = {"n": 0, "armed": False}
-
-    def send_and_kill(backend: Any, bucket: Any, device: Any) -> None:
-        calls["n"] += calls["armed"]
-        if calls["n"] == 2:  # both servers sent their call for bucket 2: A dies now
-            assert a.proc is not None
-            os.killpg(a.proc.pid, signal.SIGKILL)
-        real_send(backend, bucket, device)
-
-    monkeypatch.setattr(wg, "_send_bucket", send_and_kill)
+    arm = kill_at_broadcast(monkeypatch, a)  # A dies at bucket 2 of the armed push
     async with make(a, http, 0) as ea, make(b, http, 1) as eb, \
             WeightGroup(bucket_bytes=6 << 10) as group:
         assert await group.push([ea, eb], sent, 1) == []
-        calls["armed"] = True
+        arm()
         t0 = time.monotonic()
         failed = await group.push([ea, eb], {k: v * 2 for k, v in sent.items()}, 2)
         took = time.monotonic() - t0
@@ -181,7 +168,6 @@ async def test_a_server_killed_mid_broadcast_is_named_and_the_rest_still_updated
         servers[0] = back
         await warm_up(back)
         await eventually(lambda: ea.healthy, 15)
-        monkeypatch.setattr(wg, "_send_bucket", real_send)
         assert await group.push([ea, eb], sent, 4) == []
         assert group.members == ["sglang-0", "sglang-1"]
         assert ea.policy_version == eb.policy_version == 4
