@@ -103,6 +103,20 @@ def mount_control(app: web.Application, fake: Any, reset: Callable[[], None]) ->
     app.router.add_post("/_fake/reset", reset_)
 
 
+async def canned_reply(fake: Any, request: web.Request) -> web.Response | None:
+    """The reply `fake.replies` holds for this request's path (set over `/_fake/set`), its body
+    recorded in `fake.calls`; None when the path has none (the control routes never do)."""
+    canned = fake.replies.get(request.path)
+    if canned is None or request.path.startswith("/_fake/"):
+        return None
+    if request.can_read_body:
+        fake.calls[request.path].append(await request.read())
+    status, body = canned
+    if isinstance(body, str):
+        return web.Response(status=status, text=body)
+    return web.json_response(body, status=status)
+
+
 class FakeProcess:
     """A fake server program (`tests/fakes/<script>`) running as a separate process.
 

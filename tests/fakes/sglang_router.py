@@ -38,7 +38,7 @@ from aiohttp import web
 if not __package__:  # run as a program: make `fakes` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fakes.control import mount_control  # after the path set-up above
+from fakes.control import canned_reply, mount_control  # after the path set-up above
 
 ROUTER_SAMPLING_KEYS = {"max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p",
                         "top_k", "min_p", "frequency_penalty", "presence_penalty",
@@ -75,11 +75,7 @@ class FakeRouter:
 
     @web.middleware
     async def _injected(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        canned = self.replies.get(request.path)
-        if canned is None or request.path.startswith("/_fake/"):
-            return await handler(request)
-        status, body = canned
-        return web.json_response(body, status=status)
+        return await canned_reply(self, request) or await handler(request)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._injected])

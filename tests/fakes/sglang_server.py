@@ -92,7 +92,7 @@ from aiohttp import web
 if not __package__:  # run as a program (a launched server): make `fakes` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fakes.control import mount_control  # after the path set-up above
+from fakes.control import canned_reply, mount_control  # after the path set-up above
 from fakes.scripted_core import (
     EOS,
     FakeCore,
@@ -209,15 +209,7 @@ class FakeSGLang:
         if request.path.startswith("/_fake/"):  # the test's control API answers always
             return await handler(request)
         await self.core.stall_if_hung()  # a wedged server answers nothing at all
-        canned = self.replies.get(request.path)
-        if canned is None:
-            return await handler(request)
-        if request.can_read_body:
-            self.calls[request.path].append(await request.read())
-        status, body = canned
-        if isinstance(body, str):
-            return web.Response(status=status, text=body)
-        return web.json_response(body, status=status)
+        return await canned_reply(self, request) or await handler(request)
 
     def app(self) -> web.Application:
         # no body size limit, as uvicorn has none: a tensor update is one bucket per request
