@@ -145,11 +145,20 @@ def _ratio(steps: list[dict], prefix: str) -> float:
     return errors / calls if calls else 0.0
 
 
+EVAL_KEYS = ("eval/accuracy", "eval/avg@", "eval/maj@", "eval/pass@", "eval/tool_error_ratio",
+             "eval/response_tokens_mean")
+
+
+def _eval_figures(row: dict) -> dict[str, Any]:
+    """An eval row's figures without the `eval/` prefix: greedy accuracy (`accuracy`), the
+    sampled avg@k / maj@k / pass@k (per level too), and the tool-error ratios (of all calls and
+    of the calls in correct sampled answers: `tool_error_ratio_correct`)."""
+    return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith(EVAL_KEYS)}
+
+
 def read_sft(run_dir: Path) -> dict[str, Any]:
     evals = [r for r in _rows(run_dir) if r["kind"] == "eval"]
-    after = next(r for r in evals if r.get("label") == "after_sft")
-    return {k.removeprefix("eval/"): v for k, v in after.items()
-            if k.startswith("eval/accuracy") or k == "eval/tool_error_ratio"}
+    return _eval_figures(next(r for r in evals if r.get("label") == "after_sft"))
 
 
 def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
@@ -163,9 +172,7 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
                          "run it again (without --reuse)")
     kept_perr = [r["roc/p_err_kept_pos"] for r in steps if "roc/p_err_kept_pos" in r]
     return {
-        "final": {k.removeprefix("eval/"): v for k, v in final.items()
-                  if k.startswith("eval/accuracy") or k in ("eval/tool_error_ratio",
-                                                            "eval/response_tokens_mean")},
+        "final": _eval_figures(final),
         "tool_error_pos_run": _ratio(steps, "pos"),
         "tool_error_all_run": _ratio(steps, "all"),
         "tool_error_pos_tail": _ratio(steps[-tail:], "pos"),
@@ -180,8 +187,34 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
             "tool_error_all": [r.get("rollout/tool_error_ratio", 0.0) for r in steps],
             "response_tokens": [r.get("rollout/response_tokens_mean", 0.0) for r in steps],
             "eval": [(r["step"], r["eval/accuracy"]) for r in evals],
+            "eval_sampled": [(r["step"], r[key]) for r in evals
+                             if (key := _k_key(r, "avg")) is not None],
+            "eval_tool_error_correct": [(r["step"], r["eval/tool_error_ratio_correct"])
+                                        for r in evals if "eval/tool_error_ratio_correct" in r],
         },
     }
+
+
+def _k_key(row: dict, stat: str, prefix: str = "eval/") -> str | None:
+    """The key of `row`'s sampled `stat` (`avg`, `maj`, `pass`) over all levels: `eval/avg@8`."""
+    head = f"{prefix}{stat}@"
+    return next((k for k in row if k.startswith(head) and k[len(head):].isdigit()), None)
+
+
+def sampled(figures: dict, stat: str, level: int | None = None) -> float | None:
+    """avg@k (or maj@k, pass@k) from an eval's figures, over all levels or one; None when the
+    eval sampled nothing (a greedy-only run)."""
+    key = _k_key(figures, stat, prefix="")
+    if key is None:
+        return None
+    return figures.get(key if level is None else f"{key}_L{level}")
+
+
+def _gain(r: dict) -> float | None:
+    """Final avg@k minus the seed's after-SFT avg@k: what RL added to the sampled policy."""
+    after = r.get("after_sft") or {}
+    end, start = sampled(r["final"], "avg"), sampled(after, "avg")
+    return None if end is None or start is None else end - start
 
 
 def stats(xs: list[float], seed: int = 0) -> dict[str, Any]:
@@ -197,8 +230,13 @@ def _level(lv: int) -> Any:
 
 
 SCALARS = [
-    ("acc final", lambda r: r["final"]["accuracy"]),
-    *((f"acc L{lv}", _level(lv)) for lv in (1, 2, 3, 4)),
+    ("greedy", lambda r: r["final"]["accuracy"]),
+    *((f"greedy L{lv}", _level(lv)) for lv in (1, 2, 3, 4)),
+    ("avg@k", lambda r: sampled(r["final"], "avg")),
+    *((f"avg@k L{lv}", lambda r, lv=lv: sampled(r["final"], "avg", lv)) for lv in (1, 2, 3, 4)),
+    ("maj@k", lambda r: sampled(r["final"], "maj")),
+    ("avg@k gain over SFT", _gain),
+    ("tool-err correct (eval)", lambda r: r["final"].get("tool_error_ratio_correct")),
     ("tool-err pos (run)", lambda r: r["tool_error_pos_run"]),
     ("tool-err pos (tail)", lambda r: r["tool_error_pos_tail"]),
     ("tool-err all (run)", lambda r: r["tool_error_all_run"]),
@@ -221,27 +259,90 @@ def summarise(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, dict[s
     return out
 
 
-def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]]) -> str:
-    names = [n for n, _ in SCALARS]
-    lines = ["| arm | seeds | " + " | ".join(names) + " |",
-             "|---|---|" + "---|" * len(names)]
+HEADLINE = ["greedy", "avg@k", "avg@k gain over SFT", "maj@k", "tool-err correct (eval)",
+            "tool-err pos (tail)", "p_err trained pos"]
+# RoC's claim at the policy level: a RoC arm's correct answers make fewer tool errors than a
+# GRPO arm's. Paired by seed (the arms of a seed share the cold start), RoC minus GRPO.
+PAIRED = ["tool-err correct (eval)", "tool-err pos (tail)", "tool-err pos (run)", "avg@k",
+          "greedy"]
+
+
+def paired(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For each RoC arm against each GRPO arm, the per-seed differences (RoC - GRPO) of the
+    `PAIRED` figures over the seeds both finished: mean, sd and a 95% bootstrap interval."""
+    getters = dict(SCALARS)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for roc in (a for a in results if a.startswith("roc")):
+        for grpo in (a for a in results if a.startswith("grpo")):
+            common = sorted(set(results[roc]) & set(results[grpo]))
+            pair: dict[str, dict[str, Any]] = {}
+            for name in PAIRED:
+                diffs = []
+                for seed in common:
+                    x, y = getters[name](results[roc][seed]), getters[name](results[grpo][seed])
+                    if x is not None and y is not None:
+                        diffs.append(float(x) - float(y))
+                if diffs:
+                    pair[name] = {**stats(diffs), "seeds": common}
+            if pair:
+                out[f"{roc} - {grpo}"] = pair
+    return out
+
+
+def _cell(name: str, st: dict[str, Any], ci: bool = False) -> str:
+    if name in ("resp tokens", "RL wall s"):
+        return f"{st['mean']:.0f} ± {st['sd']:.0f}"
+    text = f"{st['mean']:.3f} ± {st['sd']:.3f}"
+    return text + (f" [{st['ci95'][0]:.3f}, {st['ci95'][1]:.3f}]" if ci else "")
+
+
+def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]],
+             pairs: dict | None = None, results: dict | None = None) -> str:
+    lines = ["Headline figures per arm: mean ± sd over seeds [95% bootstrap interval of the "
+             "mean].", "", "| arm | seeds | " + " | ".join(HEADLINE) + " |",
+             "|---|---|" + "---|" * len(HEADLINE)]
     for arm, by_name in summary.items():
-        cells = []
-        for n in names:
-            s = by_name.get(n)
-            if s is None:
-                cells.append("–")
-            elif n in ("resp tokens", "RL wall s"):
-                cells.append(f"{s['mean']:.0f} ± {s['sd']:.0f}")
-            else:
-                cells.append(f"{s['mean']:.3f} ± {s['sd']:.3f}")
+        cells = [_cell(n, by_name[n], ci=True) if n in by_name else "–" for n in HEADLINE]
         lines.append(f"| {arm} | {','.join(map(str, seeds[arm]))} | " + " | ".join(cells) + " |")
-    if sft:
-        lines += ["", "After SFT (the arms' common start), per seed: " + "; ".join(
-            f"seed {s}: acc {r['accuracy']:.3f} (" + ", ".join(
-                f"L{k[-1]} {v:.2f}" for k, v in r.items() if k.startswith("accuracy_L"))
-            + f"), eval tool-err {r.get('tool_error_ratio', 0.0):.3f}"
-            for s, r in sorted(sft.items()))]
+    if pairs:
+        lines += ["", "RoC minus GRPO, paired by seed: mean ± sd [95% bootstrap interval]; "
+                  "`*` where the interval excludes zero.", "",
+                  "| pair | seeds | " + " | ".join(PAIRED) + " |", "|---|---|" + "---|" * len(PAIRED)]
+        for pair, by_name in pairs.items():
+            cells = []
+            for n in PAIRED:
+                st = by_name.get(n)
+                if st is None:
+                    cells.append("–")
+                    continue
+                lo, hi = st["ci95"]
+                star = " *" if lo > 0 or hi < 0 else ""
+                cells.append(f"{st['mean']:+.3f} ± {st['sd']:.3f} [{lo:+.3f}, {hi:+.3f}]{star}")
+            some = next(iter(by_name.values()))
+            lines.append(f"| {pair} | {','.join(map(str, some['seeds']))} | "
+                         + " | ".join(cells) + " |")
+    if results and sft:
+        arms = list(results)
+        lines += ["", "Per seed, avg@k after SFT (the arms' common start) and each arm's final "
+                  "avg@k (greedy in brackets):", "",
+                  "| seed | after SFT | " + " | ".join(arms) + " |", "|---|---|" + "---|" * len(arms)]
+        for seed, r in sorted(sft.items()):
+            cells = []
+            for arm in arms:
+                run = results[arm].get(seed)
+                avg = sampled(run["final"], "avg") if run else None
+                cells.append("–" if run is None else
+                             f"{avg:.3f} ({run['final']['accuracy']:.3f})" if avg is not None
+                             else f"– ({run['final']['accuracy']:.3f})")
+            start = sampled(r, "avg")
+            lines.append(f"| {seed} | " + (f"{start:.3f}" if start is not None else "–")
+                         + f" ({r['accuracy']:.3f}) | " + " | ".join(cells) + " |")
+    names = [n for n, _ in SCALARS]
+    lines += ["", "Every figure per arm: mean ± sd over seeds.", "",
+              "| arm | seeds | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for arm, by_name in summary.items():
+        cells = [_cell(n, by_name[n]) if n in by_name else "–" for n in names]
+        lines.append(f"| {arm} | {','.join(map(str, seeds[arm]))} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -253,7 +354,8 @@ def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
+    axes = axes.ravel()
     colors = dict(zip(ARMS, ("C0", "C1", "C2", "C3"), strict=True))
     for arm, by_seed in results.items():
         for i, (_seed, r) in enumerate(sorted(by_seed.items())):
@@ -263,12 +365,16 @@ def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
                                strict=True):
                 ax.plot(range(1, len(c[key]) + 1), c[key], color=colors[arm], alpha=0.7,
                         label=label)
-            if c["eval"]:
-                ex, ey = zip(*c["eval"], strict=True)
-                axes[3].plot(ex, ey, marker="o", color=colors[arm], alpha=0.7, label=label)
+            for ax, key in zip(axes[3:], ("eval", "eval_sampled", "eval_tool_error_correct"),
+                               strict=True):
+                if c.get(key):
+                    ex, ey = zip(*c[key], strict=True)
+                    ax.plot(ex, ey, marker="o", color=colors[arm], alpha=0.7, label=label)
     for ax, title in zip(axes, ("tool-error ratio, positive rollouts",
                                 "tool-error ratio, all rollouts", "response tokens (mean)",
-                                "held-out accuracy (greedy)"), strict=True):
+                                "held-out accuracy (greedy)", "held-out avg@k (sampled)",
+                                "tool-error ratio, correct sampled eval answers"),
+                           strict=True):
         ax.set(title=title, xlabel="RL step")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -304,20 +410,22 @@ def main() -> int:
         for arm in args.arms:
             if finished(out_dir / f"{arm}-seed{seed}"):
                 results[arm][seed] = read_arm(out_dir / f"{arm}-seed{seed}", args.tail)
+                results[arm][seed]["after_sft"] = sft.get(seed)
     results = {a: r for a, r in results.items() if r}
     if not results:
         print("no finished arm runs under", out_dir)
         return 1
     summary = summarise(results)
     seeds = {arm: sorted(r) for arm, r in results.items()}
-    table = markdown(summary, sft, seeds)
+    pairs = paired(results)
+    table = markdown(summary, sft, seeds, pairs, results)
     print("\n" + table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "roc_ablation.md").write_text(table)
     (RESULTS / "roc_ablation.json").write_text(json.dumps(
         {"curriculum": str(args.curriculum.relative_to(ROOT)) if args.curriculum.is_relative_to(
             ROOT) else str(args.curriculum), "overrides": args.set, "seeds": seeds,
-         "after_sft": sft, "summary": summary, "runs": results}, indent=1))
+         "after_sft": sft, "summary": summary, "paired": pairs, "runs": results}, indent=1))
     plot(results, RESULTS / "roc_ablation.png")
     print(f"wrote {RESULTS / 'roc_ablation.json'}, .md, .png")
     return 0

@@ -61,3 +61,38 @@ def test_stats_over_seeds() -> None:
     assert s["sd"] == pytest.approx((0.08 / 3) ** 0.5)
     lo, hi = s["ci95"]
     assert 0.2 <= lo <= 0.4 <= hi <= 0.6
+
+
+def _arm_run(acc: float, avg: float, err_correct: float, sft_avg: float) -> dict:
+    return {"final": {"accuracy": acc, "accuracy_L1": acc, "avg@8": avg, "avg@8_L1": avg,
+                      "maj@8": 1.0, "pass@8": 1.0, "tool_error_ratio_correct": err_correct},
+            "after_sft": {"accuracy": 0.5, "avg@8": sft_avg},
+            "tool_error_pos_run": err_correct, "tool_error_pos_tail": err_correct,
+            "tool_error_all_run": 0.2, "tool_error_all_tail": 0.2, "p_err_kept_pos_mean": 0.01,
+            "response_tokens_mean": 60.0, "reward_mean": 0.8, "wall_s": 100.0}
+
+
+def test_sampled_figures_gain_and_paired_differences_over_seeds() -> None:
+    """avg@k is found whatever k the run used; RL's gain is final avg@k minus the seed's
+    after-SFT avg@k; RoC - GRPO is paired by seed and starred only when its interval
+    excludes zero."""
+    results = {
+        "roc-weighted": {s: _arm_run(1.0, 0.90 + s / 100, 0.01, 0.40) for s in range(5)},
+        "grpo-all": {s: _arm_run(1.0, 0.90 + s / 100, 0.05 + s / 1000, 0.40) for s in range(5)},
+    }
+    assert bench.sampled(results["roc-weighted"][2]["final"], "avg") == pytest.approx(0.92)
+    assert bench.sampled(results["roc-weighted"][2]["final"], "avg", 1) == pytest.approx(0.92)
+    assert bench.sampled({"accuracy": 1.0}, "avg") is None  # a greedy-only run
+    assert bench._gain(results["roc-weighted"][0]) == pytest.approx(0.50)
+    pairs = bench.paired(results)
+    diff = pairs["roc-weighted - grpo-all"]
+    assert diff["tool-err correct (eval)"]["mean"] == pytest.approx(-0.042)
+    assert diff["tool-err correct (eval)"]["ci95"][1] < 0
+    assert diff["avg@k"]["mean"] == pytest.approx(0.0) and diff["avg@k"]["seeds"] == [0, 1, 2, 3, 4]
+    summary = bench.summarise(results)
+    assert summary["roc-weighted"]["avg@k gain over SFT"]["mean"] == pytest.approx(0.52)
+    sft = {s: results["roc-weighted"][s]["after_sft"] for s in range(5)}
+    text = bench.markdown(summary, sft, {a: list(range(5)) for a in results}, pairs, results)
+    row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
+    assert row.count(" *") == 3  # both tool-error columns and the run ratio; not avg@k or greedy
+    assert "| 4 | 0.400 (0.500) | 0.940 (1.000) | 0.940 (1.000) |" in text
