@@ -39,7 +39,8 @@ lint:
 bench *ARGS:
     {{python}} bench/run.py {{ARGS}}
 
-# GRPO-RoC vs plain GRPO on the tiny curriculum (two full tiny runs per seed).
+# RoC's two rules vs plain GRPO's two on the evidence curriculum: an SFT run and four RL runs
+# per seed (`--seeds 0 1 2 3 4`; `--reuse` continues an interrupted ablation).
 bench-ablation *ARGS:
     {{python}} bench/roc_ablation.py {{ARGS}}
 
