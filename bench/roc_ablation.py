@@ -263,6 +263,7 @@ HEADLINE = ["greedy", "avg@k", "avg@k gain over SFT", "maj@k", "tool-err correct
             "tool-err pos (tail)", "p_err trained pos"]
 # RoC's claim at the policy level: a RoC arm's correct answers make fewer tool errors than a
 # GRPO arm's. Paired by seed (the arms of a seed share the cold start), RoC minus GRPO.
+MIN_SEEDS_FOR_STAR = 3  # a one- or two-seed bootstrap interval is the seeds themselves
 PAIRED = ["tool-err correct (eval)", "tool-err pos (tail)", "tool-err pos (run)", "avg@k",
           "greedy"]
 
@@ -306,7 +307,7 @@ def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]],
         lines.append(f"| {arm} | {','.join(map(str, seeds[arm]))} | " + " | ".join(cells) + " |")
     if pairs:
         lines += ["", "RoC minus GRPO, paired by seed: mean ± sd [95% bootstrap interval]; "
-                  "`*` where the interval excludes zero.", "",
+                  f"`*` where the interval excludes zero over {MIN_SEEDS_FOR_STAR} or more seeds.", "",
                   "| pair | seeds | " + " | ".join(PAIRED) + " |", "|---|---|" + "---|" * len(PAIRED)]
         for pair, by_name in pairs.items():
             cells = []
@@ -316,7 +317,7 @@ def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]],
                     cells.append("–")
                     continue
                 lo, hi = st["ci95"]
-                star = " *" if lo > 0 or hi < 0 else ""
+                star = " *" if st["n"] >= MIN_SEEDS_FOR_STAR and (lo > 0 or hi < 0) else ""
                 cells.append(f"{st['mean']:+.3f} ± {st['sd']:.3f} [{lo:+.3f}, {hi:+.3f}]{star}")
             some = next(iter(by_name.values()))
             lines.append(f"| {pair} | {','.join(map(str, some['seeds']))} | "

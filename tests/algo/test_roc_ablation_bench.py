@@ -96,3 +96,8 @@ def test_sampled_figures_gain_and_paired_differences_over_seeds() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
     assert row.count(" *") == 3  # both tool-error columns and the run ratio; not avg@k or greedy
     assert "| 4 | 0.400 (0.500) | 0.940 (1.000) | 0.940 (1.000) |" in text
+    two = {arm: {s: r for s, r in runs.items() if s < 2} for arm, runs in results.items()}
+    text = bench.markdown(bench.summarise(two), sft, {a: [0, 1] for a in two}, bench.paired(two),
+                          two)
+    row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
+    assert " *" not in row  # two seeds: no claim, whatever the interval says
