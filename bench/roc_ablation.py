@@ -13,12 +13,14 @@ start from identical weights, tokenizer, data and seed and differ only in the se
 (Each RL run starts a fresh optimizer, where a one-file curriculum run carries the SFT stage's
 AdamW state into RL; the arms are alike in this.)
 
-Per arm, over seeds (mean, standard deviation, min and max): final held-out accuracy overall
-and per level, the tool-error ratio (failed calls / calls) of positive rollouts and of all
-rollouts over the whole RL run and over its last `--tail` steps, the p_err of the positives
-the update trained on, the mean response length, and the RL wall time. Curves per RL step
-(tool-error ratio of positive and of all rollouts, response length, held-out accuracy) go to
-a plot. Writes `bench/results/roc_ablation.{json,md,png}` and appends progress to
+Per arm, over seeds (mean, standard deviation, min, max and a 95% bootstrap interval of the
+mean): final held-out greedy accuracy and sampled avg@k / maj@k (overall and per level), RL's
+avg@k gain over the seed's cold start, the tool-error ratio (failed calls / calls) of correct
+sampled eval answers (RoC's claim about the policy), of positive rollouts and of all rollouts
+over the whole RL run and over its last `--tail` steps, the p_err of the positives the update
+trained on, the mean response length, and the RL wall time. Each RoC arm minus each GRPO arm,
+paired by seed, with its interval. Curves per RL step (tool-error ratios, response length) and
+per evaluation (greedy, avg@k, tool errors of correct answers) go to a plot. Writes `bench/results/roc_ablation.{json,md,png}` and appends progress to
 `runs/ablation/progress.log`.
 
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
