@@ -189,26 +189,20 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
             "tool_error_all": [r.get("rollout/tool_error_ratio", 0.0) for r in steps],
             "response_tokens": [r.get("rollout/response_tokens_mean", 0.0) for r in steps],
             "eval": [(r["step"], r["eval/accuracy"]) for r in evals],
-            "eval_sampled": [(r["step"], r[key]) for r in evals
-                             if (key := _k_key(r, "avg")) is not None],
+            "eval_sampled": [(r["step"], avg) for r in evals
+                             if (avg := sampled(_eval_figures(r), "avg")) is not None],
             "eval_tool_error_correct": [(r["step"], r["eval/tool_error_ratio_correct"])
                                         for r in evals if "eval/tool_error_ratio_correct" in r],
         },
     }
 
 
-def _k_key(row: dict, stat: str, prefix: str = "eval/") -> str | None:
-    """The key of `row`'s sampled `stat` (`avg`, `maj`, `pass`) over all levels: `eval/avg@8`."""
-    head = f"{prefix}{stat}@"
-    return next((k for k in row if k.startswith(head) and k[len(head):].isdigit()), None)
-
-
 def sampled(figures: dict, stat: str, level: int | None = None) -> float | None:
     """avg@k (or maj@k, pass@k) from an eval's figures, over all levels or one; None when the
     eval sampled nothing (a greedy-only run)."""
-    key = _k_key(figures, stat, prefix="")
-    if key is None:
-        return None
+    from asyncrl.observe.report import sampled_key
+
+    key = sampled_key([{"kind": "eval", **figures}], f"{stat}@*")  # "avg@*" when none
     return figures.get(key if level is None else f"{key}_L{level}")
 
 

@@ -76,12 +76,11 @@ def mass(path: Path, tokenizer: Any) -> dict[str, Any]:
             answers += 1
             tool += bool(r.get("tool_calls"))
             right += r.get("reward", 0.0) > 0
-            ids = [t for t, m in zip(r["response_ids"], r["loss_mask"], strict=True) if m]
-            lps = [lp for lp, m in zip(r["logprobs"], r["loss_mask"], strict=True) if m]
             pieces = [tokenizer.decode([t]) for t in r["response_ids"]]
-            kinds = [k for k, m in zip(classify(pieces), r["loss_mask"], strict=True) if m]
-            for _tok, lp, kind in zip(ids, lps, kinds, strict=True):
-                totals[kind] += 1.0 - math.exp(lp)
+            for lp, kind, mine in zip(r["logprobs"], classify(pieces), r["loss_mask"],
+                                      strict=True):
+                if mine:
+                    totals[kind] += 1.0 - math.exp(lp)
     n = max(answers, 1)
     per = {k: v / n for k, v in totals.items()}
     total = sum(per.values())
