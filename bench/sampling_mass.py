@@ -16,9 +16,17 @@ about 1 - exp(-sum). Split by where the token sits:
 A policy can be 100% right greedily and still lose a fifth of its sampled answers this way: the
 figures say which part of the answer to sharpen.
 
+A second table says where the *sampled* answers that were wrong went wrong (the evaluation's
+`eval/*.jsonl` beside the greedy file), as a share of all sampled answers:
+
+- `head`: no tool call; the answer was written from the model's head;
+- `program`: the last call's output is not the right answer (a wrong program, or an error);
+- `copy`: the last call printed the right answer and the boxed answer differs from it;
+- `no answer`: the last call printed the right answer and nothing was boxed.
+
     python bench/sampling_mass.py RUN_DIR [MORE_RUN_DIRS ...] [--last]
 
-Prints one row per evaluation (or per run's last one with `--last`) and writes
+Prints one row per evaluation (or per run's last one with `--last`) in each table and writes
 `bench/results/sampling_mass.json`. Seconds; not part of the tests.
 """
 
@@ -34,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CLASSES = ("choice", "code digits", "code other", "answer", "other")
+MISSES = ("head", "program", "copy", "no answer")
 _SPANS = (("<reason>", "</reason>", "choice"), ("```python", "```", "code"),
           ("<answer>", "</answer>", "answer"))
 
@@ -89,6 +98,36 @@ def mass(path: Path, tokenizer: Any) -> dict[str, Any]:
             "departing_share": 1.0 - math.exp(-total)}
 
 
+def miss_kind(rollout: dict[str, Any], gold: str) -> str | None:
+    """Why one sampled answer is wrong (`MISSES`), or None when it is right."""
+    if rollout.get("reward", 0.0) > 0:
+        return None
+    calls = rollout.get("tool_calls") or []
+    if not calls:
+        return "head"
+    if (calls[-1].get("stdout") or "").strip() != gold.strip():
+        return "program"
+    return "copy" if rollout.get("answer") not in (None, "") else "no answer"
+
+
+def misses(path: Path) -> dict[str, Any]:
+    """Shares of one sampled eval file's answers that are wrong, by why (`miss_kind`)."""
+    counts = dict.fromkeys(MISSES, 0)
+    answers = 0
+    for line in path.read_text().splitlines():
+        if not line:
+            continue
+        group = json.loads(line)
+        for r in group["rollouts"]:
+            answers += 1
+            kind = miss_kind(r, str(group["problem"]["answer"]))
+            if kind:
+                counts[kind] += 1
+    n = max(answers, 1)
+    return {"eval": path.stem, "sampled": answers, "right": 1.0 - sum(counts.values()) / n,
+            **{k: v / n for k, v in counts.items()}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", type=Path, nargs="+")
@@ -104,7 +143,9 @@ def main() -> int:
             raise SystemExit(f"{run}: no tokenizer (final/ or model-init/) or no eval/*.jsonl")
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         for f in files[-1:] if args.last else files:
-            rows.append({"run": str(run), **mass(f, tokenizer)})
+            sampled = f.with_name(f.name.replace("-greedy.jsonl", ".jsonl"))
+            rows.append({"run": str(run), **mass(f, tokenizer),
+                         "misses": misses(sampled) if sampled != f and sampled.is_file() else None})
     head = ["run", "eval", "greedy right", "tool", *CLASSES, "total", "departing"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
@@ -112,6 +153,16 @@ def main() -> int:
                  f"{r['tool_share']:.2f}", *(f"{r[k]:.3f}" for k in CLASSES),
                  f"{r['total']:.3f}", f"{r['departing_share']:.3f}"]
         print("| " + " | ".join(cells) + " |")
+    wrong = [r for r in rows if r["misses"]]
+    if wrong:
+        head = ["run", "eval", "sampled", "right", *(f"wrong: {k}" for k in MISSES)]
+        print("\nWhere the wrong sampled answers went wrong (share of all sampled answers):")
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for r in wrong:
+            m = r["misses"]
+            cells = [Path(r["run"]).name, r["eval"], str(m["sampled"]), f"{m['right']:.3f}",
+                     *(f"{m[k]:.3f}" for k in MISSES)]
+            print("| " + " | ".join(cells) + " |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "sampling_mass.json").write_text(json.dumps(rows, indent=1))
     print(f"wrote {RESULTS / 'sampling_mass.json'}")

@@ -49,3 +49,24 @@ def test_mass_sums_one_minus_p_over_model_tokens_only(tmp_path: Path) -> None:
     assert out["answer"] == 0.0  # token 15 (the output's digits) is masked out
     assert out["total"] == pytest.approx(0.2)
     assert out["departing_share"] == pytest.approx(1 - math.exp(-0.2))
+
+
+def test_misses_say_why_each_wrong_sampled_answer_is_wrong(tmp_path: Path) -> None:
+    def call(stdout: str) -> dict:
+        return {"stdout": stdout, "status": "ok"}
+
+    rollouts = [
+        {"reward": 1.0, "answer": "287", "tool_calls": [call("287\n")]},
+        {"reward": 0.0, "answer": "280", "tool_calls": []},                       # head
+        {"reward": 0.0, "answer": "28", "tool_calls": [call("287\n"), call("28\n")]},  # program
+        {"reward": 0.0, "answer": "", "tool_calls": [call("")]},                  # program (error)
+        {"reward": 0.0, "answer": "278", "tool_calls": [call("287\n")]},          # copy
+        {"reward": 0.0, "answer": None, "tool_calls": [call("287\n")]},           # no answer
+    ]
+    assert [bench.miss_kind(r, "287") for r in rollouts] == [
+        None, "head", "program", "program", "copy", "no answer"]
+    path = tmp_path / "000010-step.jsonl"
+    path.write_text(json.dumps({"problem": {"answer": 287}, "rollouts": rollouts}) + "\n")
+    out = bench.misses(path)
+    assert out["sampled"] == 6 and out["right"] == pytest.approx(1 / 6)
+    assert out["program"] == pytest.approx(2 / 6) and out["copy"] == pytest.approx(1 / 6)
