@@ -13,7 +13,8 @@ padding and dummy tokens. Masked positions contribute exactly zero loss and zero
 Token-mean over the batch: the loss of a micro-batch is `sum(per-token loss * mask) /
 normalizer`, where `normalizer` is the number of trained tokens in the whole mini-batch (all
 micro-batches, all ranks). Summing the micro-batch losses therefore gives the token-mean of the
-mini-batch, whatever the packing. No KL term, no entropy bonus: entropy is only measured.
+mini-batch, whatever the packing. No entropy bonus (entropy is only measured); a KL penalty to a
+reference policy only when asked (`kl_penalty`, `algorithm.kl_coef`; off in the report).
 
 Per-token loss with ratio r = exp(logp - old_logp) and advantage A (DAPO's clip-higher and the
 dual-clip of Ye et al. 2020, as in verl):
@@ -212,6 +213,34 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
             "approx_kl_sum": (((r - 1.0) - log_ratio.detach()) * mf).sum(),
         }
     return loss, metrics
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor,
+               estimator: str, normalizer: float | torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, Metrics]:
+    """Per-token estimate of KL(pi || pi_ref) at the sampled tokens, token-mean with the same
+    `normalizer` rule as `grpo_loss` (the caller weights it by `algorithm.kl_coef`).
+
+    With d = log pi - log pi_ref (clamped to [-20, 20]): `k1` = d, `k2` = d^2 / 2, `k3` =
+    exp(-d) - 1 + d. `ref_logprobs` is a constant. Metrics: `kl_ref_sum`, the k3 estimate
+    whichever estimator trains (non-negative, comparable across runs).
+    """
+    m = mask.to(torch.bool)
+    mf = m.to(torch.float32)
+    d = torch.where(m, logprobs.float() - ref_logprobs.detach().float(), 0.0).clamp(-20.0, 20.0)
+    if estimator == "k1":
+        per_token = d
+    elif estimator == "k2":
+        per_token = 0.5 * d * d
+    elif estimator == "k3":
+        per_token = torch.exp(-d) - 1.0 + d
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
+    per_token = torch.where(m, per_token, 0.0)
+    loss = per_token.sum() / _normalizer(mf, normalizer)
+    with torch.no_grad():
+        k3 = torch.where(m, torch.exp(-d) - 1.0 + d, 0.0).sum()
+    return loss, {"kl_ref_sum": k3}
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor,

@@ -3,8 +3,9 @@
 Owns: the order of work inside a step and the metrics it reports. RL (`rl_step`): flatten the
 batch, split it into `algorithm.optimizer_steps_per_rl_step` mini-batches, recompute the old
 (proximal) log-probs of every micro-batch under the current weights (with the trainer/sampler
-mismatch metrics), then per mini-batch accumulate `grpo_loss` with its off-policy correction
-over the micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
+mismatch metrics) and, with `algorithm.kl_coef`, under the frozen reference policy, then per
+mini-batch accumulate `grpo_loss` with its off-policy correction (plus the weighted
+`kl_penalty`) over the micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
 cross-entropy, token-mean over all examples, with and without one optimizer step.
 
 Does not own: the model, optimizer, parallelism or checkpoint I/O (the trainer, behind
@@ -27,7 +28,7 @@ import torch
 
 from asyncrl.algo import batching, offpolicy
 from asyncrl.algo.batching import Packed, TrainSeq
-from asyncrl.algo.loss import StepStats, grpo_loss, sft_loss
+from asyncrl.algo.loss import StepStats, grpo_loss, kl_penalty, sft_loss
 from asyncrl.config import AlgorithmSection
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
@@ -79,6 +80,12 @@ class StepBackend(Protocol):
         gradient), from one pass over the logits."""
         ...
 
+    def reference_logprobs(self, t: Tensors, temperature: float) -> torch.Tensor:
+        """`logprobs` under the reference policy, without gradient: the weights as they were
+        at the backend's first call of this method (a frozen copy the backend keeps, saves and
+        restores with its state). Called only when `algorithm.kl_coef` > 0."""
+        ...
+
     def accumulate(self, index: int, count: int) -> AbstractContextManager[Any]:
         """Entered around the forward and backward of micro-batch `index` of the `count` that
         feed one optimizer step: where gradients are cleared before the first or kept local
@@ -117,21 +124,25 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`.
     quant = offpolicy.RatioQuantiles()
     olds: list[list[torch.Tensor]] = []
+    refs: list[list[torch.Tensor | None]] = []
+    kl = algo.kl_coef > 0
     with torch.no_grad():
         for plan in plans:
             olds.append([])
+            refs.append([])
             for mb in plan:
                 t = backend.tensors(mb)
                 old = backend.logprobs(t, temperature)
                 olds[-1].append(old)
+                refs[-1].append(backend.reference_logprobs(t, temperature) if kl else None)
                 stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
                                                    t["lag"]))
                 quant.add(old, t["sampling_logprobs"], t["mask"])
 
     norms, lr = [], 0.0
-    for mini, plan, old_plan in zip(minis, plans, olds, strict=True):
+    for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
         normalizer = float(sum(s.num_loss_tokens for s in mini))
-        for i, (mb, old) in enumerate(zip(plan, old_plan, strict=True)):
+        for i, (mb, old, ref) in enumerate(zip(plan, old_plan, ref_plan, strict=True)):
             t = backend.tensors(mb)
             with backend.accumulate(i, len(plan)):
                 lp, ent = backend.logprobs_and_entropy(t, temperature)
@@ -140,6 +151,11 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
                 loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], algo.eps_low,
                                     algo.eps_high, algo.dual_clip, normalizer=normalizer,
                                     coef=coef)
+                if ref is not None:
+                    kl_loss, km = kl_penalty(lp, ref, t["mask"], algo.kl_estimator,
+                                             normalizer=normalizer)
+                    loss = loss + algo.kl_coef * kl_loss
+                    stats.add(km)
                 (loss * backend.dp_size).backward()
             stats.add(m)
             stats.add(cm)

@@ -202,6 +202,15 @@ class AlgorithmSection(_Section, frozen=True, kw_only=True):
     """`icepop`: tokens whose weight pi_prox / mu is above this are masked."""
     decoupled_cap: NonNegFloat = 0.0
     """`decoupled`: tokens whose behaviour weight exceeds this are masked (0 = no cap)."""
+    kl_coef: NonNegFloat = 0.0
+    """Weight of a penalty on the distance from the reference policy, added to the loss of
+    every trained token (0 = none, the report's setting). The reference is the policy as it
+    was at the run's first RL update (the cold start); the trainer keeps a frozen copy and
+    checkpoints it. Costs one more forward pass per micro-batch."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token estimate of KL(pi || pi_ref) from the sampled token, log-ratio d = log pi -
+    log pi_ref: `k1` = d, `k2` = d^2 / 2, `k3` = exp(-d) - 1 + d (non-negative, low
+    variance; verl's `low_var_kl`)."""
 
     def __post_init__(self) -> None:
         if self.icepop_low >= self.icepop_high:

@@ -100,10 +100,15 @@ class TorchTrainer:
         if cfg.lora is not None and self.world_size > 1:
             raise TrainerError("trainer.lora runs in one process; set trainer.parallel = "
                                "'none' and launch without torchrun")
+        if algo.kl_coef > 0 and self.world_size > 1 and cfg.parallel == "fsdp2":
+            raise TrainerError("algorithm.kl_coef needs a frozen copy of the model, which "
+                               "trainer.parallel = 'fsdp2' does not keep yet; use 'ddp'")
         if self.world_size > 1:
             self._module = self._wrap(model)
         self._base_lr = algo.lr
         self._opt_step = 0
+        self.reference: Any = None
+        """Frozen copy of the policy at the first RL update, when `algorithm.kl_coef` > 0."""
         self.optimizer = self._new_optimizer()
         if cfg.lora is not None and cfg.lora.apply_to == "all":
             self.attach_lora()
@@ -273,6 +278,28 @@ class TorchTrainer:
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         return token_logprobs_and_entropy(self._logits(t), t["input_ids"], temperature)
 
+    def reference_logprobs(self, t: dict[str, torch.Tensor], temperature: float
+                           ) -> torch.Tensor:
+        """Log-probs under the frozen reference (`algorithm.kl_coef`): a copy of the model
+        taken at the first call, before that step's update (see `StepBackend`)."""
+        if self.reference is None:
+            self.reference = self._frozen_copy()
+        with torch.no_grad():
+            out = self.reference(input_ids=t["input_ids"], position_ids=t["position_ids"],
+                                 use_cache=False)
+            return token_logprobs(out.logits, t["input_ids"], temperature)
+
+    def _frozen_copy(self) -> Any:
+        """The trained model as it is now (with a LoRA adapter, base and adapter), as a separate
+        module without gradients."""
+        import copy
+
+        ref = copy.deepcopy(self.model)
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
     def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.algo.grad_clip)
@@ -367,6 +394,8 @@ class TorchTrainer:
                 "optimizer": self.optimizer.state_dict(),
                 "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
                 "lora": {"attached": True, "base_trained": self._base_trained}}
+            if self.reference is not None:
+                state["reference"] = self.reference.state_dict()
             if self._base_trained:
                 state["base"] = {k: v for k, v in self.model.state_dict().items()
                                  if ".lora_" not in k}
@@ -384,10 +413,12 @@ class TorchTrainer:
         if self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": msd, "optimizer": osd,
-                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
-                        "lora": {"attached": False, "base_trained": self._base_trained}},
-                       out / STATE_FILE)
+            state = {"model": msd, "optimizer": osd,
+                     "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
+                     "lora": {"attached": False, "base_trained": self._base_trained}}
+            if self.reference is not None:
+                state["reference"] = self.reference.state_dict()
+            torch.save(state, out / STATE_FILE)
         _barrier()
 
     def load_state(self, path: str | Path) -> None:
@@ -416,6 +447,10 @@ class TorchTrainer:
         self._base_trained = bool(lora_state["base_trained"])
         self._opt_step = int(state["schedule"]["opt_step"])
         self._base_lr = float(state["schedule"]["base_lr"])
+        self.reference = None
+        if "reference" in state:  # a KL run past its first RL update: the same reference
+            self.reference = self._frozen_copy()
+            self.reference.load_state_dict(state["reference"])
 
     def _load_lora_state(self, state: dict[str, Any]) -> None:
         from asyncrl.trainer import lora

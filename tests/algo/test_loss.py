@@ -10,6 +10,7 @@ import torch
 from asyncrl.algo.loss import (
     StepStats,
     grpo_loss,
+    kl_penalty,
     mismatch_metrics,
     sft_loss,
     token_entropy,
@@ -135,6 +136,28 @@ def test_sft_loss_is_masked_token_mean_nll():
     assert loss.item() == pytest.approx(2.5)
     assert lp.grad.tolist() == [[0.0, -0.5, 0.0, -0.5]]
     assert m["nll_sum"].item() == 5.0
+
+
+@pytest.mark.parametrize("estimator, per_token, grad", [
+    # d = log pi - log pi_ref per trained token; the gradient is per log pi, divided by 2 tokens
+    ("k1", lambda d: d, lambda d: 1.0),
+    ("k2", lambda d: d * d / 2, lambda d: d),
+    ("k3", lambda d: math.exp(-d) - 1 + d, lambda d: 1 - math.exp(-d)),
+])
+def test_kl_penalty_estimators_their_gradients_and_the_mask(estimator, per_token, grad):
+    lp = torch.tensor([[-1.0, -0.5, -2.0, -0.1]], requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.5, -1e9, -0.4]])  # a masked position that would overflow
+    mask = torch.tensor([[0.0, 1.0, 0.0, 1.0]])
+    loss, m = kl_penalty(lp, ref, mask, estimator)
+    loss.backward()
+    ds = [1.0, 0.3]
+    assert loss.item() == pytest.approx(sum(per_token(d) for d in ds) / 2, rel=1e-5)
+    torch.testing.assert_close(lp.grad, torch.tensor([[0.0, grad(1.0) / 2, 0.0,
+                                                        grad(0.3) / 2]]))
+    k3 = sum(math.exp(-d) - 1 + d for d in ds)  # the metric is k3 whatever trains
+    assert m["kl_ref_sum"].item() == pytest.approx(k3, rel=1e-5)
+    with pytest.raises(ValueError, match="k4"):
+        kl_penalty(lp, ref, mask, "k4")
 
 
 def test_mismatch_zero_when_trainer_and_sampler_agree():

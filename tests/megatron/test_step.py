@@ -177,3 +177,53 @@ def test_both_trainers_report_the_same_numbers_with_a_correction_and_an_lr_scale
         assert mine.keys() == ref.keys()
         for key in ref:
             assert mine[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+
+
+def test_kl_to_the_reference_starts_at_zero_pulls_back_and_survives_a_restore(kind, tmp_path):
+    """`algorithm.kl_coef`: the reference is the policy at the first update (KL 0 there); once
+    the policy has moved, steps whose advantages are all zero (no policy-gradient signal)
+    walk it back towards the reference, where a negligible weight lets it drift on; a trainer
+    restored from a checkpoint keeps the same reference (its next step is the same)."""
+    hf = hf_model("qwen3")
+
+    def no_signal(batch: Batch) -> Batch:
+        for g in batch.groups:
+            g.advantages = [0.0] * len(g.advantages)
+        return batch
+
+    runs = {}
+    for coef in (1.0, 1e-9):
+        tr = build(kind, hf, kl_coef=coef, optimizer_steps_per_rl_step=1)
+        first = tr.train_step(rl_batch(0))
+        assert set(first) == RL_KEYS | {"train/kl_ref"}
+        assert first["train/kl_ref"] == 0.0
+        for i in range(1, 4):
+            tr.train_step(rl_batch(i))
+        runs[coef] = (tr, [tr.train_step(no_signal(rl_batch(0)))["train/kl_ref"]
+                           for _ in range(8)])
+    strong, kl_strong = runs[1.0]
+    kl_weak = runs[1e-9][1]
+    assert kl_strong[0] > 0.0 and kl_weak[0] > 0.0
+    assert kl_strong[-1] < 0.5 * kl_strong[0]  # pulled back
+    assert kl_weak[-1] > kl_weak[0]  # Adam's momentum carries it further away
+
+    strong.save_state(tmp_path)
+    restored = build(kind, hf, kl_coef=1.0, optimizer_steps_per_rl_step=1)
+    restored.load_state(tmp_path)
+    going_on, again = strong.train_step(rl_batch(4)), restored.train_step(rl_batch(4))
+    assert going_on["train/kl_ref"] > 0.0
+    for key in going_on:
+        assert again[key] == pytest.approx(going_on[key], rel=1e-5, abs=1e-7), key
+
+
+def test_both_trainers_report_the_same_kl_penalty(cpu_megatron):
+    hf = hf_model("qwen3")
+    runs = []
+    for k in ("torch", "megatron"):
+        tr = build(k, hf, kl_coef=0.5, kl_estimator="k2")
+        runs.append([tr.train_step(rl_batch(1)), tr.train_step(rl_batch(2))])
+    for mine, ref in zip(runs[1], runs[0], strict=True):
+        assert mine.keys() == ref.keys() == RL_KEYS | {"train/kl_ref"}
+        for key in ref:
+            assert mine[key] == pytest.approx(ref[key], rel=1e-4, abs=1e-6), key
+    assert runs[0][1]["train/kl_ref"] > 0.0

@@ -85,8 +85,11 @@ class MegatronTrainer:
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
         self.recompute = self._recompute(cfg)
+        self._attention = attention
         self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute,
                                       attention=attention)
+        self.reference: Any = None
+        """Frozen copy of this rank's shard at the first RL update (`algorithm.kl_coef`)."""
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
@@ -182,6 +185,27 @@ class MegatronTrainer:
         return vocab_parallel.token_logprobs_and_entropy(self._logits(t), t["input_ids"],
                                                          temperature)
 
+    def reference_logprobs(self, t: dict[str, torch.Tensor], temperature: float
+                           ) -> torch.Tensor:
+        """Log-probs under the frozen reference (`algorithm.kl_coef`): this rank's shard as it
+        was at the first call, in a second `GPTModel` (see `StepBackend`)."""
+        if self.reference is None:
+            self.reference = self._frozen_copy()
+        with torch.no_grad():
+            logits = mmodel.forward_logits(self.reference, t["input_ids"])
+            return vocab_parallel.token_logprobs(logits, t["input_ids"], temperature)
+
+    def _frozen_copy(self) -> Any:
+        """A second model of the same shard layout holding the current weights, no gradients
+        (every rank builds its own shard at the same call)."""
+        ref = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute="none",
+                               attention=self._attention)
+        ref.load_state_dict(self.model.state_dict())
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
     def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
         lr = self._base_lr * lr_scale * lr_factor(self._opt_step, self.algo.warmup_steps,
                                                   self.algo.lr_schedule, self.total_steps)
@@ -252,10 +276,12 @@ class MegatronTrainer:
         opt_state = self._opt.state_for_save(out, self.layout)
         if self.layout.dp_rank == 0:
             out.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": self.model.state_dict(), "optimizer": opt_state,
-                        "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
-                        "layout": {"tp": self.layout.tp_size, "pp": self.layout.pp_size}},
-                       self._state_file(out))
+            state = {"model": self.model.state_dict(), "optimizer": opt_state,
+                     "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
+                     "layout": {"tp": self.layout.tp_size, "pp": self.layout.pp_size}}
+            if self.reference is not None:
+                state["reference"] = self.reference.state_dict()
+            torch.save(state, self._state_file(out))
         _barrier()
 
     def load_state(self, path: str | Path) -> None:
@@ -272,6 +298,10 @@ class MegatronTrainer:
         self._opt.load(state["optimizer"], Path(path), self.layout)
         self._opt_step = int(state["schedule"]["opt_step"])
         self._base_lr = float(state["schedule"]["base_lr"])
+        self.reference = None
+        if "reference" in state:  # a KL run past its first RL update: the same reference
+            self.reference = self._frozen_copy()
+            self.reference.load_state_dict(state["reference"])
 
     def set_lr(self, lr: float) -> None:
         """Base learning rate from the next optimizer step on (warmup/schedule multiply it)."""
