@@ -7,11 +7,20 @@ with the problem's solution program. Exact-match rate per level and per question
 policy that calls the tool but copies a digit wrong shows here, whether or not it would
 choose the tool greedily (the held-out eval mixes the two).
 
-    python bench/copy_probe.py RUN/final [MORE_DIRS ...] [--levels 1 2 3 4] [--problems 400]
-        [--seed-offset 7919] [--system-prompt TEXT] [-v]
+A second measure needs no decoding (`--leak-only` runs it alone, in seconds): the model
+reads each problem's gold tool transcript (`asyncrl.sft.coldstart`, kind `tool`: the call,
+the tool's real output, the boxed answer) and at every model-written token takes 1 - p(the
+gold token), summed per transcript by part (the classes of `bench/sampling_mass.py`). The
+`answer` part is how often a temperature-1 sample would miscopy the tool's output into
+`\boxed{}`, `code digits` the question's numbers into the program; `choice` is high by design
+after the SFT stage (its transcripts answer directly a share of the time), and `code other`
+includes the fail-and-fix habit the cold start is taught.
 
-Prints one row per model and writes `bench/results/copy_probe.json`. Minutes on a CPU for
-the tiny model; not part of the tests.
+    python bench/copy_probe.py RUN/final [MORE_DIRS ...] [--levels 1 2 3 4] [--problems 400]
+        [--seed-offset 7919] [--system-prompt TEXT] [--leak-only] [-v]
+
+Prints one row per model (and one per model and level for the leak) and writes
+`bench/results/copy_probe.json`. Minutes on a CPU for the tiny model; not part of the tests.
 """
 
 from __future__ import annotations
@@ -74,6 +83,65 @@ def probe(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt
             "by_form": by_form, "misses": misses}
 
 
+def _sampling_mass() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sampling_mass",
+                                                  ROOT / "bench" / "sampling_mass.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str
+              ) -> dict[str, dict[str, float]]:
+    """Per level: the mean over problems of sum(1 - p(gold token)) over the model-written
+    tokens of the gold tool transcript, by part (`sampling_mass.CLASSES`), and `total`."""
+    import random
+
+    import torch
+
+    from asyncrl import formats
+    from asyncrl.sft.coldstart import render_transcript, tokenize
+
+    sm = _sampling_mass()
+    fmt = formats.get_format("markdown")
+    sums: dict[int, dict[str, float]] = {}
+    counts: collections.Counter[int] = collections.Counter()
+    for p in problems:
+        ids, mask = tokenize(render_transcript(p, fmt, "tool", random.Random(0),
+                                               system_prompt=system_prompt), tok)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        first = mask.index(1)
+        kinds = sm.classify([tok.decode([t]) for t in ids[first:]])
+        lv = int(p.difficulty or 0)
+        row = sums.setdefault(lv, dict.fromkeys(sm.CLASSES, 0.0))
+        counts[lv] += 1
+        for i, kind in enumerate(kinds, start=first):
+            if mask[i]:
+                row[kind] += 1.0 - float(logp[i - 1, ids[i]].exp())
+    out = {}
+    for lv, row in sorted(sums.items()):
+        per = {k: v / counts[lv] for k, v in row.items()}
+        out[f"L{lv}"] = {**per, "total": sum(per.values())}
+    return out
+
+
+def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt: str
+         ) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from asyncrl import tasks
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    _, problems = tasks.generate("tiny_math", {"train_size": 1, "eval_size": n, "levels": levels,
+                                               "seed_offset": seed_offset}, seed=0)
+    return gold_leak(model, tok, problems, system_prompt)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", type=Path)
@@ -82,6 +150,8 @@ def main() -> None:
     ap.add_argument("--seed-offset", type=int, default=7919)
     ap.add_argument("--system-prompt", default=None,
                     help="default: data.system_prompt of curricula/tiny.toml")
+    ap.add_argument("--leak-only", action="store_true",
+                    help="only the teacher-forced leak on gold transcripts (no decoding)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print some misses")
     args = ap.parse_args()
     system = args.system_prompt
@@ -90,14 +160,25 @@ def main() -> None:
         system = cur["data"]["system_prompt"]
     rows = []
     for m in args.models:
-        r = probe(m, args.levels, args.problems, args.seed_offset, system)
+        r: dict[str, Any] = {"model": str(m)}
+        if not args.leak_only:
+            r = probe(m, args.levels, args.problems, args.seed_offset, system)
+            forms = " ".join(f"{k}={v:.2f}" for k, v in r["by_form"].items())
+            print(f"{m}: " + " ".join(f"{k}={v:.2f}" for k, v in r["by_level"].items())
+                  + f" | {forms}", flush=True)
+            if args.verbose:
+                for q, code in r["misses"]:
+                    print(f"    {q!r} -> {code!r}")
+        r["leak"] = leak(m, args.levels, args.problems, args.seed_offset, system)
         rows.append(r)
-        forms = " ".join(f"{k}={v:.2f}" for k, v in r["by_form"].items())
-        print(f"{m}: " + " ".join(f"{k}={v:.2f}" for k, v in r["by_level"].items())
-              + f" | {forms}", flush=True)
-        if args.verbose:
-            for q, code in r["misses"]:
-                print(f"    {q!r} -> {code!r}")
+    classes = [*_sampling_mass().CLASSES, "total"]
+    print("\nTeacher-forced leak on gold tool transcripts, sum of 1 - p per transcript:")
+    print("| model | level | " + " | ".join(classes) + " |")
+    print("|---|---|" + "---|" * len(classes))
+    for r in rows:
+        for lv, per in r["leak"].items():
+            print(f"| {r['model']} | {lv} | " + " | ".join(f"{per[c]:.4f}" for c in classes)
+                  + " |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "copy_probe.json").write_text(json.dumps(rows, indent=2))
     print(f"wrote {RESULTS / 'copy_probe.json'}")
