@@ -51,6 +51,8 @@ BENCHES = (
     Bench("local_engine", ("--quick", "--churn"), ("--quick", "--churn", "--streams", "16"),
           r"^model\s+streams\s+engine tok/s", "local_engine.json"),
     Bench("metric_sinks", (), (), r"^sink\s+rows\s+keys", "metric_sinks.json"),  # seconds
+    Bench("sft_step", (), ("--steps", "5", "--rounds", "1", "--budgets", "8192", "1024"),
+          r"^\s*micro_batch_tokens\s+ms/step", "sft_step.json"),
 )
 
 

@@ -1,0 +1,123 @@
+"""Seconds per SFT step of the tiny curriculum's cold start, by `trainer.micro_batch_tokens`.
+
+The SFT stage of `curricula/tiny.toml` (its model, a tokenizer trained on the task corpus as a
+run does, its 32-transcript steps with the stage's tool and fail-fix shares) through the real
+torch trainer. A step's 32 transcripts run 50-240 tokens; the trainer packs them, longest
+first, into micro-batches of at most `micro_batch_tokens` padded tokens (rows x longest row).
+With a large budget the whole step is one block padded to its longest row; a small one cuts
+the step by length, so less of the compute is padding. The update is the same either way (the
+loss is normalised over the whole step), so the only question is time.
+
+Budgets are timed in turns (round-robin, after one warm-up step each) so that a machine's
+drift lands on all of them alike; the table gives the median ms per step, the padded tokens
+per step, micro-batches per step and the speed-up over the first budget listed.
+
+    python bench/sft_step.py [--budgets 8192 2048 1024 512] [--steps 20] [--rounds 3]
+        [--threads 0]
+
+Prints a table and writes `bench/results/sft_step.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def sft_batches(steps: int) -> tuple[Any, Any, list[list[tuple[list[int], list[int]]]]]:
+    """(curriculum, tokenizer, `steps` batches of (ids, loss mask)) as tiny.toml's SFT stage
+    makes them."""
+    from asyncrl import formats, modeling, tasks
+    from asyncrl.sft.coldstart import build_sft_examples, corpus
+
+    cur = tomllib.loads((ROOT / "curricula" / "tiny.toml").read_text())
+    opts = cur["data"]["generator_options"]
+    tok = modeling.train_tokenizer(corpus("tiny_math", opts, 0), cur["tokenizer"]["vocab_size"])
+    train, _ = tasks.generate("tiny_math", opts, seed=0)
+    stage = next(s for s in cur["stages"] if s.get("kind") == "sft")
+    bs = stage["batch_size"]
+    examples = build_sft_examples(
+        [train[i % len(train)] for i in range(steps * bs)], formats.get_format("markdown"), tok,
+        random.Random(0),
+        tool_fraction_by_level={int(k): v for k, v in stage["tool_fraction_by_level"].items()},
+        fail_fix_by_level={int(k): v for k, v in stage["fail_fix_by_level"].items()},
+        system_prompt=cur["data"]["system_prompt"])
+    pairs = [(e.input_ids, e.loss_mask) for e in examples]
+    return cur, tok, [pairs[i:i + bs] for i in range(0, len(pairs), bs)]
+
+
+def padded(trainer: Any, batch: list[tuple[list[int], list[int]]]) -> tuple[int, int]:
+    """(padded tokens, micro-batches) of one step under the trainer's budget."""
+    from asyncrl.algo import batching
+
+    plan = trainer.plan(batching.sequences_from_sft(batch))
+    return sum(t["input_ids"].numel() for t in map(trainer.tensors, plan)), len(plan)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[8192, 2048, 1024, 512])
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per budget and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    args = ap.parse_args()
+
+    import torch
+
+    from asyncrl import modeling
+    from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+    from asyncrl.trainer.torch_trainer import TorchTrainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cur, tok, batches = sft_batches(args.steps + 1)
+    real = statistics.mean(sum(len(ids) for ids, _ in b) for b in batches)
+    trainers = {}
+    for budget in args.budgets:
+        model = modeling.build_model(cur["model"]["init"], tok, seed=0)
+        trainers[budget] = TorchTrainer(model, TorchTrainerConfig(micro_batch_tokens=budget),
+                                        AlgorithmSection(lr=1e-3), pad_token_id=tok.pad_token_id)
+        trainers[budget].sft_step(batches[0])  # warm-up
+    times: dict[int, list[float]] = {b: [] for b in args.budgets}
+    for _ in range(args.rounds):
+        for budget, tr in trainers.items():
+            for batch in batches[1:]:
+                t0 = time.perf_counter()
+                tr.sft_step(batch)
+                times[budget].append(time.perf_counter() - t0)
+
+    rows = []
+    base = statistics.median(times[args.budgets[0]])
+    for budget in args.budgets:
+        shape = [padded(trainers[budget], b) for b in batches[1:]]
+        med = statistics.median(times[budget])
+        rows.append({"micro_batch_tokens": budget, "ms_per_step": med * 1e3,
+                     "padded_tokens_per_step": statistics.mean(s[0] for s in shape),
+                     "real_tokens_per_step": real,
+                     "micro_batches_per_step": statistics.mean(s[1] for s in shape),
+                     "speedup": base / med})
+    print(f"tiny.toml SFT steps of {len(batches[0])} transcripts, {real:.0f} real tokens a step, "
+          f"torch threads {torch.get_num_threads()}, median of {args.steps * args.rounds}")
+    print(f"{'micro_batch_tokens':>18} {'ms/step':>8} {'padded tok':>10} {'micro-batches':>13} "
+          f"{'speed-up':>8}")
+    for r in rows:
+        print(f"{r['micro_batch_tokens']:>18} {r['ms_per_step']:>8.0f} "
+              f"{r['padded_tokens_per_step']:>10.0f} {r['micro_batches_per_step']:>13.1f} "
+              f"{r['speedup']:>7.2f}x")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / "sft_step.json"
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
