@@ -12,12 +12,14 @@ reads each problem's gold tool transcript (`asyncrl.sft.coldstart`, kind `tool`:
 the tool's real output, the boxed answer) and at every model-written token takes 1 - p(the
 gold token), summed per transcript by part (the classes of `bench/sampling_mass.py`). The
 `answer` part is how often a temperature-1 sample would miscopy the tool's output into
-`\boxed{}`, `code digits` the question's numbers into the program; `choice` is high by design
+`\boxed{}`, `code digits` the question's numbers into the program, for each execution time
+shown in the output (`--tool-times`: a model should not care which); `choice` is high by design
 after the SFT stage (its transcripts answer directly a share of the time), and `code other`
 includes the fail-and-fix habit the cold start is taught.
 
     python bench/copy_probe.py RUN/final [MORE_DIRS ...] [--levels 1 2 3 4] [--problems 400]
-        [--seed-offset 7919] [--system-prompt TEXT] [--leak-only] [-v]
+        [--seed-offset 7919] [--system-prompt TEXT] [--tool-times 0.01 0.16] [--leak-only]
+        [-v]
 
 Prints one row per model (and one per model and level for the leak) and writes
 `bench/results/copy_probe.json`. Minutes on a CPU for the tiny model; not part of the tests.
@@ -94,10 +96,11 @@ def _sampling_mass() -> Any:
     return mod
 
 
-def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str
-              ) -> dict[str, dict[str, float]]:
+def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str,
+              tool_time_s: float = 0.01) -> dict[str, dict[str, float]]:
     """Per level: the mean over problems of sum(1 - p(gold token)) over the model-written
-    tokens of the gold tool transcript, by part (`sampling_mass.CLASSES`), and `total`."""
+    tokens of the gold tool transcript whose output shows `tool_time_s`, by part
+    (`sampling_mass.CLASSES`), and `total`."""
     import random
 
     import torch
@@ -111,7 +114,8 @@ def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str
     counts: collections.Counter[int] = collections.Counter()
     for p in problems:
         ids, mask = tokenize(render_transcript(p, fmt, "tool", random.Random(0),
-                                               system_prompt=system_prompt), tok)
+                                               system_prompt=system_prompt,
+                                               duration_s=tool_time_s), tok)
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
         first = mask.index(1)
@@ -129,8 +133,9 @@ def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str
     return out
 
 
-def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt: str
-         ) -> dict[str, Any]:
+def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt: str,
+         tool_times: list[float]) -> dict[str, Any]:
+    """`gold_leak` of the model at `path` for each tool time, keyed `"{level}@{time}s"`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from asyncrl import tasks
@@ -139,7 +144,11 @@ def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt:
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     _, problems = tasks.generate("tiny_math", {"train_size": 1, "eval_size": n, "levels": levels,
                                                "seed_offset": seed_offset}, seed=0)
-    return gold_leak(model, tok, problems, system_prompt)
+    out = {}
+    for t in tool_times:
+        for lv, per in gold_leak(model, tok, problems, system_prompt, t).items():
+            out[f"{lv}@{t:.2f}s"] = per
+    return out
 
 
 def main() -> None:
@@ -150,6 +159,8 @@ def main() -> None:
     ap.add_argument("--seed-offset", type=int, default=7919)
     ap.add_argument("--system-prompt", default=None,
                     help="default: data.system_prompt of curricula/tiny.toml")
+    ap.add_argument("--tool-times", type=float, nargs="+", default=[0.01, 0.16],
+                    help="execution times shown in the gold outputs (the leak per time)")
     ap.add_argument("--leak-only", action="store_true",
                     help="only the teacher-forced leak on gold transcripts (no decoding)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print some misses")
@@ -169,11 +180,12 @@ def main() -> None:
             if args.verbose:
                 for q, code in r["misses"]:
                     print(f"    {q!r} -> {code!r}")
-        r["leak"] = leak(m, args.levels, args.problems, args.seed_offset, system)
+        r["leak"] = leak(m, args.levels, args.problems, args.seed_offset, system,
+                         args.tool_times)
         rows.append(r)
     classes = [*_sampling_mass().CLASSES, "total"]
     print("\nTeacher-forced leak on gold tool transcripts, sum of 1 - p per transcript:")
-    print("| model | level | " + " | ".join(classes) + " |")
+    print("| model | level @ tool time | " + " | ".join(classes) + " |")
     print("|---|---|" + "---|" * len(classes))
     for r in rows:
         for lv, per in r["leak"].items():

@@ -47,7 +47,8 @@ class _Teacher:
 def test_gold_leak_lands_on_the_part_that_leaks() -> None:
     tok = modeling.train_tokenizer(corpus("tiny_math", OPTIONS, 0), vocab_size=300)
     _, problems = tasks.generate("tiny_math", OPTIONS, seed=0)
-    out = bench.gold_leak(_Teacher(tok, len(tok)), tok, problems, system_prompt="Solve it.")
+    out = bench.gold_leak(_Teacher(tok, len(tok)), tok, problems, system_prompt="Solve it.",
+                          tool_time_s=0.16)
     assert set(out) == {"L1", "L3"}
     for lv, per in out.items():
         digits = [p for p in problems if f"L{int(p.difficulty or 0)}" == lv]

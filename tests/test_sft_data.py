@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import msgspec
 import pytest
@@ -59,6 +60,7 @@ def test_masks_calls_and_outputs_line_up(problems, task_tokenizer, fmt) -> None:
     examples = sft.build_sft_examples(problems[:200], fmt, task_tokenizer, random.Random(0))
     eos = task_tokenizer.eos_token_id
     seen = set()
+    times = []
     for ex, p in zip(examples, problems[:200], strict=True):
         seen.add(ex.kind)
         assert ex.problem_id == p.id and len(ex.input_ids) == len(ex.loss_mask)
@@ -78,13 +80,20 @@ def test_masks_calls_and_outputs_line_up(problems, task_tokenizer, fmt) -> None:
             call = fmt.parse(turn)
             assert isinstance(call, F.Call) and call.name == F.PYTHON_TOOL
             status, stdout, stderr = sft.run_trusted(call.arguments["code"])
-            assert out == fmt.tool_response(F.render_tool_result(status, stdout, stderr, 0.01, 256))
+            shown = re.search(r"\nTime: (\d+\.\d\d)s", out)
+            assert shown is not None, out
+            times.append(float(shown.group(1)))
+            assert out == fmt.tool_response(F.render_tool_result(status, stdout, stderr,
+                                                                 times[-1], 256))
         if ex.kind == "fail_fix":
             assert "Execution failed (error)." in tool_out[0]
             assert "Error: " in tool_out[0]
         if calls:
             assert "Execution succeeded." in tool_out[-1] and p.answer in tool_out[-1]
     assert seen == set(sft.KINDS)
+    # the clock shown varies as a sandbox's does, from an idle node's 0.00s to a loaded one's
+    # tenths: a cold start that reads one constant ties its copy of the output to it
+    assert min(times) == 0.0 and max(times) >= 0.5 and len(set(times)) >= 20
 
 
 def test_kind_fractions_follow_the_arguments(problems, task_tokenizer) -> None:

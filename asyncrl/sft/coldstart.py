@@ -52,8 +52,13 @@ KINDS = ("direct", "tool", "fail_fix")
 REASON_DIRECT = "<reason>Answer directly.</reason>\n"
 REASON_TOOL = "<reason>Compute it with Python.</reason>\n"
 REASON_FIX = "<reason>Fix the code.</reason>\n"
-TOOL_DURATION_S = 0.01
-"""Execution time shown in generated tool outputs (a plausible sandbox figure)."""
+TOOL_DURATION_RANGE_S = (0.001, 1.0)
+"""Execution times shown in generated tool outputs are drawn log-uniformly from this range, one
+draw per call from the transcript's rng: the sandbox reports 0.00s on an idle node and tenths of
+a second on a loaded one, and a cold start that only ever read one value (it was always 0.01s)
+tied its copy of the output to that string. One such tiny model copied outputs at 0.01s and
+0.16s alike; another miscopied 9 in 10 level-2 answers at 0.16s (docs/evidence.md, "The
+tool's clock")."""
 DEFAULT_TOOLS: tuple[dict[str, Any], ...] = (formats.PYTHON_TOOL_SCHEMA,)
 
 
@@ -114,10 +119,20 @@ def break_code(code: str, rng: random.Random) -> str:
     return code[:j] + code[j + 1:]
 
 
-def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int) -> tuple[str, str, str]:
-    """(text appended after the call, status, stdout) for running `code`."""
+def tool_duration(rng: random.Random) -> float:
+    """An execution time for a generated tool output (`TOOL_DURATION_RANGE_S`)."""
+    lo, hi = TOOL_DURATION_RANGE_S
+    return lo * (hi / lo) ** rng.random()
+
+
+def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int, rng: random.Random,
+                 duration_s: float | None = None) -> tuple[str, str, str]:
+    """(text appended after the call, status, stdout) for running `code`; the time shown is
+    `duration_s`, or drawn (`tool_duration`)."""
     status, stdout, stderr = run_trusted(code)
-    result = formats.render_tool_result(status, stdout, stderr, TOOL_DURATION_S, max_chars)
+    if duration_s is None:
+        duration_s = tool_duration(rng)
+    result = formats.render_tool_result(status, stdout, stderr, duration_s, max_chars)
     return fmt.tool_response(result), status, stdout
 
 
@@ -125,11 +140,13 @@ def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int) -> tuple[st
 def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng: random.Random, *,
                       code: str | None = None,
                       tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
-                      system_prompt: str = "", max_chars: int = 256) -> list[Segment]:
+                      system_prompt: str = "", max_chars: int = 256,
+                      duration_s: float | None = None) -> list[Segment]:
     """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
 
-    `code` is the solution program (default: the task family's, from `problem.source`).
-    Raises ValueError when the program does not print the problem's answer.
+    `code` is the solution program (default: the task family's, from `problem.source`). Each
+    tool output shows the execution time `duration_s`, or one drawn from `rng` per call
+    (`tool_duration`). Raises ValueError when the program does not print the problem's answer.
     """
     if kind not in KINDS:
         raise ValueError(f"unknown transcript kind {kind!r}; expected one of {KINDS}")
@@ -147,12 +164,12 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
     reason = REASON_TOOL
     if kind == "fail_fix":
         broken = break_code(code, rng)
-        response, status, _ = _tool_output(fmt, broken, max_chars)
+        response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s)
         if status == "ok":
             raise ValueError(f"problem {problem.id}: broken program {broken!r} did not fail")
         segs += [Segment(reason + fmt.render_call(broken), True), Segment(response, False)]
         reason = REASON_FIX
-    response, status, stdout = _tool_output(fmt, code, max_chars)
+    response, status, stdout = _tool_output(fmt, code, max_chars, rng, duration_s)
     if status != "ok" or stdout.strip() != problem.answer:
         raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
                          f"expected {problem.answer!r}")
@@ -190,7 +207,7 @@ def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
             {"type": "function", "function": {"name": formats.PYTHON_TOOL,
                                               "arguments": {"code": program, "input": ""}}}]})
         msgs.append({"role": "tool", "content": formats.render_tool_result(
-            status, stdout, stderr, TOOL_DURATION_S, max_chars)})
+            status, stdout, stderr, tool_duration(rng), max_chars)})
         return status, stdout
 
     reason = REASON_TOOL
