@@ -138,6 +138,24 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
         yield client, reward_pool
 
 
+def _copy_serially(model: Any) -> Any:
+    """A deep copy of `model`, made with one torch thread.
+
+    A tensor copy above torch's grain size runs as an OpenMP parallel region, and the first one
+    a thread runs leaves that thread a pool of OpenMP workers for the rest of the process. Made
+    here, on the event loop's thread, that pool would sit beside the trainer's and the engine's:
+    with more OpenMP threads than cores, libgomp stops spinning between regions, and every SFT
+    step on a 2-core machine took 1.5x as long (bench/sft_step.py --main-pool shows it)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return copy.deepcopy(model)
+    finally:
+        torch.set_num_threads(n)
+
+
 @contextlib.asynccontextmanager
 async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = True
                        ) -> AsyncIterator[Runtime]:
@@ -157,7 +175,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     # copy is taken first, since a LoRA trainer changes the model's layers in place.
     engine_model = None
     if cfg.engine.kind == "local":
-        engine_model = copy.deepcopy(model).eval() if with_trainer else model.eval()
+        engine_model = _copy_serially(model).eval() if with_trainer else model.eval()
     trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
                                               pad_token_id=tok.pad_token_id,
                                               temperature=cfg.rollout.temperature or 1.0,

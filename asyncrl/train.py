@@ -312,7 +312,11 @@ class StageRunner:
                      kept_groups=len(kept), seconds=round(step_s, 2),
                      lag_max=async_m["async/version_lag_max"])
             every = cfg.eval.every_steps
-            if every and self.state.stage_step % every == 0:
+            # The run's last step is scored by the final evaluation that follows it, on the
+            # same weights: a step evaluation there would only repeat it.
+            last = (self.state.stage_index == len(cfg.stages) - 1
+                    and self.state.stage_step >= stage.steps)
+            if every and self.state.stage_step % every == 0 and not last:
                 await self._step_eval(stage)
             await self._checkpoint()
 

@@ -13,7 +13,12 @@ drift lands on all of them alike; the table gives the median ms per step, the pa
 per step, micro-batches per step and the speed-up over the first budget listed.
 
     python bench/sft_step.py [--budgets 8192 2048 1024 512] [--steps 20] [--rounds 3]
-        [--threads 0]
+        [--threads 0] [--main-pool]
+
+`--main-pool` first copies a large tensor on the main thread. That leaves the main thread an
+OpenMP worker pool beside the stepping thread's; with more OpenMP threads than cores, libgomp
+stops spinning between parallel regions and each step is slower (1.5x on 2 cores). A run did
+exactly that until its engine copy was made with one thread (`asyncrl/runtime.py`).
 
 Prints a table and writes `bench/results/sft_step.json`.
 """
@@ -21,6 +26,7 @@ Prints a table and writes `bench/results/sft_step.json`.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import random
 import statistics
@@ -69,6 +75,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per budget and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--main-pool", action="store_true",
+                    help="first copy a large tensor on the main thread, as a run did before "
+                         "asyncrl/runtime.py made the engine's copy with one thread")
     args = ap.parse_args()
 
     import torch
@@ -86,14 +95,20 @@ def main() -> None:
         model = modeling.build_model(cur["model"]["init"], tok, seed=0)
         trainers[budget] = TorchTrainer(model, TorchTrainerConfig(micro_batch_tokens=budget),
                                         AlgorithmSection(lr=1e-3), pad_token_id=tok.pad_token_id)
-        trainers[budget].sft_step(batches[0])  # warm-up
+    if args.main_pool:
+        torch.ones(1 << 20).clone()  # an OpenMP region: the main thread keeps a worker pool
+    # Steps run on one worker thread, as a run's trainer does on its executor.
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+    for tr in trainers.values():
+        worker.submit(tr.sft_step, batches[0]).result()  # warm-up
     times: dict[int, list[float]] = {b: [] for b in args.budgets}
     for _ in range(args.rounds):
         for budget, tr in trainers.items():
             for batch in batches[1:]:
                 t0 = time.perf_counter()
-                tr.sft_step(batch)
+                worker.submit(tr.sft_step, batch).result()
                 times[budget].append(time.perf_counter() - t0)
+    worker.shutdown()
 
     rows = []
     base = statistics.median(times[args.budgets[0]])
@@ -106,7 +121,8 @@ def main() -> None:
                      "micro_batches_per_step": statistics.mean(s[1] for s in shape),
                      "speedup": base / med})
     print(f"tiny.toml SFT steps of {len(batches[0])} transcripts, {real:.0f} real tokens a step, "
-          f"torch threads {torch.get_num_threads()}, median of {args.steps * args.rounds}")
+          f"torch threads {torch.get_num_threads()}, median of {args.steps * args.rounds}"
+          + (", main thread's OpenMP pool kept" if args.main_pool else ""))
     print(f"{'micro_batch_tokens':>18} {'ms/step':>8} {'padded tok':>10} {'micro-batches':>13} "
           f"{'speed-up':>8}")
     for r in rows:
@@ -115,7 +131,8 @@ def main() -> None:
               f"{r['speedup']:>7.2f}x")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "sft_step.json"
-    out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2))
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "main_pool": args.main_pool,
+                               "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 

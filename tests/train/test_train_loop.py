@@ -114,8 +114,8 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert metric_rows(full, "sft_step") and metric_rows(full, "hard_filter")
     # lr_decay_steps = 2 of 2: the last SFT step runs at half the stage's rate
     assert metric_rows(full, "sft_step")[-1]["sft/lr"] == pytest.approx(5e-4)
-    labels = [r["label"] for r in metric_rows(full, "eval")]
-    assert labels[0] == "after_sft" and labels[-1] == "final"
+    evals = [(r["label"], r["step"]) for r in metric_rows(full, "eval")]
+    assert evals == [("after_sft", 0), ("step", 2), ("step", 4), ("final", 5)], evals
     assert (full / "config.json").exists() and (full / "final" / "config.json").exists()
     assert (full / "report" / "summary.md").exists()
     # the report reads the names the loop really writes
@@ -233,11 +233,15 @@ def test_a_plateau_ends_only_its_own_stage(tmp_path: Path) -> None:
     cfg = _write_config(tmp_path)
     run = tmp_path / "plateau"
     # eval accuracy stays flat on the micro model: the rl stage plateaus at its 2nd eval; the
-    # hard stage, which has its own rule, must still run its step
+    # hard stage, which has its own rule, must still run its steps
     _train(cfg, run, "--set", "stages.1.plateau.patience=1", "--set",
-           "stages.2.plateau.patience=1")
+           "stages.2.plateau.patience=1", "--set", "stages.2.steps=2")
     steps = metric_rows(run, "rl_step")
-    assert [r["stage"] for r in steps][-1] == "hard"
+    assert [r["stage"] for r in steps][-2:] == ["hard", "hard"]
+    # the hard stage's 2nd step is due an evaluation, but it is the run's last: the final
+    # evaluation scores those weights, once
+    evals = [(r["label"], r["step"]) for r in metric_rows(run, "eval")]
+    assert evals == [("after_sft", 0), ("step", 2), ("step", 4), ("final", 6)], evals
 
 
 @pytest.mark.timeout(900)
