@@ -60,8 +60,9 @@ CONTROL_TIMEOUT = timedelta(days=7)
 _METHODS = ("train_step", "sft_step", "sft_eval", "state_dict_for_sync", "export_hf", "save_state",
             "load_state", "set_lr")
 # `asyncrl.algo.step.StepBackend` methods that take part in collectives (never proxied)
-_COLLECTIVE_HOOKS = frozenset({"plan", "tensors", "logprobs", "logprobs_and_entropy", "accumulate",
-                               "apply_gradients", "reduce_metrics"})
+_COLLECTIVE_HOOKS = frozenset({"plan", "tensors", "logprobs", "logprobs_and_entropy",
+                               "reference_logprobs", "accumulate", "apply_gradients",
+                               "reduce_metrics"})
 
 
 def world() -> tuple[int, int]:
