@@ -41,7 +41,7 @@ _EXPORTS = {
     "run_loop": "asyncrl.api",
     "from_environment": "asyncrl.adapters",
     "function_tool": "asyncrl.adapters",
-    "LocalEngine": "asyncrl.engine.local",
+    "LocalEngine": "asyncrl.engine.local.engine",
     "build_engines": "asyncrl.engine.registry",
     "FunctionTool": "asyncrl.rollout",
     "PythonTool": "asyncrl.rollout",
@@ -97,7 +97,7 @@ if TYPE_CHECKING:
         rollouts,
         run_loop,
     )
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
     from asyncrl.engine.registry import build_engines
     from asyncrl.rollout import (
         FunctionTool,

@@ -30,7 +30,7 @@ from asyncrl.errors import BudgetError, ModelError
 from asyncrl.rollout.agent import RolloutSettings
 
 if TYPE_CHECKING:
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
 
 __all__ = ["Policy", "check_budget", "load_policy", "stop_ids"]
 
@@ -125,7 +125,7 @@ class Policy:
         `kv_token_budget`."""
         check_budget(kv_token_budget, self.settings.max_response_tokens, self.max_prompt_tokens,
                      name)
-        from asyncrl.engine.local import LocalEngine
+        from asyncrl.engine.local.engine import LocalEngine
 
         return LocalEngine(self.model, self.tokenizer, kv_token_budget=kv_token_budget,
                            max_running=max_running, name=name)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams, collect  # noqa: E402
-from asyncrl.engine.local import LocalEngine  # noqa: E402
+from asyncrl.engine.local.engine import LocalEngine  # noqa: E402
 from asyncrl.modeling import train_tokenizer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

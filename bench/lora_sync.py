@@ -61,7 +61,7 @@ def _dir_bytes(path: Path) -> int:
 
 async def _arm(lora: bool, rank: int, repeats: int) -> list[dict]:
     from asyncrl.config import AlgorithmSection, LoraSection, TorchTrainerConfig
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
     from asyncrl.engine.weightsync import push_weights
     from asyncrl.trainer.torch_trainer import TorchTrainer
 

@@ -36,9 +36,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from asyncrl.config import SGLangEngineConfig, VLLMEngineConfig  # noqa: E402
 from asyncrl.engine.base import GenerateRequest, SamplingParams  # noqa: E402
-from asyncrl.engine.remote import RemoteOptions, open_all  # noqa: E402
-from asyncrl.engine.sglang_fleet import build_sglang_engines  # noqa: E402
-from asyncrl.engine.vllm import build_vllm_engines  # noqa: E402
+from asyncrl.engine.remote.engine import RemoteOptions, open_all  # noqa: E402
+from asyncrl.engine.sglang.fleet import build_sglang_engines  # noqa: E402
+from asyncrl.engine.vllm.engine import build_vllm_engines  # noqa: E402
 
 _turn_closed: contextvars.ContextVar[float] = contextvars.ContextVar("turn_closed", default=0.0)
 

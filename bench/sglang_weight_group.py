@@ -35,10 +35,10 @@ import torch  # noqa: E402
 from fakes.control import FakeProcess  # noqa: E402
 
 from asyncrl.config import SGLangEngineConfig  # noqa: E402
-from asyncrl.engine import sglang_weights  # noqa: E402
 from asyncrl.engine.base import WeightUpdate  # noqa: E402
-from asyncrl.engine.remote import RemoteOptions  # noqa: E402
-from asyncrl.engine.sglang import SGLangEngine  # noqa: E402
+from asyncrl.engine.remote.engine import RemoteOptions  # noqa: E402
+from asyncrl.engine.sglang import weights as sglang_weights  # noqa: E402
+from asyncrl.engine.sglang.engine import SGLangEngine  # noqa: E402
 from asyncrl.engine.weight_group import WeightGroup  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Cost of SGLang tensor weight payloads on this machine: one serialisation per TP rank.
 
 SGLang 0.5.23's rank r unpickles element r of `serialized_named_tensors`, so the engine
-serialises every bucket once per rank (`asyncrl/engine/sglang_weights.py`). This measures what
+serialises every bucket once per rank (`asyncrl/engine/sglang/weights.py`). This measures what
 that costs for CPU tensors (the FSDP sync dict; CUDA tensors travel as IPC handles and cost
 far less), and a whole tensor update through the engine against the fake server running as
 its own process, as a real one does (session, payloads over HTTP, each rank's unpickling,
@@ -33,9 +33,9 @@ from fakes.control import FakeProcess  # noqa: E402
 
 from asyncrl.config import SGLangEngineConfig  # noqa: E402
 from asyncrl.engine.base import WeightUpdate  # noqa: E402
-from asyncrl.engine.remote import RemoteOptions  # noqa: E402
-from asyncrl.engine.sglang import SGLangEngine  # noqa: E402
-from asyncrl.engine.sglang_weights import rank_payloads  # noqa: E402
+from asyncrl.engine.remote.engine import RemoteOptions  # noqa: E402
+from asyncrl.engine.sglang.engine import SGLangEngine  # noqa: E402
+from asyncrl.engine.sglang.weights import rank_payloads  # noqa: E402
 
 
 def state(mb: int, n: int) -> dict[str, torch.Tensor]:

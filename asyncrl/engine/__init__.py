@@ -36,12 +36,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
 
 
 def __getattr__(name: str) -> Any:
     if name == "LocalEngine":
-        from asyncrl.engine.local import LocalEngine
+        from asyncrl.engine.local.engine import LocalEngine
 
         return LocalEngine
     raise AttributeError(f"module 'asyncrl.engine' has no attribute {name!r}")

@@ -24,7 +24,7 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
     """One in-process `LocalEngine` over `model` (moved to `cfg.device`; pass a copy if a
     trainer keeps training the original). Uses the options `name`, `seed` and `admit_reserve`
     when given; ignores the others (`run_dir`, `model_path`, ... are for other kinds)."""
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
 
     if model is None or tokenizer is None:
         raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
@@ -37,16 +37,16 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 
 def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:
     """SGLang servers (launched or attached); see
-    `asyncrl.engine.sglang_fleet.build_sglang_engines` for the options it uses (`model_path`,
+    `asyncrl.engine.sglang.fleet.build_sglang_engines` for the options it uses (`model_path`,
     `run_dir`, `session`, `remote_options`)."""
-    from asyncrl.engine.sglang_fleet import build_sglang_engines
+    from asyncrl.engine.sglang.fleet import build_sglang_engines
 
     return build_sglang_engines(cfg, **options)
 
 
 def _build_vllm(cfg: Any, **options: Any) -> list[Engine]:
-    """vLLM servers (launched or attached); see `asyncrl.engine.vllm.build_vllm_engines`."""
-    from asyncrl.engine.vllm import build_vllm_engines
+    """vLLM servers (launched or attached); see `asyncrl.engine.vllm.engine.build_vllm_engines`."""
+    from asyncrl.engine.vllm.engine import build_vllm_engines
 
     return list(build_vllm_engines(cfg, **options))
 

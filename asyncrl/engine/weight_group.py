@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.engine import sglang_weights as weights
+from asyncrl.engine.sglang import weights
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
 

@@ -6,7 +6,7 @@ Owns: the PEFT calls (imported lazily: `import asyncrl.config` and the trainer r
 no peft), the mapping between PEFT's module names and the HF model's, and the merge rule
 `W = W_base + (alpha / r) * B @ A`. Does not own: the optimizer, the steps, when the adapter
 is attached (`torch_trainer.TorchTrainer`), or how an engine applies an adapter
-(`asyncrl.engine.local`, `sglang_weights`).
+(`asyncrl.engine.local.engine`, `sglang_weights`).
 
 The in-memory adapter (`adapter_tensors`) is keyed by the HF module name of each adapted
 linear layer: `{module}.lora_A` [r, in] and `{module}.lora_B` [out, r] with the scaling

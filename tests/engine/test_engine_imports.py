@@ -13,7 +13,7 @@ PKG = "asyncrl.engine"
 
 def test_sglang_fleet_depends_on_sglang_and_the_router_never_back() -> None:
     graph = import_graph(("asyncrl",))
-    fleet, server, router = f"{PKG}.sglang_fleet", f"{PKG}.sglang", f"{PKG}.sglang_router"
+    fleet, server, router = f"{PKG}.sglang.fleet", f"{PKG}.sglang.engine", f"{PKG}.sglang.router"
     assert {server, router} <= graph[fleet]
     assert fleet not in graph[server] | graph[router]
     assert router not in graph[server] and server not in graph[router]

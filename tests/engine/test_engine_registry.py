@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import LocalEngineConfig, SGLangEngineConfig
-from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.local.engine import LocalEngine
 from asyncrl.engine.registry import ENGINE_KINDS, build_engines, register_engine_kind
 from asyncrl.errors import ConfigError
 

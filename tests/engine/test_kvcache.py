@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.engine.kvcache import GrowingLayer
+from asyncrl.engine.local.kvcache import GrowingLayer
 
 
 def _kv(rows: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

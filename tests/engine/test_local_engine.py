@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncrl.engine.base import Engine, GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.local.engine import LocalEngine
 from asyncrl.errors import EngineError, EngineUnavailable
 
 N = 24

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.algo.loss import token_logprobs
-from asyncrl.engine.sampling import sample_rows
+from asyncrl.engine.local.sampling import sample_rows
 
 V = 40
 
@@ -91,7 +91,7 @@ def test_two_level_pick_is_the_one_level_inverse_cdf() -> None:
     """The block-then-entry search returns the token a running sum over the whole vocabulary
     would, for the same uniforms (V not a multiple of the block size, masked runs that cover
     whole blocks and cross block edges)."""
-    from asyncrl.engine import sampling
+    from asyncrl.engine.local import sampling
 
     v, n = 1_003, 20_000
     row = torch.randn(v, generator=_gen(5)) * 3.0
@@ -108,7 +108,7 @@ def test_two_level_pick_is_the_one_level_inverse_cdf() -> None:
 
 
 def test_uniform_at_the_top_never_picks_a_masked_token() -> None:
-    from asyncrl.engine import sampling
+    from asyncrl.engine.local import sampling
 
     e = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0]]).repeat(3, 1)
     u = torch.tensor([0.0, 0.999999, 1.0])  # 1.0 is outside rand's range: the rounding case

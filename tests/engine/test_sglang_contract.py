@@ -27,8 +27,8 @@ from fakes.control import FakeProcess
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions
-from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.remote.engine import RemoteOptions
+from asyncrl.engine.sglang.engine import SGLangEngine
 
 OPTIONS = RemoteOptions(health_interval_s=0.5, health_timeout_s=30.0, health_failures=3,
                         control_timeout_s=30.0, weight_timeout_s=300.0, load_ttl_s=0.0,

@@ -18,8 +18,8 @@ from fakes.sglang_server import ScriptedModel
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions
-from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.remote.engine import RemoteOptions
+from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.errors import WeightSyncError
 
 FAST = RemoteOptions(health_interval_s=0.1, health_timeout_s=1.0, health_failures=2,

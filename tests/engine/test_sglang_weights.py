@@ -27,10 +27,10 @@ from fakes.sglang_server import ScriptedModel, tensor_digest
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
-from asyncrl.engine.sglang_weights import serialize_named_tensors
+from asyncrl.engine.remote.engine import RemoteOptions
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.router import RoutedSGLangEngine
+from asyncrl.engine.sglang.weights import serialize_named_tensors
 from asyncrl.engine.weight_group import _rank0_backend
 from asyncrl.errors import EngineError, WeightSyncError
 

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, collect
-from asyncrl.engine.remote import RemoteOptions
-from asyncrl.engine.sglang import SGLangEngine, decode_event, parse_loads, wire_rid
-from asyncrl.engine.sglang_router import register_worker
-from asyncrl.engine.sglang_weights import server_message, torch_dtype_names
+from asyncrl.engine.remote.engine import RemoteOptions
+from asyncrl.engine.sglang.engine import SGLangEngine, decode_event, parse_loads, wire_rid
+from asyncrl.engine.sglang.router import register_worker
+from asyncrl.engine.sglang.weights import server_message, torch_dtype_names
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 
 FAST = RemoteOptions(health_interval_s=0.2, health_timeout_s=1.0, health_failures=2,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.engine.vllm import error_message
+from asyncrl.engine.vllm.engine import error_message
 
 
 def test_vllm_0_32s_nested_error_gives_its_message() -> None:
@@ -27,7 +27,7 @@ def test_other_bodies_give_their_reason_or_text() -> None:
 
 def _argv(*extra: str) -> list[str]:
     from asyncrl.config import VLLMEngineConfig
-    from asyncrl.engine.vllm import VLLMEngine
+    from asyncrl.engine.vllm.engine import VLLMEngine
 
     eng = VLLMEngine(VLLMEngineConfig(extra_args=list(extra)), index=0, port=8000,
                      model_path="m")

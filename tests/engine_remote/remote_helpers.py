@@ -15,7 +15,7 @@ import aiohttp
 from fakes.control import FakeProcess
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams
-from asyncrl.engine.remote import RemoteOptions
+from asyncrl.engine.remote.engine import RemoteOptions
 
 FAST = RemoteOptions(health_interval_s=0.2, health_timeout_s=1.0, health_failures=2,
                      control_timeout_s=5.0, weight_timeout_s=10.0, load_ttl_s=0.2,

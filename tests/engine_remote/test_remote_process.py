@@ -22,9 +22,9 @@ from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import WeightUpdate, collect
-from asyncrl.engine.server_process import port_is_free
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_fleet import open_sglang_engines
+from asyncrl.engine.remote.process import port_is_free
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.fleet import open_sglang_engines
 from asyncrl.errors import EngineUnavailable
 
 FAKE = Path(__file__).resolve().parents[1] / "fakes" / "sglang_server.py"
@@ -108,7 +108,7 @@ def test_servers_die_with_a_killed_orchestrator(tmp_path):
         import asyncio, os, sys
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
-        from asyncrl.engine.server_process import ServerProcess
+        from asyncrl.engine.remote.process import ServerProcess
 
         async def main():
             p = ServerProcess([sys.executable, {str(FAKE)!r}, "--model-path", "/fake/m",

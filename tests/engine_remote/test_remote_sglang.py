@@ -16,8 +16,8 @@ from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import Engine, WeightUpdate, collect
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.router import RoutedSGLangEngine
 from asyncrl.errors import EngineUnavailable, WeightSyncError
 
 CFG = SGLangEngineConfig(request_timeout_s=30.0)
@@ -215,7 +215,7 @@ async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(fak
                                                                            monkeypatch):
     import torch
 
-    from asyncrl.engine import sglang_weights
+    from asyncrl.engine.sglang import weights as sglang_weights
 
     monkeypatch.setattr(sglang_weights, "TENSOR_BUCKET_BYTES", 80)  # 64 + 16 fit, 64 + 64 not
     state = {"a.weight": torch.ones(4, 4), "b.weight": torch.zeros(4, 4), "c.bias": torch.ones(4)}

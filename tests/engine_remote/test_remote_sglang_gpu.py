@@ -24,8 +24,8 @@ from remote_helpers import eventually, make_request
 from asyncrl import formats
 from asyncrl.config import AlgorithmSection, SGLangEngineConfig, TorchTrainerConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions, open_all
-from asyncrl.engine.sglang_fleet import build_sglang_engines
+from asyncrl.engine.remote.engine import RemoteOptions, open_all
+from asyncrl.engine.sglang.fleet import build_sglang_engines
 
 pytestmark = [pytest.mark.gpu, pytest.mark.asyncio(loop_scope="module"),
               pytest.mark.timeout(1200)]

@@ -15,7 +15,7 @@ from remote_helpers import FAST, eventually, make_request
 
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import Engine, WeightUpdate, collect
-from asyncrl.engine.vllm import VLLMEngine
+from asyncrl.engine.vllm.engine import VLLMEngine
 from asyncrl.errors import EngineUnavailable, WeightSyncError
 
 CFG = VLLMEngineConfig(request_timeout_s=30.0)
@@ -218,8 +218,8 @@ async def test_a_server_without_runtime_lora_refuses_the_adapter(fake, session, 
 
 
 def test_launched_servers_run_by_the_configured_interpreter_with_its_environment(tmp_path):
-    from asyncrl.engine.remote import RemoteOptions
-    from asyncrl.engine.vllm import build_vllm_engines
+    from asyncrl.engine.remote.engine import RemoteOptions
+    from asyncrl.engine.vllm.engine import build_vllm_engines
 
     cfg = VLLMEngineConfig(python="/venv/bin/python", base_port=31234,
                            env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"})

@@ -31,8 +31,8 @@ from remote_helpers import eventually, make_request
 from asyncrl import exact_match_reward, formats
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig, VLLMEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions, open_all
-from asyncrl.engine.vllm import build_vllm_engines
+from asyncrl.engine.remote.engine import RemoteOptions, open_all
+from asyncrl.engine.vllm.engine import build_vllm_engines
 from asyncrl.records import Problem, RolloutStatus, ToolStatus
 
 REPO = Path(__file__).resolve().parents[2]

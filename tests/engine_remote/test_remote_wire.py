@@ -6,10 +6,10 @@ import pytest
 from remote_helpers import make_request
 
 from asyncrl.engine.base import EngineLoad
-from asyncrl.engine.http_wire import SSEDecoder, gauge, parse_prometheus
-from asyncrl.engine.remote import LoadCache
-from asyncrl.engine.sglang import decode_event, sampling_body
-from asyncrl.engine.vllm import completion_body, decode_chunk
+from asyncrl.engine.remote.engine import LoadCache
+from asyncrl.engine.remote.wire import SSEDecoder, gauge, parse_prometheus
+from asyncrl.engine.sglang.engine import decode_event, sampling_body
+from asyncrl.engine.vllm.engine import completion_body, decode_chunk
 from asyncrl.errors import EngineError
 
 

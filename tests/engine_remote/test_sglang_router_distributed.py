@@ -29,8 +29,8 @@ from fakes.control import FakeProcess
 from remote_helpers import FAST, eventually, kill_at_broadcast, listed, make_request, warm_up
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.router import RoutedSGLangEngine
 from asyncrl.engine.weight_group import WeightGroup
 from asyncrl.engine.weightsync import push_weights
 

@@ -21,8 +21,8 @@ from remote_helpers import FAST, listed, make_request
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import collect
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.router import RoutedSGLangEngine
 from asyncrl.engine.weightsync import push_weights
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "b": torch.ones(2)}

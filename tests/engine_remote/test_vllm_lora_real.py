@@ -31,8 +31,8 @@ import pytest
 from asyncrl import formats
 from asyncrl.config import AlgorithmSection, LoraSection, TorchTrainerConfig, VLLMEngineConfig
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
-from asyncrl.engine.remote import RemoteOptions, open_all
-from asyncrl.engine.vllm import build_vllm_engines
+from asyncrl.engine.remote.engine import RemoteOptions, open_all
+from asyncrl.engine.vllm.engine import build_vllm_engines
 from asyncrl.engine.weightsync import push_weights
 from asyncrl.errors import WeightSyncError
 

@@ -28,7 +28,7 @@ from fakes.control import FakeProcess
 from remote_helpers import FAST, eventually, kill_at_broadcast, warm_up
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.weight_group import WeightGroup
 from asyncrl.engine.weightsync import push_weights
 from asyncrl.errors import WeightSyncError

@@ -23,8 +23,8 @@ import torch
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine import weight_group as wg
-from asyncrl.engine.remote_options import RemoteOptions
-from asyncrl.engine.sglang import SGLangEngine
+from asyncrl.engine.remote.options import RemoteOptions
+from asyncrl.engine.sglang.engine import SGLangEngine
 
 OPTS = RemoteOptions(health_interval_s=0.2, health_timeout_s=2.0, health_failures=2,
                      control_timeout_s=2.0, weight_timeout_s=6.0, load_ttl_s=0.0,

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from asyncrl.engine.base import WeightUpdate
-from asyncrl.engine.local import LocalEngine
+from asyncrl.engine.local.engine import LocalEngine
 from asyncrl.records import Group, Problem
 from asyncrl.rollout import RolloutSettings, run_rollout
 from asyncrl.rollout.producer import RolloutProducer

@@ -197,7 +197,7 @@ async def test_leaving_early_cancels_the_rest_cleanly(tiny_tokenizer) -> None:
 async def test_runner_on_the_local_engine(tiny_model_factory, tiny_tokenizer) -> None:
     import torch
 
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
 
     torch.set_num_threads(1)
     tok = tiny_tokenizer

@@ -159,7 +159,7 @@ def test_export_writes_the_adapter_the_base_and_the_merged_model(tmp_path) -> No
 
 
 async def test_the_local_engine_serves_the_adapter_it_is_sent(tmp_path) -> None:
-    from asyncrl.engine.local import LocalEngine
+    from asyncrl.engine.local.engine import LocalEngine
     from asyncrl.engine.weightsync import push_weights
     from asyncrl.errors import WeightSyncError
 

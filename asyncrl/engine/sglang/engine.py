@@ -85,10 +85,10 @@ import aiohttp
 import orjson
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine import sglang_weights as weights
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote import RemoteEngine
-from asyncrl.engine.remote_options import RemoteOptions
+from asyncrl.engine.remote.engine import RemoteEngine
+from asyncrl.engine.remote.options import RemoteOptions
+from asyncrl.engine.sglang import weights
 from asyncrl.engine.weightsync import with_peer
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger

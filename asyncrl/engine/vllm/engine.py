@@ -62,10 +62,10 @@ import msgspec
 
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.http_wire import gauge, parse_prometheus
-from asyncrl.engine.remote import RemoteEngine, open_all
-from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
-from asyncrl.engine.server_process import pick_ports
+from asyncrl.engine.remote.engine import RemoteEngine, open_all
+from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
+from asyncrl.engine.remote.process import pick_ports
+from asyncrl.engine.remote.wire import gauge, parse_prometheus
 from asyncrl.errors import ConfigError, EngineError, WeightSyncError
 from asyncrl.log import get_logger
 

@@ -20,11 +20,11 @@ from typing import Any
 import aiohttp
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine.remote import open_all
-from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
-from asyncrl.engine.server_process import pick_ports
-from asyncrl.engine.sglang import SGLangEngine
-from asyncrl.engine.sglang_router import RoutedSGLangEngine
+from asyncrl.engine.remote.engine import open_all
+from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
+from asyncrl.engine.remote.process import pick_ports
+from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.engine.sglang.router import RoutedSGLangEngine
 from asyncrl.errors import ConfigError
 
 __all__ = ["build_sglang_engines", "open_sglang_engines"]

@@ -40,12 +40,12 @@ from typing import Any
 
 import aiohttp
 
-from asyncrl.engine import remote_http
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote_load import LoadCache, LoadReporter
-from asyncrl.engine.remote_options import RemoteOptions, with_log_dir
-from asyncrl.engine.remote_stream import StreamGuard, finish_delta
-from asyncrl.engine.server_process import ServerProcess
+from asyncrl.engine.remote import http as remote_http
+from asyncrl.engine.remote.load import LoadCache, LoadReporter
+from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
+from asyncrl.engine.remote.process import ServerProcess
+from asyncrl.engine.remote.stream import StreamGuard, finish_delta
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 

@@ -29,8 +29,8 @@ import aiohttp
 import orjson
 
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote import RemoteEngine, open_all
-from asyncrl.engine.remote_stream import StreamGuard
+from asyncrl.engine.remote.engine import RemoteEngine, open_all
+from asyncrl.engine.remote.stream import StreamGuard
 from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger

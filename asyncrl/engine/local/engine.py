@@ -59,8 +59,8 @@ from asyncrl.engine.base import (
     TokenDelta,
     WeightUpdate,
 )
-from asyncrl.engine.batch import BatchCache
-from asyncrl.engine.sampling import sample_rows
+from asyncrl.engine.local.batch import BatchCache
+from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 
@@ -140,7 +140,7 @@ class LocalEngine:
                  admit_reserve: int = 16, seed: int = 0) -> None:
         import torch
 
-        from asyncrl.engine.kvcache import growing_cache
+        from asyncrl.engine.local.kvcache import growing_cache
 
         if kv_token_budget < 2 or max_running < 1:
             raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
@@ -494,7 +494,7 @@ class LocalEngine:
         return False
 
     def _load_weights(self, update: WeightUpdate) -> None:
-        from asyncrl.engine.adapter import AdapterMerger, read_adapter_dir
+        from asyncrl.engine.local.lora_merge import AdapterMerger, read_adapter_dir
 
         if not (update.has_base or update.has_adapter):
             raise WeightSyncError(f"{self.name}: weight update has neither tensors nor a path")

@@ -27,8 +27,8 @@ import aiohttp
 import orjson
 
 from asyncrl.engine.base import GenerateRequest, TokenDelta
-from asyncrl.engine.http_wire import SSEDecoder
-from asyncrl.engine.remote_http import http_error
+from asyncrl.engine.remote.http import http_error
+from asyncrl.engine.remote.wire import SSEDecoder
 from asyncrl.errors import EngineError, EngineUnavailable
 
 EARLY_ABORTS_KEPT = 4096
