@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from asyncrl.reward import MathReward
     from asyncrl.rollout import RolloutRunner, Tool
     from asyncrl.trainer.base import Trainer
+    from asyncrl.weightsync.group import WeightGroup
 
 log = get_logger(__name__)
 
@@ -46,9 +47,9 @@ class Runtime:
     reward: MathReward
     fmt: formats.ToolFormat
     sandbox_isolation: str
-    weight_group: Any = None
+    weight_group: WeightGroup | None = None
     """`weight_sync = "distributed"`: the trainer's process group with the SGLang servers
-    (`asyncrl.engine.weight_group.WeightGroup`, formed at the first push, ended with the
+    (`asyncrl.weightsync.group.WeightGroup`, formed at the first push, ended with the
     runtime); None otherwise."""
 
     def need_trainer(self) -> Trainer:
@@ -209,10 +210,10 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                       sandbox_isolation=str(isolation), weight_group=weight_group)
 
 
-def _weight_group(eng: Any, trainer_device: Any) -> Any:
+def _weight_group(eng: Any, trainer_device: Any) -> WeightGroup:
     """The distributed weight sync's group (closed before the engines: it is entered after
     them). Rank 0 broadcasts from the trainer's CUDA device, else over gloo from the CPU."""
-    from asyncrl.engine.weight_group import WeightGroup
+    from asyncrl.weightsync.group import WeightGroup
 
     device = trainer_device if getattr(trainer_device, "type", "") == "cuda" else "cpu"
     return WeightGroup(address=eng.weight_group_address, port=eng.weight_group_port,

@@ -575,8 +575,8 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
 
 async def _push_weights(rt: Runtime, version: int) -> None:
     """New weights to every engine, the way `engine.weight_sync` says (each engine kind has
-    its own default): `asyncrl.engine.weightsync.push_weights`."""
-    from asyncrl.engine.weightsync import push_weights
+    its own default): `asyncrl.weightsync.push.push_weights`."""
+    from asyncrl.weightsync.push import push_weights
 
     await push_weights(rt.engines, rt.need_trainer(), version, rt.cfg.engine.weight_sync,
                        Path(rt.run_dir), group=rt.weight_group)

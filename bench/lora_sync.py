@@ -3,7 +3,7 @@
 Builds `curricula/tiny.toml`'s model (0.9M parameters, Qwen3 architecture) twice: one
 full-parameter torch trainer, one with `[trainer.lora]` adapters (rank 16, every linear layer,
 as `curricula/tiny-lora.toml`), each next to a `LocalEngine` holding a copy. After one training
-step each, it times the train loop's push (`asyncrl.engine.weightsync.push_weights`) in both
+step each, it times the train loop's push (`asyncrl.weightsync.push.push_weights`) in both
 modes: "tensor" (the payload in memory, applied by the in-process engine) and "disk" (the
 export written, then loaded by the engine), and counts the payload's bytes. The LoRA arm's
 first push carries the base as well; the rows are the steady state (adapter only), the median
@@ -62,8 +62,8 @@ def _dir_bytes(path: Path) -> int:
 async def _arm(lora: bool, rank: int, repeats: int) -> list[dict]:
     from asyncrl.config import AlgorithmSection, LoraSection, TorchTrainerConfig
     from asyncrl.engine.local.engine import LocalEngine
-    from asyncrl.engine.weightsync import push_weights
     from asyncrl.trainer.torch_trainer import TorchTrainer
+    from asyncrl.weightsync.push import push_weights
 
     model = _model()
     engine_model = copy.deepcopy(model)

@@ -3,7 +3,7 @@
 The state dict of the tiny curriculum's model (`curricula/tiny.toml`'s Qwen3, float32) goes to
 the fake SGLang server running as its own process, once by `weight_sync = "tensor"`
 (serialised by value, one HTTP call per bucket) and once by `"distributed"` (a gloo group of
-trainer rank 0 and the server, `asyncrl/engine/weight_group.py`; the group is formed by the
+trainer rank 0 and the server, `asyncrl/weightsync/group.py`; the group is formed by the
 first push, which is timed apart). Both go through the whole update sequence (pause, session,
 calls, version, resume), in buckets of 512 KiB each (the fake's HTTP front takes bodies of at
 most 1 MiB, and a tensor payload is its bytes plus a third in base64).
@@ -39,7 +39,7 @@ from asyncrl.engine.base import WeightUpdate  # noqa: E402
 from asyncrl.engine.remote.engine import RemoteOptions  # noqa: E402
 from asyncrl.engine.sglang import weights as sglang_weights  # noqa: E402
 from asyncrl.engine.sglang.engine import SGLangEngine  # noqa: E402
-from asyncrl.engine.weight_group import WeightGroup  # noqa: E402
+from asyncrl.weightsync.group import WeightGroup  # noqa: E402
 
 
 def tiny_state(scale: int) -> dict[str, torch.Tensor]:

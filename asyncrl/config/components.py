@@ -68,7 +68,7 @@ class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_f
     own GPUs: CUDA tensors travel as IPC handles; CPU tensors by value, so any server opens
     them) or "distributed" (trainer rank 0 forms a process group with every server's TP ranks,
     NCCL from a CUDA trainer, gloo from a CPU one, and broadcasts the weights in buckets:
-    servers on other hosts, no shared filesystem needed; `asyncrl.engine.weight_group`).
+    servers on other hosts, no shared filesystem needed; `asyncrl.weightsync.group`).
     With `trainer.lora` only "disk" (adapters load from a directory)."""
     weight_group_address: str = ""
     """"distributed": the address the servers reach the trainer's rank 0 at (its process

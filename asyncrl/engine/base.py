@@ -1,7 +1,8 @@
 """The engine protocol: the only thing the rest of asyncrl knows about inference.
 
-Owns: the request/delta/load shapes and the `Engine` protocol. Does not own: any engine (see
-`local.py`, `sglang.py`, `vllm.py`) or the choice between them (`registry.py`).
+Owns: the request/delta/load shapes, the `Engine` protocol and `push_to_all` (one update to
+several engines at once, each failure returned by name). Does not own: any engine (see
+the `local`, `remote`, `sglang` and `vllm` packages) or the choice between them (`registry.py`).
 
 An engine streams token deltas for a request (`stream`, an async iterator), aborts a request,
 reports its load (KV tokens in use and capacity, running and waiting requests), and accepts new
@@ -21,10 +22,13 @@ Contract of `stream`:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import msgspec
+
+from asyncrl.errors import WeightSyncError
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,3 +136,20 @@ async def collect(engine: Engine, request: GenerateRequest) -> Generation:
         if d.finish_reason is not None:
             reason = d.finish_reason
     return Generation(token_ids=ids, logprobs=lps, finish_reason=reason)
+
+
+async def push_to_all(engines: Sequence[Engine], update: WeightUpdate
+                      ) -> list[tuple[str, WeightSyncError]]:
+    """`update` to every engine at once; (name, error) of each engine whose update failed.
+
+    Waits for every engine; then an error that is not a `WeightSyncError` (a bug, a
+    cancellation) is raised, the first in `engines` order.
+    """
+    results = await asyncio.gather(*(e.update_weights(update) for e in engines),
+                                   return_exceptions=True)
+    failed = [(e.name, r) for e, r in zip(engines, results, strict=True)
+              if isinstance(r, BaseException)]
+    for _, r in failed:
+        if not isinstance(r, WeightSyncError):
+            raise r
+    return [(n, r) for n, r in failed if isinstance(r, WeightSyncError)]

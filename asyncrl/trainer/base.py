@@ -23,7 +23,7 @@ Contract:
   multiply it.
 - A trainer that trains LoRA adapters also implements `AdapterTrainer` (below): once
   `lora_active`, weight sync sends the adapter, plus the base weights whenever
-  `base_changed` (the push clears it and records `base_version`).
+  `base_changed` (cleared by `weights_pushed`, which records `base_version`).
 - Under torchrun every rank calls every method with the same arguments; rank 0 alone writes
   files in `export_hf` (other ranks take part in the gathers).
 """
@@ -68,7 +68,8 @@ class AdapterTrainer(Protocol):
     lora_active: bool
     """The adapter is attached: syncs carry it instead of full weights."""
     base_changed: bool
-    """The base weights differ from those the engines were last sent (the push clears it)."""
+    """The base weights differ from those the engines were last sent (`weights_pushed` clears
+    it)."""
     base_version: int
     """Policy version of the last push that carried the base (adapter updates name it)."""
 
@@ -85,4 +86,10 @@ class AdapterTrainer(Protocol):
 
     def export_base(self, path: str | Path) -> None:
         """The base weights as an HF model directory."""
+        ...
+
+    def weights_pushed(self, version: int, *, with_base: bool, missed: int) -> None:
+        """The push of `version` is done: it carried the base weights (`with_base`) or only
+        the adapter, and `missed` engines did not take it. An engine that missed a base must
+        get it again with the next adapter."""
         ...

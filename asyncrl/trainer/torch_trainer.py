@@ -167,6 +167,13 @@ class TorchTrainer:
         """The frozen base weights as an HF model directory at `path`."""
         self._save_hf(path, self.base_state_for_sync())
 
+    def weights_pushed(self, version: int, *, with_base: bool, missed: int) -> None:
+        """`AdapterTrainer`: a push carrying the base clears `base_changed` unless an engine
+        missed it, and becomes the base that later adapters name."""
+        if self.lora_active and with_base:
+            self.base_changed = missed > 0
+            self.base_version = version
+
     def _save_hf(self, path: str | Path, sd: dict[str, torch.Tensor]) -> None:
         from asyncrl.trainer import lora
 

@@ -79,8 +79,8 @@ async def test_a_lora_trainer_syncs_base_once_then_only_adapters(fake, http, tmp
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from asyncrl.config import AlgorithmSection, LoraSection, TorchTrainerConfig
-    from asyncrl.engine.weightsync import push_weights
     from asyncrl.trainer.torch_trainer import TorchTrainer
+    from asyncrl.weightsync.push import push_weights
 
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(
         "qwen3", hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -31,8 +31,8 @@ from asyncrl.engine.remote.engine import RemoteOptions
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.router import RoutedSGLangEngine
 from asyncrl.engine.sglang.weights import serialize_named_tensors
-from asyncrl.engine.weight_group import _rank0_backend
 from asyncrl.errors import EngineError, WeightSyncError
+from asyncrl.weightsync.group import _rank0_backend
 
 FAST = RemoteOptions(health_interval_s=0.1, health_timeout_s=1.0, health_failures=2,
                      control_timeout_s=3.0, weight_timeout_s=10.0, load_ttl_s=0.0,
@@ -107,7 +107,7 @@ class GlooTrainer:
 
     def _join(self) -> None:
         # the store prefixes SGLang's own group helper uses (the trainer side of
-        # `asyncrl.engine.weight_group` builds its backend the same way)
+        # `asyncrl.weightsync.group` builds its backend the same way)
         timeout = datetime.timedelta(seconds=30)
         store = dist.TCPStore("127.0.0.1", self.port, 2, is_master=True, timeout=timeout)
         self.group = _rank0_backend(store, "asyncrl", 2, 30.0, torch.device("cpu"))
@@ -341,7 +341,7 @@ async def test_load_of_the_wrong_shape_is_an_engine_error(fake, http):
 
 async def test_one_engines_failed_update_leaves_the_others_updated(fake, fake_b, http,
                                                                    tmp_path):
-    from asyncrl.engine.weightsync import push_weights
+    from asyncrl.weightsync.push import push_weights
 
     trainer = SimpleNamespace(state_dict_for_sync=lambda: STATE)
     a, b = fake, fake_b
@@ -368,7 +368,7 @@ async def test_disk_sync_exports_each_version_and_keeps_only_the_newest(fake, fa
                                                                          tmp_path):
     """`engine.weight_sync = "disk"`: the train loop exports an HF directory per version under
     the run directory, every server loads that path, and the previous version's is removed."""
-    from asyncrl.engine.weightsync import push_weights
+    from asyncrl.weightsync.push import push_weights
 
     exported: list[str] = []
 

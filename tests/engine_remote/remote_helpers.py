@@ -70,7 +70,7 @@ def kill_at_broadcast(monkeypatch: Any, victim: FakeProcess, n: int = 2) -> Call
     """Make the weight group's `n`-th bucket broadcast after `arm()` SIGKILL `victim` first:
     every server has sent its call for that bucket, so the victim dies in the middle of an
     update (once: later broadcasts run as they are). Returns `arm`."""
-    from asyncrl.engine import weight_group as wg
+    from asyncrl.weightsync import group as wg
 
     real = wg._send_bucket
     seen = {"n": 0, "armed": False}

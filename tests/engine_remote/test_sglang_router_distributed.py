@@ -31,8 +31,8 @@ from remote_helpers import FAST, eventually, kill_at_broadcast, listed, make_req
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.router import RoutedSGLangEngine
-from asyncrl.engine.weight_group import WeightGroup
-from asyncrl.engine.weightsync import push_weights
+from asyncrl.weightsync.group import WeightGroup
+from asyncrl.weightsync.push import push_weights
 
 OPTS = msgspec.structs.replace(FAST, weight_timeout_s=6.0, health_interval_s=0.1)
 """The group's timeout is half of `weight_timeout_s`: 3 s."""
@@ -117,7 +117,7 @@ async def test_a_push_through_the_router_reaches_both_workers_in_one_group(
             assert st["attrs"]["core.weight_version"] == "1"
             (init,) = st["calls"]["/init_weights_update_group"]
             assert (init["world_size"], init["rank_offset"]) == (3, offset)
-            assert init["group_name"] == "asyncrl-1"
+            assert init["group_name"] == f"{group.name}-1"
             bodies = st["calls"]["/update_weights_from_distributed"]
             assert len(bodies) == group.last_push["buckets"] == 3
             assert [n for body in bodies for n in body["names"]] == list(sent)

@@ -23,7 +23,7 @@ from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import collect
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.router import RoutedSGLangEngine
-from asyncrl.engine.weightsync import push_weights
+from asyncrl.weightsync.push import push_weights
 
 STATE = {"w": torch.arange(6, dtype=torch.float32), "b": torch.ones(2)}
 

@@ -33,8 +33,8 @@ from asyncrl.config import AlgorithmSection, LoraSection, TorchTrainerConfig, VL
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
 from asyncrl.engine.remote.engine import RemoteOptions, open_all
 from asyncrl.engine.vllm.engine import build_vllm_engines
-from asyncrl.engine.weightsync import push_weights
 from asyncrl.errors import WeightSyncError
+from asyncrl.weightsync.push import push_weights
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = os.environ.get("ASYNCRL_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")

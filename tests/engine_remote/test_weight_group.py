@@ -29,9 +29,9 @@ from remote_helpers import FAST, eventually, kill_at_broadcast, warm_up
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.sglang.engine import SGLangEngine
-from asyncrl.engine.weight_group import WeightGroup
-from asyncrl.engine.weightsync import push_weights
 from asyncrl.errors import WeightSyncError
+from asyncrl.weightsync.group import WeightGroup
+from asyncrl.weightsync.push import push_weights
 
 OPTS = msgspec.structs.replace(FAST, weight_timeout_s=6.0, health_interval_s=0.1)
 """The group's timeout is half of `weight_timeout_s`: 3 s."""
@@ -127,7 +127,32 @@ async def test_loopback_push_in_buckets_lands_exactly(servers, http):
         assert same(st["attrs"]["received"], sent2) and eng.policy_version == 4
         assert len(st["calls"]["/init_weights_update_group"]) == 1
     # the end of the run: the server was asked to leave the group
-    assert (await fake.calls("/destroy_weights_update_group")) == [{"group_name": "asyncrl-1"}]
+    assert (await fake.calls("/destroy_weights_update_group")) == [
+        {"group_name": f"{group.name}-1"}]
+
+
+async def test_a_restarted_trainer_forms_a_new_group_beside_the_one_its_dead_run_left(
+        servers, http):
+    """F16: a trainer killed without closing its group leaves it on the server (real SGLang
+    keeps a group until it is destroyed, and refuses a second group of the same name). The
+    next trainer process must not ask for that name: its first push lands at once."""
+    fake = servers[0]
+    await fake.reset()
+    sent = state()
+    async with make(fake, http, 0) as eng:
+        dead = WeightGroup()  # the killed trainer: its group is never closed nor left
+        try:
+            assert await dead.push([eng], sent, 1) == []
+            fresh = WeightGroup()  # the restarted trainer, a new process
+            async with fresh:
+                t0 = time.monotonic()
+                assert await fresh.push([eng], {k: v + 1 for k, v in sent.items()}, 2) == []
+                assert time.monotonic() - t0 < OPTS.weight_timeout_s / 2  # no join timed out
+                assert fresh.last_push["attempts"] == 1 and eng.policy_version == 2
+            names = [c["group_name"] for c in await fake.calls("/init_weights_update_group")]
+            assert len(set(names)) == 2, names
+        finally:
+            await dead.close()
 
 
 async def test_a_server_killed_mid_broadcast_is_named_and_the_rest_still_updated(
@@ -154,8 +179,8 @@ async def test_a_server_killed_mid_broadcast_is_named_and_the_rest_still_updated
         assert same(st["attrs"]["received"], {k: v * 2 for k, v in sent.items()})
         assert eb.policy_version == 2 and st["attrs"]["core.weight_version"] == "2"
         assert [c["group_name"] for c in st["calls"]["/init_weights_update_group"]] == [
-            "asyncrl-1", "asyncrl-2"]
-        assert {"group_name": "asyncrl-1"} in st["calls"]["/destroy_weights_update_group"]
+            f"{group.name}-1", f"{group.name}-2"]
+        assert {"group_name": f"{group.name}-1"} in st["calls"]["/destroy_weights_update_group"]
         assert busy_threads() == []  # no broadcast or join left running
         # the next push goes to B over the same group; A is left out, named as down
         failed = await group.push([ea, eb], sent, 3)

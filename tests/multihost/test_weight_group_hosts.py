@@ -1,6 +1,6 @@
 """The distributed weight sync across two hosts (network namespaces, `netns.py`): the SGLang
 fake runs on host 1 and joins a gloo group with trainer rank 0 on host 0
-(`weight_push.py`, `asyncrl.engine.weight_group.WeightGroup`).
+(`weight_push.py`, `asyncrl.weightsync.group.WeightGroup`).
 
 - the group forms at the address host 0 has on the route to the server (198.18.0.1, found,
   not configured), and two pushes of several buckets land exactly;

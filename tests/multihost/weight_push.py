@@ -2,7 +2,7 @@
 multi-host tests: `python weight_push.py URL [--hold-at-bucket N]`.
 
 Attaches to the SGLang fake at URL (on another host), forms the weight-update group with it
-(`asyncrl.engine.weight_group.WeightGroup`, the master address found from the route to the
+(`asyncrl.weightsync.group.WeightGroup`, the master address found from the route to the
 server), pushes a state dict in several buckets twice, and prints one JSON line: each push's
 failures, seconds, the address the server was told, and whether the server holds exactly the
 tensors sent. With `--hold-at-bucket N` the second push prints `holding N` before
@@ -22,9 +22,9 @@ import aiohttp
 import torch
 
 from asyncrl.config import SGLangEngineConfig
-from asyncrl.engine import weight_group as wg
 from asyncrl.engine.remote.options import RemoteOptions
 from asyncrl.engine.sglang.engine import SGLangEngine
+from asyncrl.weightsync import group as wg
 
 OPTS = RemoteOptions(health_interval_s=0.2, health_timeout_s=2.0, health_failures=2,
                      control_timeout_s=2.0, weight_timeout_s=6.0, load_ttl_s=0.0,

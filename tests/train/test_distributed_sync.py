@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,7 +65,10 @@ steps = 2
     calls = st["calls"]
     assert len(calls["/init_weights_update_group"]) == 1  # formed once, kept
     assert [c["weight_version"] for c in calls["/update_weights_from_distributed"]] == ["1", "2"]
-    assert calls["/destroy_weights_update_group"] == [{"group_name": "asyncrl-1"}]
+    (left,) = calls["/destroy_weights_update_group"]
+    (init,) = calls["/init_weights_update_group"]
+    assert left == {"group_name": init["group_name"]}
+    assert re.fullmatch(r"asyncrl-[0-9a-f]{8}-1", init["group_name"])
     events = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     pushes = [e for e in events if e.get("event") == "weight_group_push"]
     assert [(e["version"], e["failed"]) for e in pushes] == [(1, []), (2, [])]

@@ -160,8 +160,8 @@ def test_export_writes_the_adapter_the_base_and_the_merged_model(tmp_path) -> No
 
 async def test_the_local_engine_serves_the_adapter_it_is_sent(tmp_path) -> None:
     from asyncrl.engine.local.engine import LocalEngine
-    from asyncrl.engine.weightsync import push_weights
     from asyncrl.errors import WeightSyncError
+    from asyncrl.weightsync.push import push_weights
 
     class Tok:
         eos_token_id = 1

@@ -452,6 +452,7 @@ class RemoteEngine:
         A disk update sent while the server is down is remembered and loaded when it comes
         back (a relaunch starts from it). Raises `WeightSyncError`.
         """
+        self._check_update(update)
         async with self._update_lock:
             if update.path:
                 self._weights = (update.path, update.version)
@@ -464,8 +465,17 @@ class RemoteEngine:
             await self._update_locked(update)
 
     async def _update_locked(self, update: WeightUpdate) -> None:
-        await self._run_update(update.version, update.path or "<tensors>",
-                               lambda: self._apply(update))
+        await self._run_update(update.version, update.adapter_path or update.path or
+                               "<tensors>", lambda: self._apply(update))
+        await self._after_update()
+
+    def _check_update(self, update: WeightUpdate) -> None:
+        """Hook: refuse (`WeightSyncError`) an update this server cannot take, before
+        anything is sent or remembered."""
+
+    async def _after_update(self) -> None:
+        """Hook: work after an applied update, the server resumed and the lock still held
+        (unloading stale LoRA adapters)."""
 
     async def _run_update(self, version: int, source: str,
                           apply: Callable[[], Awaitable[None]]) -> None:

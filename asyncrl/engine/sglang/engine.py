@@ -7,7 +7,7 @@ is `sglang_weights`. The process, health, stream-guard, load-cache and update-se
 machinery is `remote.RemoteEngine`. Does not own: the sglang-router in front
 (`sglang_router.RoutedSGLangEngine`), turning an `[engine]` table into engines
 (`sglang_fleet`, which imports this module, never the reverse), scheduling, requeueing, or
-the trainer side of a weight sync (`weightsync.with_peer` runs it alongside the server's
+the trainer side of a weight sync (`weights.with_peer` runs it alongside the server's
 call).
 
 Targeted server: SGLang 0.5.23 (`pip install "sglang>=0.5.23,<0.6"`), read from the released
@@ -87,9 +87,9 @@ import orjson
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote.engine import RemoteEngine
+from asyncrl.engine.remote.lora_slots import AdapterSlots
 from asyncrl.engine.remote.options import RemoteOptions
 from asyncrl.engine.sglang import weights
-from asyncrl.engine.weightsync import with_peer
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
@@ -216,13 +216,7 @@ class SGLangEngine(RemoteEngine):
         self._deterministic = False
         self._can_pause = True
         self._sessions = weights.SessionState()
-        self._adapter: tuple[str, int] | None = None
-        """(name, version) of the LoRA adapter new requests are served with."""
-        self._adapters: list[str] = []
-        """Loaded adapters, oldest first."""
-        self._adapter_of: dict[str, int] = {}
-        """Request id -> the adapter version it was sent with (until its stream ends)."""
-        self._base_version = 0
+        self.adapters = AdapterSlots(self.name)
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -257,33 +251,27 @@ class SGLangEngine(RemoteEngine):
         self._incremental = bool(info.get("incremental_streaming_output", False))
         self._deterministic = bool(info.get("enable_deterministic_inference", False))
         self.server_version = str(info.get("version", ""))
-        # a (re)launched server holds the base it was started from and no adapter
-        self._adapter, self._adapters = None, []
-        self._base_version = self._weights[1] if self._weights else 0
+        self.adapters.reset(self._weights[1] if self._weights else 0)
         log.info("sglang_server_info", engine=self.name, version=self.server_version,
                  kv_capacity=self.capacity, dp_ranks=ranks, incremental=self._incremental)
 
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
         body = sampling_body(request, send_seed=self._deterministic)
-        if self._adapter is not None:
-            body["lora_path"] = self._adapter[0]
-            self._adapter_of[request.request_id] = self._adapter[1]
+        adapter = self.adapters.send(request.request_id)
+        if adapter is not None:
+            body["lora_path"] = adapter
         return "/generate", body
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         rid = state["request"].request_id
         state["incr"] = self._incremental
         delta = decode_event(event, state, self.name)
-        adapter = self._adapter_of.get(rid)
-        if adapter is not None:
-            state["version"] = adapter
-            if delta is not None and delta.finish_reason is not None:
-                del self._adapter_of[rid]
+        self.adapters.stamp(rid, state, delta)
         return delta
 
     async def _server_abort(self, request_id: str) -> None:
-        self._adapter_of.pop(request_id, None)
+        self.adapters.forget(request_id)
         status, body = await self.call("POST", "/abort_request",
                                        json={"rid": wire_rid(request_id)}, retries=1)
         if status != 200:
@@ -314,52 +302,30 @@ class SGLangEngine(RemoteEngine):
     # The cache is flushed by the update call itself (`flush_cache: true`), which fails the
     # update when the flush is refused (`weight_updater.py:120-133`): no separate /flush_cache.
 
-    async def _update_locked(self, update: WeightUpdate) -> None:
+    def _check_update(self, update: WeightUpdate) -> None:
         if update.adapter is not None:
             raise WeightSyncError(f"{self.name}: SGLang loads LoRA adapters from a directory; "
                                   f"set engine.weight_sync = \"disk\"")
-        if update.adapter_path and not update.has_base \
-                and update.base_version != self._base_version:
-            raise WeightSyncError(f"{self.name}: adapter trained over the base of version "
-                                  f"{update.base_version}, the server holds version "
-                                  f"{self._base_version}'s; send the base with it")
-        await self._run_update(update.version, update.adapter_path or update.path or
-                               "<tensors>", lambda: self._apply(update))
-        await self._unload_stale_adapters()
+        self.adapters.check(update)
 
-    async def _load_adapter(self, update: WeightUpdate) -> None:
-        name = f"asyncrl-v{update.version}"
-        if name in self._adapters:  # the same version again (a retried push): reload it
-            await self._unload_adapter(name)
+    async def _after_update(self) -> None:
+        # after the resume, since SGLang's unload waits for the requests that use the adapter
+        await self.adapters.unload_stale(self._unload_adapter)
+
+    async def _load_adapter(self, name: str, path: str) -> None:
         await weights.post_update(self, "/load_lora_adapter", {
-            "lora_name": name, "lora_path": update.adapter_path},
-            self.options.weight_timeout_s)
-        self._adapters.append(name)
-        self._adapter = (name, update.version)
+            "lora_name": name, "lora_path": path}, self.options.weight_timeout_s)
 
     async def _unload_adapter(self, name: str) -> None:
         await weights.post_update(self, "/unload_lora_adapter", {"lora_name": name},
                                   self.options.weight_timeout_s)
-        self._adapters.remove(name)
-
-    async def _unload_stale_adapters(self) -> None:
-        """Every adapter older than the previous one; after the resume, since SGLang's unload
-        waits for the requests that use the adapter. A failure costs only memory."""
-        while len(self._adapters) > 2:
-            try:
-                await self._unload_adapter(self._adapters[0])
-            except (WeightSyncError, EngineError) as e:
-                log.warning("lora_unload_failed", engine=self.name, adapter=self._adapters[0],
-                            error=str(e))
-                return
 
     async def _apply(self, update: WeightUpdate) -> None:
         if update.path or update.state_dict is not None:
             await self._apply_base(update)
-            self._base_version = update.version
-            self._adapter = None  # requests go to the new base until an adapter is loaded
+            self.adapters.base_replaced(update.version)
         if update.adapter_path:
-            await self._load_adapter(update)
+            await self.adapters.load(update, self._load_adapter, self._unload_adapter)
         elif not update.has_base:
             raise WeightSyncError(f"{self.name}: a weight update needs a path or tensors")
 
@@ -399,7 +365,7 @@ class SGLangEngine(RemoteEngine):
                 "group_name": group_name, "backend": backend}
         try:
             async with asyncio.timeout(self.options.weight_timeout_s):
-                await with_peer(weights.post_update(
+                await weights.with_peer(weights.post_update(
                     self, "/init_weights_update_group", body, self.options.weight_timeout_s),
                     join)
         except (EngineError, TimeoutError) as e:
@@ -455,7 +421,7 @@ class SGLangEngine(RemoteEngine):
         async def apply() -> None:
             async with weights.weight_session(self, self._sessions):
                 for body in bodies:
-                    await with_peer(weights.post_update(
+                    await weights.with_peer(weights.post_update(
                         self, "/update_weights_from_distributed", body, timeout), broadcast)
 
         async with self._update_lock:

@@ -1,7 +1,7 @@
 """SGLang fleets: an `[engine] kind = "sglang"` table turned into engines.
 
-Owns: the registry's builder for SGLang (`build_sglang_engines`: attach to `cfg.urls` or pick
-ports and launch `cfg.num_servers` servers, one `SGLangEngine` each; with `cfg.router_url`,
+Owns: the registry's builder for SGLang (`build_sglang_engines`: attach to `cfg.urls` or launch
+`cfg.num_servers` servers (`remote.fleet.build_servers`), one `SGLangEngine` each; with `cfg.router_url`,
 one `RoutedSGLangEngine` over them all) and `open_sglang_engines` (the same, started and
 stopped on exit).
 
@@ -21,11 +21,10 @@ import aiohttp
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.remote.engine import open_all
+from asyncrl.engine.remote.fleet import build_servers
 from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
-from asyncrl.engine.remote.process import pick_ports
 from asyncrl.engine.sglang.engine import SGLangEngine
 from asyncrl.engine.sglang.router import RoutedSGLangEngine
-from asyncrl.errors import ConfigError
 
 __all__ = ["build_sglang_engines", "open_sglang_engines"]
 
@@ -42,16 +41,8 @@ def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenize
     `run_dir/engines`. With `cfg.router_url`, one `RoutedSGLangEngine` over all servers.
     `model`/`tokenizer` are for in-process kinds and ignored here.
     """
-    options = with_log_dir(remote_options, run_dir)
-    if cfg.urls:
-        servers = [SGLangEngine(cfg, index=i, session=session, url=u, model_path=model_path,
-                                options=options) for i, u in enumerate(cfg.urls)]
-    else:
-        if not model_path:
-            raise ConfigError("model.path", "launching SGLang servers needs a model directory")
-        ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
-        servers = [SGLangEngine(cfg, index=i, session=session, port=p, model_path=model_path,
-                                options=options) for i, p in enumerate(ports)]
+    servers = build_servers(SGLangEngine, cfg, what="SGLang servers", model_path=model_path,
+                            session=session, options=with_log_dir(remote_options, run_dir))
     if cfg.router_url:
         return [RoutedSGLangEngine(cfg.router_url, servers, register=not cfg.urls)]
     return servers

@@ -28,10 +28,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
+from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate, push_to_all
 from asyncrl.engine.remote.engine import RemoteEngine, open_all
 from asyncrl.engine.remote.stream import StreamGuard
-from asyncrl.engine.weightsync import push_to_all
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 

@@ -29,7 +29,7 @@ import asyncio
 import base64
 import contextlib
 import io
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import orjson
@@ -265,3 +265,28 @@ def bucket_meta(named: Sequence[tuple[str, Any]]) -> DistributedBucket:
     return DistributedBucket(names=[n for n, _ in named],
                              dtypes=[str(t.dtype).removeprefix("torch.") for _, t in named],
                              shapes=[list(t.shape) for _, t in named])
+
+
+async def with_peer(server_call: Awaitable[Any],
+                    peer: Callable[[], Awaitable[None]] | None) -> None:
+    """Run the server's call and the trainer's side (`peer`) together; the first failure is
+    raised as itself (a trainer-side failure as `WeightSyncError`), the other side is
+    cancelled."""
+    async def trainer_side() -> None:
+        assert peer is not None
+        try:
+            await peer()
+        except (EngineError, WeightSyncError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # the trainer's collective: any failure ends the update
+            raise WeightSyncError(f"trainer side of the weight sync failed: {e!r}") from e
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(server_call)  # type: ignore[arg-type]
+            if peer is not None:
+                tg.create_task(trainer_side())
+    except BaseExceptionGroup as eg:
+        first = next((e for e in eg.exceptions
+                      if not isinstance(e, asyncio.CancelledError)), eg.exceptions[0])
+        raise first from None

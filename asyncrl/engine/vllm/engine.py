@@ -63,10 +63,11 @@ import msgspec
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote.engine import RemoteEngine, open_all
+from asyncrl.engine.remote.fleet import build_servers
+from asyncrl.engine.remote.lora_slots import AdapterSlots
 from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
-from asyncrl.engine.remote.process import pick_ports
 from asyncrl.engine.remote.wire import gauge, parse_prometheus
-from asyncrl.errors import ConfigError, EngineError, WeightSyncError
+from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
@@ -177,10 +178,7 @@ class VLLMEngine(RemoteEngine):
         self.capacity = 0
         self.model = SERVED_NAME
         self.server_version = ""
-        self._adapter: tuple[str, int] | None = None
-        self._adapters: list[str] = []
-        self._adapter_of: dict[str, int] = {}
-        self._base_version = 0
+        self.adapters = AdapterSlots(self.name)
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -214,30 +212,22 @@ class VLLMEngine(RemoteEngine):
         if load.kv_tokens_capacity <= 0:
             raise EngineError(f"{self.name}: /metrics reports no KV cache capacity")
         self.capacity = load.kv_tokens_capacity
-        self._adapter, self._adapters = None, []  # a (re)launched server has no adapter
-        self._base_version = self._weights[1] if self._weights else 0
+        self.adapters.reset(self._weights[1] if self._weights else 0)
         log.info("vllm_server_info", engine=self.name, version=self.server_version,
                  model=self.model, kv_capacity=self.capacity)
 
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
-        if self._adapter is None:
-            return "/v1/completions", completion_body(request, self.model)
-        self._adapter_of[request.request_id] = self._adapter[1]
-        return "/v1/completions", completion_body(request, self._adapter[0])
+        adapter = self.adapters.send(request.request_id)
+        return "/v1/completions", completion_body(request, adapter or self.model)
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         delta = decode_chunk(event, self.name)
-        rid = state["request"].request_id
-        adapter = self._adapter_of.get(rid)
-        if adapter is not None:
-            state["version"] = adapter
-            if delta is not None and delta.finish_reason is not None:
-                del self._adapter_of[rid]
+        self.adapters.stamp(state["request"].request_id, state, delta)
         return delta
 
     async def _server_abort(self, request_id: str) -> None:
-        self._adapter_of.pop(request_id, None)
+        self.adapters.forget(request_id)
         # The completion's engine-side id; closing the stream (done by the caller) also
         # aborts it, this only makes it immediate.
         await self.call("POST", "/abort_requests",
@@ -290,13 +280,7 @@ class VLLMEngine(RemoteEngine):
         `tie_word_embeddings` is therefore updated by relaunching the server from the new
         directory (launched servers), or refused (attached ones).
         """
-        if update.adapter is not None:
-            raise WeightSyncError(f"{self.name}: vLLM loads LoRA adapters from a directory; "
-                                  f"set engine.weight_sync = \"disk\"")
-        if update.adapter_path and not update.path and update.base_version != self._base_version:
-            raise WeightSyncError(f"{self.name}: adapter trained over the base of version "
-                                  f"{update.base_version}, the server holds version "
-                                  f"{self._base_version}'s; send the base with it")
+        self._check_update(update)  # before a relaunch, too
         tied = False
         if update.path:
             tied = await asyncio.to_thread(ties_word_embeddings, update.path)
@@ -312,14 +296,22 @@ class VLLMEngine(RemoteEngine):
                 try:
                     await self.relaunch("tied word embeddings: weight update by relaunch")
                     if update.adapter_path:
-                        await self._load_adapter(update)
+                        await self.adapters.load(update, self._load_adapter,
+                                                 self._unload_adapter)
                 except EngineError as e:
                     raise WeightSyncError(f"{self.name}: relaunch with {update.path} failed: "
                                           f"{e}") from e
             return
         await super().update_weights(update)
-        async with self._update_lock:
-            await self._unload_stale_adapters()
+
+    def _check_update(self, update: WeightUpdate) -> None:
+        if update.adapter is not None:
+            raise WeightSyncError(f"{self.name}: vLLM loads LoRA adapters from a directory; "
+                                  f"set engine.weight_sync = \"disk\"")
+        self.adapters.check(update)
+
+    async def _after_update(self) -> None:
+        await self.adapters.unload_stale(self._unload_adapter, alive=lambda: self._up)
 
     async def _apply(self, update: WeightUpdate) -> None:
         if not (update.path or update.adapter_path):
@@ -331,9 +323,9 @@ class VLLMEngine(RemoteEngine):
                                        "kwargs": {"weights_path": update.path}})
             await self.call_json("POST", "/update_weight_version",
                                  json={"new_version": str(update.version)})
-            self._base_version, self._adapter = update.version, None
+            self.adapters.base_replaced(update.version)
         if update.adapter_path:
-            await self._load_adapter(update)
+            await self.adapters.load(update, self._load_adapter, self._unload_adapter)
 
     # --------------------------------------------------------------------- LoRA adapters
     async def _lora_call(self, path: str, body: dict[str, Any]) -> None:
@@ -343,26 +335,11 @@ class VLLMEngine(RemoteEngine):
             raise WeightSyncError(f"{self.name}: {path} -> HTTP {status}: "
                                   f"{error_message(raw)}")
 
-    async def _load_adapter(self, update: WeightUpdate) -> None:
-        name = f"asyncrl-v{update.version}"
-        if name in self._adapters:  # the same version again (a retried push)
-            await self._lora_call("/v1/unload_lora_adapter", {"lora_name": name})
-            self._adapters.remove(name)
-        await self._lora_call("/v1/load_lora_adapter",
-                              {"lora_name": name, "lora_path": update.adapter_path})
-        self._adapters.append(name)
-        self._adapter = (name, update.version)
+    async def _load_adapter(self, name: str, path: str) -> None:
+        await self._lora_call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
 
-    async def _unload_stale_adapters(self) -> None:
-        """Adapters older than the previous one (a failure costs only memory)."""
-        while len(self._adapters) > 2 and self._up:
-            try:
-                await self._lora_call("/v1/unload_lora_adapter",
-                                      {"lora_name": self._adapters[0]})
-            except (WeightSyncError, EngineError) as e:
-                log.warning("lora_unload_failed", engine=self.name, error=str(e))
-                return
-            self._adapters.pop(0)
+    async def _unload_adapter(self, name: str) -> None:
+        await self._lora_call("/v1/unload_lora_adapter", {"lora_name": name})
 
 
 def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: Any = None,
@@ -382,14 +359,8 @@ def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: A
         options = msgspec.structs.replace(options, python=cfg.python)
     if cfg.env:
         options = msgspec.structs.replace(options, env={**cfg.env, **options.env})
-    if cfg.urls:
-        return [VLLMEngine(cfg, index=i, session=session, url=u, model_path=model_path,
-                           options=options) for i, u in enumerate(cfg.urls)]
-    if not model_path:
-        raise ConfigError("model.path", "launching vLLM servers needs a model directory")
-    ports = pick_ports(options.host, cfg.base_port, cfg.num_servers)
-    return [VLLMEngine(cfg, index=i, session=session, port=p, model_path=model_path,
-                       options=options) for i, p in enumerate(ports)]
+    return build_servers(VLLMEngine, cfg, what="vLLM servers", model_path=model_path,
+                         session=session, options=options)
 
 
 def ties_word_embeddings(model_dir: str) -> bool:

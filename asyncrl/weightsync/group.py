@@ -18,8 +18,10 @@ which fails the receives the other servers are blocked in (gloo; an NCCL receive
 its own watchdog). The push is then tried once more, in a new group of the servers that are
 still healthy and were not the cause; servers that did not get the version keep their old
 version tags and are reported by name. A server that is down is left out; one that is back
-joins at the next push. Each formation has a new group name (`asyncrl-N`), and the servers
-are asked to leave the old one (`/destroy_weights_update_group`). `close` ends the group at
+joins at the next push. Each formation has a new group name (`asyncrl-<random>-N`: random per
+trainer process, so a trainer restarted after a SIGKILL, whose group the servers still hold,
+forms a new one), and the servers are asked to leave the old one
+(`/destroy_weights_update_group`). `close` ends the group at
 the end of the run. The broadcast and the join run in worker threads, each bounded by the
 group's timeout and always awaited.
 
@@ -36,23 +38,30 @@ import asyncio
 import contextlib
 import datetime
 import itertools
+import secrets
 import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from asyncrl.engine.base import Engine
 from asyncrl.engine.sglang import weights
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.engine.sglang.engine import SGLangEngine
 
 log = get_logger(__name__)
 
 __all__ = ["WeightGroup", "route_address", "servers_of"]
 
 
-def servers_of(engine: Any) -> list[Any]:
+def servers_of(engine: Engine) -> list[SGLangEngine]:
     """The servers that join the group for `engine`: a routed engine's workers, else itself.
     An engine that cannot join one is a `WeightSyncError` naming it."""
     servers = list(getattr(engine, "servers", None) or [engine])
@@ -61,7 +70,7 @@ def servers_of(engine: Any) -> list[Any]:
             raise WeightSyncError(f"{s.name}: a {getattr(s, 'kind', type(s).__name__)} engine "
                                   f"cannot join a weight-update process group; "
                                   f"weight_sync = \"distributed\" is for SGLang servers")
-    return servers
+    return cast("list[SGLangEngine]", servers)
 
 
 def route_address(url: str) -> str:
@@ -99,7 +108,7 @@ class WeightGroup:
 
     def __init__(self, *, address: str = "", port: int = 0,
                  bucket_bytes: int = weights.TENSOR_BUCKET_BYTES, device: Any = "cpu",
-                 name: str = "asyncrl") -> None:
+                 name: str = "") -> None:
         import torch
 
         self.address = address
@@ -107,7 +116,11 @@ class WeightGroup:
         self.bucket_bytes = bucket_bytes
         self.device = torch.device(device)
         self.backend_name = "nccl" if self.device.type == "cuda" else "gloo"
-        self.name = name
+        self.name = name or f"asyncrl-{secrets.token_hex(4)}"
+        """The prefix of this trainer's group names (`{name}-N`): random per process unless
+        given, so a restarted trainer never asks for a name its dead predecessor left on the
+        servers (SGLang keeps a group until it is destroyed; torch refuses a second group of
+        one name)."""
         self._count = itertools.count(1)
         self._formed: _Formed | None = None
         self._dropped: _Formed | None = None
@@ -128,8 +141,8 @@ class WeightGroup:
         return [m.name for m in self._formed.members] if self._formed else []
 
     # ---------------------------------------------------------------------------- push
-    async def push(self, engines: Sequence[Any], state: Mapping[str, Any], version: int
-                   ) -> list[tuple[str, WeightSyncError]]:
+    async def push(self, engines: Sequence[Engine], state: Mapping[str, torch.Tensor],
+                   version: int) -> list[tuple[str, WeightSyncError]]:
         """`state` to every engine's servers as `version`; returns (engine name, error) for
         each engine that did not take it (a routed engine fails only when all its servers
         did). Raises only on a bug or a cancellation."""
