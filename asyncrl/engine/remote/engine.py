@@ -43,6 +43,7 @@ import aiohttp
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
 from asyncrl.engine.remote import http as remote_http
 from asyncrl.engine.remote.load import LoadCache, LoadReporter
+from asyncrl.engine.remote.lora_slots import AdapterSlots
 from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
 from asyncrl.engine.remote.process import ServerProcess
 from asyncrl.engine.remote.stream import StreamGuard, finish_delta
@@ -504,6 +505,35 @@ class RemoteEngine:
                     await asyncio.shield(self._resume())
                 except EngineError as e:
                     self.mark_down(f"resume after weight update failed: {e}")
+
+
+class ServerEngine(RemoteEngine):
+    """One server of a fleet built from an `[engine]` table (`cfg`): the `index`-th, named
+    `{kind}-{index}`, holding the LoRA adapter slots every server kind keeps (`adapters`),
+    its KV capacity and version once read. The SGLang and vLLM engines subclass it."""
+
+    kind = "server"
+
+    def __init__(self, cfg: Any, *, index: int, session: aiohttp.ClientSession | None = None,
+                 url: str = "", model_path: str = "", port: int = 0,
+                 options: RemoteOptions | None = None) -> None:
+        super().__init__(name=f"{self.kind}-{index}", session=session, url=url, port=port,
+                         model_path=model_path, request_timeout_s=cfg.request_timeout_s,
+                         options=options)
+        self.cfg = cfg
+        self.index = index
+        self.capacity = 0
+        self.server_version = ""
+        self.adapters = AdapterSlots(self.name)
+
+    product = "this server"
+    """The server's name in messages ("SGLang", "vLLM")."""
+
+    def _check_update(self, update: WeightUpdate) -> None:
+        if update.adapter is not None:
+            raise WeightSyncError(f"{self.name}: {self.product} loads LoRA adapters from a "
+                                  f"directory; set engine.weight_sync = \"disk\"")
+        self.adapters.check(update)
 
 
 @contextlib.asynccontextmanager

@@ -86,8 +86,7 @@ import orjson
 
 from asyncrl.config import SGLangEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote.engine import RemoteEngine
-from asyncrl.engine.remote.lora_slots import AdapterSlots
+from asyncrl.engine.remote.engine import ServerEngine
 from asyncrl.engine.remote.options import RemoteOptions
 from asyncrl.engine.sglang import weights
 from asyncrl.errors import EngineError, WeightSyncError
@@ -193,10 +192,11 @@ def parse_loads(data: Any, name: str, fallback_capacity: int, now: float) -> Eng
                       running=running, waiting=waiting, age_s=age)
 
 
-class SGLangEngine(RemoteEngine):
+class SGLangEngine(ServerEngine):
     """One SGLang server (one GPU group), launched or attached."""
 
     kind = "sglang"
+    product = "SGLang"
     health_path = "/health"
     update_liveness_path = "/model_info"  # answered by the HTTP front, scheduler busy or not
     env_unset = ("SGLANG_RETURN_ORIGINAL_LOGPROB",)
@@ -205,18 +205,13 @@ class SGLangEngine(RemoteEngine):
                  session: aiohttp.ClientSession | None = None, url: str = "",
                  model_path: str = "", port: int = 0,
                  options: RemoteOptions | None = None) -> None:
-        super().__init__(name=f"sglang-{index}", session=session, url=url, port=port,
-                         model_path=model_path, request_timeout_s=cfg.request_timeout_s,
-                         options=options)
-        self.cfg = cfg
-        self.index = index
-        self.capacity = 0
-        self.server_version = ""
+        super().__init__(cfg, index=index, session=session, url=url, port=port,
+                         model_path=model_path, options=options)
+        self.cfg: SGLangEngineConfig = cfg
         self._incremental = False
         self._deterministic = False
         self._can_pause = True
         self._sessions = weights.SessionState()
-        self.adapters = AdapterSlots(self.name)
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -301,12 +296,6 @@ class SGLangEngine(RemoteEngine):
 
     # The cache is flushed by the update call itself (`flush_cache: true`), which fails the
     # update when the flush is refused (`weight_updater.py:120-133`): no separate /flush_cache.
-
-    def _check_update(self, update: WeightUpdate) -> None:
-        if update.adapter is not None:
-            raise WeightSyncError(f"{self.name}: SGLang loads LoRA adapters from a directory; "
-                                  f"set engine.weight_sync = \"disk\"")
-        self.adapters.check(update)
 
     async def _after_update(self) -> None:
         # after the resume, since SGLang's unload waits for the requests that use the adapter

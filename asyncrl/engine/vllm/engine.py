@@ -62,9 +62,8 @@ import msgspec
 
 from asyncrl.config import VLLMEngineConfig
 from asyncrl.engine.base import EngineLoad, GenerateRequest, TokenDelta, WeightUpdate
-from asyncrl.engine.remote.engine import RemoteEngine, open_all
+from asyncrl.engine.remote.engine import ServerEngine, open_all
 from asyncrl.engine.remote.fleet import build_servers
-from asyncrl.engine.remote.lora_slots import AdapterSlots
 from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
 from asyncrl.engine.remote.wire import gauge, parse_prometheus
 from asyncrl.errors import EngineError, WeightSyncError
@@ -161,24 +160,20 @@ def decode_chunk(event: dict[str, Any], name: str) -> TokenDelta | None:
                       finish_reason=reason)
 
 
-class VLLMEngine(RemoteEngine):
+class VLLMEngine(ServerEngine):
     """One vLLM server, launched or attached."""
 
     kind = "vllm"
+    product = "vLLM"
     health_path = "/health"
 
     def __init__(self, cfg: VLLMEngineConfig, *, index: int,
                  session: aiohttp.ClientSession | None = None, url: str = "", model_path: str = "", port: int = 0,
                  options: RemoteOptions | None = None) -> None:
-        super().__init__(name=f"vllm-{index}", session=session, url=url, port=port,
-                         model_path=model_path, request_timeout_s=cfg.request_timeout_s,
-                         options=options)
-        self.cfg = cfg
-        self.index = index
-        self.capacity = 0
+        super().__init__(cfg, index=index, session=session, url=url, port=port,
+                         model_path=model_path, options=options)
+        self.cfg: VLLMEngineConfig = cfg
         self.model = SERVED_NAME
-        self.server_version = ""
-        self.adapters = AdapterSlots(self.name)
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -303,12 +298,6 @@ class VLLMEngine(RemoteEngine):
                                           f"{e}") from e
             return
         await super().update_weights(update)
-
-    def _check_update(self, update: WeightUpdate) -> None:
-        if update.adapter is not None:
-            raise WeightSyncError(f"{self.name}: vLLM loads LoRA adapters from a directory; "
-                                  f"set engine.weight_sync = \"disk\"")
-        self.adapters.check(update)
 
     async def _after_update(self) -> None:
         await self.adapters.unload_stale(self._unload_adapter, alive=lambda: self._up)
