@@ -2,19 +2,22 @@
 
 Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
 problems a `hard` stage trains on (those the current policy does not solve k/k), and the
-learning rate, response budget and eval temperature in force; `TrainState`, where a run is in its curriculum (the
+learning rate, response budget, eval temperature and rollout settings in force; `TrainState`, where a run is in its curriculum (the
 part of a checkpoint besides weights and optimizer). Does not own: running rollouts or
 evaluations (the train loop feeds results in).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from asyncrl.config import PlateauRule, RolloutSection, RunConfig, StageSection
+from asyncrl.formats import ToolFormat
+from asyncrl.rollout.agent import RolloutSettings
 
 
 class PlateauState(msgspec.Struct, kw_only=True):
@@ -94,3 +97,26 @@ def eval_temperature(cfg: RunConfig) -> float:
     temperature."""
     t = cfg.eval.temperature
     return cfg.rollout.temperature if t is None else t
+
+
+def rollout_settings(cfg: RunConfig, fmt: ToolFormat, stop_token_ids: tuple[int, ...],
+                     stage: StageSection | None, *, eval_: bool = False, seed_key: str = "",
+                     temperature: float | None = None) -> RolloutSettings:
+    """A stage's sampling settings (an eval's: `eval.temperature` unless `temperature` is
+    given, top-p 1 and `eval.max_response_tokens` if set); with `rollout.seed_requests`, seeded
+    by `run.seed` and `seed_key` (each call of the runner gets its own key: a wave, an eval, a
+    filter)."""
+    r = cfg.rollout
+    budget = stage_budget(r, stage) if stage else r.max_response_tokens
+    temp, top_p = r.temperature, r.top_p
+    if eval_:
+        budget = cfg.eval.max_response_tokens or budget
+        temp = eval_temperature(cfg) if temperature is None else temperature
+        top_p = 1.0
+    return RolloutSettings(
+        max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
+        tool_format=fmt, tool_output_max_chars=r.tool_output_max_chars,
+        stop_token_ids=stop_token_ids,
+        seed=(zlib.crc32(f"{cfg.run.seed}:{seed_key}".encode()) & 0x7FFFFFFF
+              if r.seed_requests else None),
+    )

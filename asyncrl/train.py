@@ -17,35 +17,43 @@ import asyncio
 import itertools
 import random
 import time
-import zlib
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
+from asyncrl.algo.roc import apply_roc
+from asyncrl.algo.staleness import group_lag, split_stale, version_stats
+from asyncrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.errors import CheckpointError, ConfigError, RunStopped, TrainerError
+from asyncrl.data import ProblemStream, load_split
+from asyncrl.errors import CheckpointError, RunStopped, TrainerError
+from asyncrl.evaluation import summarize, with_greedy
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
-from asyncrl.observe.progress import RunProgress, StagePlan
-from asyncrl.records import Batch, Group, Problem, save_jsonl
+from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
+from asyncrl.observe.report import write_report
+from asyncrl.observe.sinks import open_sinks
+from asyncrl.records import Batch, Group, Problem, Rollout, save_jsonl
+from asyncrl.rollout.agent import RolloutSettings
+from asyncrl.rollout.producer import RolloutProducer, Wave
 from asyncrl.rundir import pick_run_dir
+from asyncrl.runtime import Runtime, open_runtime
+from asyncrl.sft.stage import SFTSetup, run_sft
 from asyncrl.stages import (
     PlateauState,
     TrainState,
     eval_temperature,
     hard_problem_ids,
     plateau_update,
-    stage_budget,
+    rollout_settings,
     stage_done,
     stage_lr,
 )
 from asyncrl.stopping import StopRequest, signal_handlers
-
-if TYPE_CHECKING:
-    from asyncrl.rollout.producer import RolloutProducer
-    from asyncrl.runtime import Runtime
+from asyncrl.weightsync.push import push_weights
 
 log = logmod.get_logger(__name__)
 
@@ -56,8 +64,6 @@ class StageRunner:
     def __init__(self, rt: Runtime, metrics: MetricsWriter, state: TrainState,
                  train_problems: list[Problem], eval_problems: list[Problem],
                  progress: RunProgress | None = None, stop: StopRequest | None = None) -> None:
-        from asyncrl.data import ProblemStream
-
         self.rt = rt
         self.trainer = rt.need_trainer()
         self.progress = progress or RunProgress(rt.run_dir.name, stage_plans(rt.cfg))
@@ -71,7 +77,11 @@ class StageRunner:
         self.rng = random.Random(self.cfg.run.seed)
         if state.rng_state is not None:
             self.rng.setstate(_as_rng_state(state.rng_state))
-        self._stream_cls = ProblemStream
+        self._stop_ids = (rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+        self._plateaued = False
+        """The current stage's plateau rule fired: it ends after this step."""
+        self._producer: RolloutProducer | None = None
+        """The RL stage's producer while one runs (its waves under way go in a checkpoint)."""
         self.stream = self._make_stream()
 
     # ------------------------------------------------------------------------------ plumbing
@@ -82,34 +92,16 @@ class StageRunner:
         keep = set(ids)
         return [p for p in self.train_problems if p.id in keep]
 
-    def _make_stream(self) -> Any:
+    def _make_stream(self) -> ProblemStream:
         probs = self._stage_problems()
         if self.state.data_cursor:
-            return self._stream_cls.from_state(probs, self.state.data_cursor)
-        return self._stream_cls(probs, seed=self.cfg.run.seed + self.state.stage_index,
+            return ProblemStream.from_state(probs, self.state.data_cursor)
+        return ProblemStream(probs, seed=self.cfg.run.seed + self.state.stage_index,
                                 shuffle=self.cfg.data.shuffle)
 
-    def _settings(self, stage: StageSection | None, *, eval_: bool = False,
-                  seed_key: str = "", temperature: float | None = None) -> Any:
-        """A stage's sampling settings (an eval's: `eval.temperature` unless `temperature` is
-        given); with `rollout.seed_requests`, seeded by `run.seed` and `seed_key` (each call of
-        the runner gets its own key: a wave, an eval, a filter)."""
-        from asyncrl.rollout import RolloutSettings
-
-        r = self.cfg.rollout
-        budget = stage_budget(r, stage) if stage else r.max_response_tokens
-        temp, top_p = r.temperature, r.top_p
-        if eval_:
-            budget = self.cfg.eval.max_response_tokens or budget
-            temp, top_p = (eval_temperature(self.cfg) if temperature is None else temperature,
-                           1.0)
-        return RolloutSettings(
-            max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
-            tool_format=self.rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
-            stop_token_ids=(self.rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
-            seed=(zlib.crc32(f"{self.cfg.run.seed}:{seed_key}".encode()) & 0x7FFFFFFF
-                  if r.seed_requests else None),
-        )
+    def _settings(self, stage: StageSection | None, **kw: Any) -> RolloutSettings:
+        """`stages.rollout_settings` for this run's format and stop tokens."""
+        return rollout_settings(self.cfg, self.rt.fmt, self._stop_ids, stage, **kw)
 
     async def _sync(self) -> float:
         """Push the trainer's weights to every engine; bumps the policy version."""
@@ -118,7 +110,8 @@ class StageRunner:
         await _push_weights(self.rt, self.state.policy_version)
         return time.monotonic() - t0
 
-    async def _rollouts(self, problems: list[Problem], n: int, settings: Any) -> list[Group]:
+    async def _rollouts(self, problems: list[Problem], n: int,
+                        settings: RolloutSettings) -> list[Group]:
         self.progress.rollouts_requested(len(problems) * n)
 
         async def collect() -> list[Group]:
@@ -157,7 +150,7 @@ class StageRunner:
         self.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
         self.progress.stage_start(self.state.stage_index, self.state.stage_step)
         self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
-                           event="start", kind_=stage.kind)
+                           event="start", stage_kind=stage.kind)
         log.info("stage_start", kind=stage.kind, steps=stage.steps)
         if stage.kind == "sft":
             if not self.state.eval_due:  # set: a stop came during the eval, steps and sync done
@@ -176,13 +169,11 @@ class StageRunner:
         """The RL steps of a stage over a `RolloutProducer`, which keeps up to
         `max_staleness + 1` steps' rollouts under way across updates; this scope owns it and
         cancels what is left when the stage ends."""
-        from asyncrl.rollout.producer import RolloutProducer
-
         n = self.cfg.rollout.samples_per_prompt
         # waves are issued in step order, the resumed ones first (see RolloutProducer)
         wave_no = itertools.count(self.state.stage_step)
 
-        def run_wave(problems: list[Problem], version: int) -> Any:
+        def run_wave(problems: list[Problem], version: int) -> AsyncIterator[Group]:
             self.progress.rollouts_requested(len(problems) * n)
             settings = self._settings(
                 stage, seed_key=f"rl:{self.state.stage_index}:{next(wave_no)}")
@@ -214,13 +205,15 @@ class StageRunner:
             finally:
                 self._producer = None
 
-    _plateaued = False
-    _producer: RolloutProducer | None = None
-
     async def _run_sft(self, stage: StageSection) -> None:
-        from asyncrl.sft.stage import run_sft
-
-        await run_sft(stage, self.cfg, self.rt, self.state, self.metrics, self.train_problems,
+        cfg, rt = self.cfg, self.rt
+        setup = SFTSetup(trainer=self.trainer, tokenizer=rt.tokenizer, fmt=rt.fmt,
+                         tools=[t.schema for t in rt.tools] or None,
+                         system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
+                         lr=cfg.algorithm.lr,
+                         tool_output_max_chars=cfg.rollout.tool_output_max_chars,
+                         checkpoint_every=cfg.checkpoint.sft_every_steps)
+        await run_sft(stage, setup, self.state, self.metrics, self.train_problems,
                       lambda: self._checkpoint(force=True),
                       on_step=lambda loss: self.progress.step(
                           self.state.stage_step, self.state.global_step, loss=loss),
@@ -250,66 +243,50 @@ class StageRunner:
     async def rl_step(self, stage: StageSection, prod: RolloutProducer) -> None:
         """One RL step on the next wave of `prod` (a `RolloutProducer`): its groups were
         sampled up to `max_staleness` versions ago, some of their tokens maybe while this
-        step's predecessors were updating the engines."""
-        from asyncrl.algo.roc import apply_roc
-        from asyncrl.algo.staleness import group_lag, split_stale, version_stats
-
+        step's predecessors were updating the engines. Groups more than `max_staleness`
+        versions behind are dropped before RoC."""
         cfg = self.cfg
         t_step = time.monotonic()
         step = self.state.global_step + 1
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
             wave = await self.stop.race(prod.take())  # a stop now: the step never happened
             self.state.global_step = step
-            wait_s = time.monotonic() - t_step
-            problems, groups = wave.problems, wave.groups
-            rollout_s = (wave.finished or time.monotonic()) - wave.started
             version = self.state.policy_version
-            behind = max((group_lag(g, version) for g in groups), default=0)
-            fresh, stale = split_stale(groups, version, cfg.rollout.max_staleness)
+            fresh, stale = split_stale(wave.groups, version, cfg.rollout.max_staleness)
+            kept, roc_m = apply_roc(fresh, cfg.roc, cfg.rollout.group_size, self.rng,
+                                    adv_eps=cfg.algorithm.adv_eps)
+            roc_m["roc/groups_stale"] = float(len(stale))
+            roc_m["roc/versions_behind_max"] = float(
+                max((group_lag(g, version) for g in wave.groups), default=0))
             async_m = {**version_stats(fresh, version), **prod.stats(),
                        "async/groups_kept": float(len(fresh)),
                        "async/groups_dropped_stale": float(len(stale)),
                        "async/wave_version_lag": float(version - wave.started_version),
-                       "timing/wait_rollouts_s": wait_s}
-            kept, roc_m = apply_roc(groups, cfg.roc, cfg.rollout.group_size, self.rng,
-                                    adv_eps=cfg.algorithm.adv_eps)
-            roc_m["roc/groups_stale"] = float(len(stale))
-            roc_m["roc/versions_behind_max"] = float(behind)
-            batch = Batch(step=step, policy_version=self.state.policy_version, groups=kept)
+                       "timing/wait_rollouts_s": time.monotonic() - t_step}
             t0 = time.monotonic()
             train_m: dict[str, float] = {}
             if kept:
                 if stage.lr_decay_steps:
                     self.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
-                train_m = await asyncio.to_thread(self.trainer.train_step, batch)
-            update_s = time.monotonic() - t0
-            sync_s = await self._sync() if kept else 0.0
+                train_m = await asyncio.to_thread(self.trainer.train_step, Batch(
+                    step=step, policy_version=version, groups=kept))
+            timing = {"timing/update_s": time.monotonic() - t0,
+                      "timing/sync_s": await self._sync() if kept else 0.0}
             self.state.stage_step += 1
             prod.step_done()  # the next wave(s) may start: they sample the new version
-            rolls = group_rollouts(groups)
-            stats = rollout_stats(rolls)
-            step_s = time.monotonic() - t_step
-            row = {
-                "stage": stage.name, "step": step, "policy_version": self.state.policy_version,
-                "problem_ids": [p.id for p in problems],
-                "reward/mean": stats.get("rollout/reward_mean", 0.0),
-                "train/accuracy": stats.get("rollout/reward_mean", 0.0),
-                **stats, **numeric(roc_m, "roc/"), **numeric(train_m), **async_m,
-                "timing/rollout_s": rollout_s,
-                "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
-                "timing/update_s": update_s, "timing/sync_s": sync_s,
-                "timing/step_s": step_s,
-            }
+            rolls = group_rollouts(wave.groups)
+            timing["timing/step_s"] = time.monotonic() - t_step
+            row = step_row(stage, step, self.state.policy_version, wave, rolls,
+                           {**numeric(roc_m, "roc/"), **numeric(train_m), **async_m, **timing})
             self.metrics.write("rl_step", **row)
-            self.progress.step(self.state.stage_step, step,
-                               reward=stats.get("rollout/reward_mean", 0.0))
+            self.progress.step(self.state.stage_step, step, reward=row["reward/mean"])
             keep_every = cfg.logging.rollouts_every
             if keep_every and step % keep_every == 0:  # the whole wave, RoC's marks included
                 await asyncio.to_thread(save_jsonl, self.rt.run_dir / "rollouts" /
-                                        f"step_{step:06d}.jsonl", groups)
-            log.info("rl_step", reward=round(stats.get("rollout/reward_mean", 0.0), 3),
-                     tool_err_pos=round(stats.get("rollout/tool_error_ratio_pos", 0.0), 3),
-                     kept_groups=len(kept), seconds=round(step_s, 2),
+                                        f"step_{step:06d}.jsonl", wave.groups)
+            log.info("rl_step", reward=round(row["reward/mean"], 3),
+                     tool_err_pos=round(row.get("rollout/tool_error_ratio_pos", 0.0), 3),
+                     kept_groups=len(kept), seconds=round(timing["timing/step_s"], 2),
                      lag_max=async_m["async/version_lag_max"])
             every = cfg.eval.every_steps
             # The run's last step is scored by the final evaluation that follows it, on the
@@ -334,8 +311,6 @@ class StageRunner:
         """k sampled answers per problem at `eval.temperature` and, with `eval.greedy`, one
         greedy answer (`asyncrl.evaluation.with_greedy`); every rollout of both is kept under
         `eval/` (`{step}-{label}.jsonl`, the greedy pass's `{step}-{label}-greedy.jsonl`)."""
-        from asyncrl.evaluation import summarize, with_greedy
-
         probs = self.eval_problems
         if not probs:
             return {}
@@ -368,8 +343,6 @@ class StageRunner:
         """Write a checkpoint in a worker thread: rollouts of the next steps may be in flight
         (the producer's waves), and weights, optimizer state and fsyncs would stall them.
         Nothing else touches the trainer until this returns (the step awaits it)."""
-        from asyncrl.checkpoint import save_checkpoint
-
         every = self.cfg.checkpoint.every_steps
         if not force and not (every and self.state.global_step % every == 0):
             return
@@ -398,68 +371,29 @@ def _as_rng_state(s: Any) -> tuple:
     return (version, tuple(internal), gauss)
 
 
+def step_row(stage: StageSection, step: int, policy_version: int, wave: Wave,
+             rolls: list[Rollout], extra: dict[str, float]) -> dict[str, Any]:
+    """An RL step's `metrics.jsonl` row: the wave's rollout statistics (reward, accuracy,
+    tool use and errors, lengths), `extra` (RoC, trainer, async and timing figures), the
+    wave's rollout time and tool wait, and the problem ids it trained on."""
+    stats = rollout_stats(rolls)
+    reward = stats.get("rollout/reward_mean", 0.0)
+    return {
+        "stage": stage.name, "step": step, "policy_version": policy_version,
+        "problem_ids": [p.id for p in wave.problems],
+        "reward/mean": reward, "train/accuracy": reward, **stats, **extra,
+        "timing/rollout_s": (wave.finished or time.monotonic()) - wave.started,
+        "timing/tool_wait_s": sum(r.timing.tool_wait_s for r in rolls),
+    }
+
+
 # ------------------------------------------------------------------------------- entry points
-def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list[str]:
-    """Resolve every stage, data file and component without starting anything heavy.
-
-    Returns the plan as lines. An unknown component always raises `ConfigError`. A path that
-    is not on this machine (model, data or chat file) raises `ConfigError` naming its key
-    when `missing` is None; given a list, each such error is appended to it instead and the
-    plan goes on, so a recipe meant for another machine still resolves in full.
-    """
-    from asyncrl.engine.registry import ENGINE_KINDS
-    from asyncrl.trainer import TRAINER_KINDS
-
-    def absent(key: str, message: str) -> None:
-        if missing is None:
-            raise ConfigError(key, message)
-        missing.append(ConfigError(key, message))
-
-    lines = []
-    if cfg.model.path:
-        if not Path(cfg.model.path).exists():
-            absent("model.path", f"no such directory: {cfg.model.path}")
-        lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")
-    else:
-        lines.append(f"model: built from model.init ({cfg.model.init.get('model_type')})")
-    for key in ("train", "eval"):
-        src = getattr(cfg.data, key)
-        if src and not src.startswith("generator:") and not Path(src).exists():
-            absent(f"data.{key}", f"no such file: {src}")
-        lines.append(f"data.{key}: {src or '(none)'}")
-    if cfg.engine.kind not in ENGINE_KINDS:
-        raise ConfigError("engine.kind", f"engine {cfg.engine.kind!r} is not available here")
-    if cfg.trainer.kind not in TRAINER_KINDS:
-        raise ConfigError("trainer.kind", f"trainer {cfg.trainer.kind!r} is not available here")
-    lines.append(f"engine: {cfg.engine.kind}; trainer: {cfg.trainer.kind}; "
-                 f"sandbox: {cfg.sandbox.kind}")
-    r = cfg.rollout
-    lines.append(f"rollout: {r.prompts_per_step} prompts x {r.samples_per_prompt} samples -> "
-                 f"{r.group_size} kept (roc={cfg.roc.kind}/{cfg.roc.positive}), "
-                 f"format={r.tool_format}, temperature={r.temperature}")
-    for i, st in enumerate(cfg.stages):
-        for key, files in (("train", st.chat.train), ("valid", st.chat.valid)) if st.chat else ():
-            for f in files:
-                if not Path(f).exists():
-                    absent(f"stages[{i}].chat.{key}", f"no such file: {f}")
-        extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
-        if st.chat is not None:
-            extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"
-        plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
-        lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
-                     f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
-                     f"{extra}{plateau}")
-    return lines
-
-
 def stage_plans(cfg: RunConfig) -> list[StagePlan]:
     return [StagePlan(st.name, st.kind, st.steps) for st in cfg.stages]
 
 
 def stop_summary(run_dir: Path, resume_command: str = "") -> str:
     """What a stopped run has on disk, in a sentence: its newest checkpoint and how to go on."""
-    from asyncrl.checkpoint import latest_checkpoint
-
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:
         return "No checkpoint yet: a new run starts from the beginning."
@@ -483,8 +417,6 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
             return await _train(cfg, resume, rd, stop)
         except RunStopped as e:
             e.run_dir = rd
-            from asyncrl.checkpoint import latest_checkpoint
-
             e.checkpoint = latest_checkpoint(rd)
             log.warning("run_stopped", signal=e.signal_name, where=e.where,
                         checkpoint=str(e.checkpoint), seconds=round(
@@ -493,12 +425,6 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 
 async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> Path:
-    from asyncrl.checkpoint import list_checkpoints, load_checkpoint
-    from asyncrl.data import load_split
-    from asyncrl.observe.progress import instrument, progress_display
-    from asyncrl.observe.sinks import open_sinks
-    from asyncrl.runtime import open_runtime
-
     await asyncio.to_thread(rd.mkdir, parents=True, exist_ok=True)
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=rd)
     logmod.bind_contextvars(run=rd.name)
@@ -564,8 +490,6 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
                           wall_s=round(time.monotonic() - t_start, 1))
         rt.need_trainer().export_hf(rd / "final")
         rt.tokenizer.save_pretrained(rd / "final")  # a complete HF directory for every tool
-    from asyncrl.observe.report import write_report
-
     report = write_report(rd)
     log.info("run_done", run_dir=str(rd), report=str(report),
              viewer=str(report.parent / "viewer.html"),
@@ -576,7 +500,5 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
 async def _push_weights(rt: Runtime, version: int) -> None:
     """New weights to every engine, the way `engine.weight_sync` says (each engine kind has
     its own default): `asyncrl.weightsync.push.push_weights`."""
-    from asyncrl.weightsync.push import push_weights
-
     await push_weights(rt.engines, rt.need_trainer(), version, rt.cfg.engine.weight_sync,
                        Path(rt.run_dir), group=rt.weight_group)

@@ -35,7 +35,7 @@ def test_components_never_import_the_orchestration() -> None:
     top = {"asyncrl.train", "asyncrl.runtime"} | {m for m in graph if m.startswith("asyncrl.cli")}
     components = ("asyncrl.rollout", "asyncrl.engine", "asyncrl.algo", "asyncrl.trainer",
                   "asyncrl.tasks", "asyncrl.observe", "asyncrl.prepare", "asyncrl.config",
-                  "asyncrl.weightsync")
+                  "asyncrl.weightsync", "asyncrl.sft")
     bad = {m: sorted(graph[m] & top) for m in graph if m.startswith(components) and graph[m] & top}
     assert not bad
     leaves = {"asyncrl.errors", "asyncrl.records",

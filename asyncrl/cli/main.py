@@ -23,7 +23,7 @@ from asyncrl.errors import AsyncRLError, ConfigError
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     from asyncrl import config
-    from asyncrl.train import dry_run
+    from asyncrl.cli.plan import dry_run
 
     cfg = config.load(args.file, args.set)
     sys.stdout.write(config.dump_json(cfg).decode() + "\n")

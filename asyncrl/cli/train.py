@@ -16,6 +16,7 @@ from typing import Any
 
 from asyncrl import config as config_mod
 from asyncrl import train
+from asyncrl.cli import plan
 from asyncrl.errors import ConfigError, RunStopped
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rundir import pick_run_dir
@@ -64,7 +65,7 @@ def _dry_run(cfg: Any) -> int:
     runs on (rstar2.toml's model and data live on the cluster), so paths missing here are
     warnings, each naming its key; an unknown component or a bad value still fails."""
     missing: list[ConfigError] = []
-    for line in train.dry_run(cfg, missing=missing):
+    for line in plan.dry_run(cfg, missing=missing):
         print(line)
     for err in missing:
         print(f"warning: {err} (a real run needs it)")

@@ -1,5 +1,8 @@
 """An SFT stage: its examples, their order into optimizer steps, the steps, the held-out loss.
 
+A plain component: `run_sft` takes the trainer, tokenizer and format and the values of its own
+config sections (`SFTSetup`), never the run's root config or runtime.
+
 Owns: `SFTPlan` (pure: per-epoch seeded order of examples into batches under a row and token
 budget, optionally bucketed by length, with a resumable (epoch, index) cursor), and `run_sft`, the stage
 itself over the run's trainer: examples from the generator (`asyncrl.sft.coldstart`, the tiny curriculum)
@@ -15,10 +18,12 @@ import asyncio
 import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import RunConfig, StageSection
+from asyncrl.config import StageSection
 from asyncrl.errors import DataError
+from asyncrl.formats import ToolFormat
 from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
@@ -26,7 +31,7 @@ from asyncrl.stages import TrainState, stage_lr
 from asyncrl.stopping import StopRequest
 
 if TYPE_CHECKING:
-    from asyncrl.runtime import Runtime
+    from asyncrl.trainer.base import Trainer
 
 log = get_logger(__name__)
 
@@ -109,7 +114,29 @@ class SFTPlan:
 Pair = tuple[list[int], list[int]]
 
 
-def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
+@dataclass(frozen=True)
+class SFTSetup:
+    """What an SFT stage takes from the run: the trainer, the tokenizer and tool format the
+    examples are rendered with, and the values of its config sections it reads."""
+
+    trainer: Trainer
+    tokenizer: Any
+    fmt: ToolFormat
+    tools: list[dict[str, Any]] | None
+    """Tool schemas shown in the rendered prompt (None: no tools)."""
+    system_prompt: str
+    """`data.system_prompt`."""
+    seed: int
+    """`run.seed`."""
+    lr: float
+    """`algorithm.lr` (the stage's own schedule scales it)."""
+    tool_output_max_chars: int
+    """`rollout.tool_output_max_chars`: generated tool outputs are cut as rollouts' are."""
+    checkpoint_every: int
+    """`checkpoint.sft_every_steps` (0: only at the stage's end, by the caller)."""
+
+
+def generator_pairs(stage: StageSection, setup: SFTSetup,
                     problems: Sequence[Problem]) -> list[Pair]:
     """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation order."""
     from asyncrl.sft.coldstart import build_sft_examples
@@ -117,17 +144,18 @@ def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
     probs = [problems[i % len(problems)] for i in range(n)]
     examples = build_sft_examples(
-        probs, rt.fmt, rt.tokenizer, random.Random(cfg.run.seed),
+        probs, setup.fmt, setup.tokenizer, random.Random(setup.seed),
         tool_fraction=stage.tool_fraction, fail_fix_fraction=stage.fail_fix_fraction,
         fail_fix_by_level={int(k): v for k, v in stage.fail_fix_by_level.items()},
         tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
-        tools=[t.schema for t in rt.tools] or None, system_prompt=cfg.data.system_prompt,
-        max_chars=cfg.rollout.tool_output_max_chars)
+        tools=setup.tools, system_prompt=setup.system_prompt,
+        max_chars=setup.tool_output_max_chars)
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 
-async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: TrainState,
-                  metrics: MetricsWriter, problems: Sequence[Problem], checkpoint: Callable[[], Awaitable[None]],
+async def run_sft(stage: StageSection, setup: SFTSetup, state: TrainState,
+                  metrics: MetricsWriter, problems: Sequence[Problem],
+                  checkpoint: Callable[[], Awaitable[None]],
                   on_step: Callable[[float | None], None] | None = None,
                   stop: StopRequest | None = None) -> None:
     """Run `stage` from `state.stage_step` to `stage.steps`. `state.sft_cursor` holds the chat
@@ -135,10 +163,10 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
     `on_step(loss)` runs after every step (the progress display). A `stop` request is honoured
     between steps (`RunStopped`: `state` then describes the last completed step; the caller
     saves it)."""
-    trainer = rt.need_trainer()
+    trainer = setup.trainer
     valid: list[Pair] = []
     if stage.chat is None:
-        pairs = generator_pairs(stage, cfg, rt, problems)
+        pairs = generator_pairs(stage, setup, problems)
         bs = stage.batch_size or DEFAULT_BATCH
 
         def next_batch() -> list[Pair]:
@@ -149,16 +177,16 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
 
         c = stage.chat
         loaded = await asyncio.to_thread(
-            load_chat, c.train, rt.fmt, rt.tokenizer, valid=c.valid,
+            load_chat, c.train, setup.fmt, setup.tokenizer, valid=c.valid,
             valid_fraction=c.valid_fraction, layout=c.layout, max_tokens=c.max_tokens,
-            system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
+            system_prompt=setup.system_prompt, seed=setup.seed,
             max_bad_fraction=c.max_bad_fraction)
         metrics.write("sft_data", stage=stage.name, step=state.global_step, rows=loaded.rows,
                       train=len(loaded.train), valid=len(loaded.valid), bad=loaded.num_bad,
                       **{f"bad/{k}": v for k, v in loaded.skipped.items()})
         examples = loaded.train
         valid = [e.pair() for e in loaded.valid]
-        plan = SFTPlan([len(e) for e in examples], cfg.run.seed, stage.batch_size,
+        plan = SFTPlan([len(e) for e in examples], setup.seed, stage.batch_size,
                        c.batch_tokens, c.shuffle, cursor=state.sft_cursor or None,
                        bucket=c.bucket_by_length)
 
@@ -172,7 +200,7 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
         if stop is not None:
             stop.check()
         if stage.lr_decay_steps:
-            trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, state.stage_step))
+            trainer.set_lr(stage_lr(stage, setup.lr, state.stage_step))
         m = await asyncio.to_thread(trainer.sft_step, next_batch())
         state.stage_step += 1  # SFT steps do not advance `global_step` (the RL step count)
         if on_step is not None:
@@ -184,7 +212,7 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
             log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
         if valid and ((every_valid and state.stage_step % every_valid == 0) or last):
             await held_out_loss(stage, trainer, valid, state, metrics)
-        ckpt = cfg.checkpoint.sft_every_steps
+        ckpt = setup.checkpoint_every
         if not last and ckpt and state.stage_step % ckpt == 0:
             await checkpoint()
 

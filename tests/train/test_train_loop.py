@@ -15,8 +15,8 @@ import pytest
 from micro_config import MICRO_DATA, MICRO_MODEL, metric_rows
 
 from asyncrl import config
+from asyncrl.cli.plan import dry_run
 from asyncrl.errors import ConfigError
-from asyncrl.train import dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

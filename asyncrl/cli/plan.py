@@ -1,0 +1,62 @@
+"""`asyncrl train --dry-run` and `asyncrl config check`: a curriculum's plan, resolved without
+starting anything heavy (no model, engine, trainer or sandbox)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.config import RunConfig
+from asyncrl.engine.registry import ENGINE_KINDS
+from asyncrl.errors import ConfigError
+from asyncrl.stages import stage_budget, stage_lr
+from asyncrl.trainer import TRAINER_KINDS
+
+
+def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list[str]:
+    """Resolve every stage, data file and component without starting anything heavy.
+
+    Returns the plan as lines. An unknown component always raises `ConfigError`. A path that
+    is not on this machine (model, data or chat file) raises `ConfigError` naming its key
+    when `missing` is None; given a list, each such error is appended to it instead and the
+    plan goes on, so a recipe meant for another machine still resolves in full.
+    """
+    def absent(key: str, message: str) -> None:
+        if missing is None:
+            raise ConfigError(key, message)
+        missing.append(ConfigError(key, message))
+
+    lines = []
+    if cfg.model.path:
+        if not Path(cfg.model.path).exists():
+            absent("model.path", f"no such directory: {cfg.model.path}")
+        lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")
+    else:
+        lines.append(f"model: built from model.init ({cfg.model.init.get('model_type')})")
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key)
+        if src and not src.startswith("generator:") and not Path(src).exists():
+            absent(f"data.{key}", f"no such file: {src}")
+        lines.append(f"data.{key}: {src or '(none)'}")
+    if cfg.engine.kind not in ENGINE_KINDS:
+        raise ConfigError("engine.kind", f"engine {cfg.engine.kind!r} is not available here")
+    if cfg.trainer.kind not in TRAINER_KINDS:
+        raise ConfigError("trainer.kind", f"trainer {cfg.trainer.kind!r} is not available here")
+    lines.append(f"engine: {cfg.engine.kind}; trainer: {cfg.trainer.kind}; "
+                 f"sandbox: {cfg.sandbox.kind}")
+    r = cfg.rollout
+    lines.append(f"rollout: {r.prompts_per_step} prompts x {r.samples_per_prompt} samples -> "
+                 f"{r.group_size} kept (roc={cfg.roc.kind}/{cfg.roc.positive}), "
+                 f"format={r.tool_format}, temperature={r.temperature}")
+    for i, st in enumerate(cfg.stages):
+        for key, files in (("train", st.chat.train), ("valid", st.chat.valid)) if st.chat else ():
+            for f in files:
+                if not Path(f).exists():
+                    absent(f"stages[{i}].chat.{key}", f"no such file: {f}")
+        extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
+        if st.chat is not None:
+            extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"
+        plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
+        lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
+                     f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
+                     f"{extra}{plateau}")
+    return lines
