@@ -149,10 +149,6 @@ class Rollout(_Rec, kw_only=True):
         return len(self.response_ids)
 
     @property
-    def num_model_tokens(self) -> int:
-        return sum(self.loss_mask)
-
-    @property
     def tool_error_ratio(self) -> float | None:
         """Failed calls / calls, or None when the rollout made no call."""
         if not self.tool_calls:
@@ -220,10 +216,6 @@ class Group(_Rec, kw_only=True):
     @property
     def kept_rollouts(self) -> list[Rollout]:
         return [self.rollouts[i] for i in self.kept]
-
-    @property
-    def min_policy_version(self) -> int:
-        return min((r.policy_version for r in self.rollouts), default=0)
 
 
 class Batch(_Rec, kw_only=True):

@@ -2,7 +2,7 @@
 exported as chat JSONL and trained through the chat-file path (`[stages.chat]`).
 
 Arm `generator`: `curricula/tiny.toml` with its SFT stage alone (seed `--seed`). Arm `chat`:
-the transcripts that stage would generate (`asyncrl.sft.export_chat`: same problems, same
+the transcripts that stage would generate (`asyncrl.sft.coldstart.export_chat`: same problems, same
 draws, in order) written to a JSONL file of OpenAI-style messages, then the same stage with
 `[stages.chat] train = [that file]` (shuffled each epoch, batched by the chat path). Both runs
 evaluate held-out accuracy after SFT (greedy rollouts on the tiny eval set, `eval/accuracy` of
@@ -57,7 +57,7 @@ def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def _export(cfg: Any, tok: Any, path: Path) -> int:
-    """The transcripts the generator path trains on, as chat rows (see sft_stage.generator_pairs)."""
+    """The transcripts the generator path trains on, as chat rows (see asyncrl.sft.stage.generator_pairs)."""
     from asyncrl import formats
     from asyncrl.data import load_split
     from asyncrl.sft import coldstart as sft

@@ -56,7 +56,7 @@ from .errors import AuthError, IsolationUnavailable, Overloaded, PoolClosed, Tra
 from .failover import Node, attempt_budget, pick, probe_delays, work_bound
 from .pool import SandboxPool
 from .records import ExecRequest, ExecResult
-from .wire import FRAME, HEARTBEAT, MSGPACK, STREAM, ExecBatch, codec_for
+from .wire import FRAME, HEARTBEAT, MSGPACK, STREAM, Codec, ExecBatch, codec_for
 
 log = structlog.get_logger("sandbox.client")
 
@@ -409,50 +409,29 @@ class HttpSandboxClient:
     async def _post(self, node: Node, calls: list[_Call], budget_s: float,
                     bound_s: float) -> None:
         """Send ``calls`` to ``node`` and resolve each call's future as its answer streams in.
-        Raises _Retry if some calls got no answer and may be sent elsewhere.
-
-        One timer covers the attempt: the connection and the answer's headers must come within
-        ``stall_timeout_s`` (a streaming node sends them before running anything); then a node
-        that heartbeats may not be silent for ``stall_timeout_s``, and one that does not must
-        be done within ``bound_s``; nothing goes past ``budget_s``. Silence and the work bound
-        mark the node down; the budget does not (the node may be alive and slow)."""
+        Raises _Retry if some calls got no answer and may be sent elsewhere. One clock
+        (`_AttemptClock`) covers the attempt. Silence and the work bound mark the node down;
+        the budget does not (the node may be alive and slow)."""
         body = self._codec.encode(ExecBatch([c.req for c in calls]))
         node.outstanding += len(calls)
         node.sent += 1
         self.stats["batches"] += 1
-        loop = self._loop
-        start = loop.time()
-        silence = self.stall_timeout_s
-        beats = False
-        # the deadline the timer is armed with, and what it means when it passes
-        limits = {"budget": start + budget_s,
-                  "headers": start + max(silence, self.connect_timeout_s),
-                  "work": start + bound_s}
-        cause = ["headers"]
-
-        def arm(timer: asyncio.Timeout, phase: str) -> None:
-            # the earliest of this phase's deadline and the attempt's budget (on a tie the
-            # phase's, which says more)
-            at = loop.time() + silence if phase == "silence" else limits[phase]
-            cause[0], at = (phase, at) if at <= limits["budget"] else ("budget",
-                                                                     limits["budget"])
-            timer.reschedule(at)
-
+        clock = _AttemptClock(self._loop, self.stall_timeout_s, self.connect_timeout_s,
+                              budget_s, bound_s)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
-        headers = {"Content-Type": MSGPACK, "Accept": STREAM, HEARTBEAT: f"{silence / 4:g}",
-                   **self._auth}
+        headers = {"Content-Type": MSGPACK, "Accept": STREAM,
+                   HEARTBEAT: f"{clock.silence / 4:g}", **self._auth}
         try:
             async with asyncio.timeout(None) as timer:
-                arm(timer, "headers")
+                clock.arm(timer, "headers")
                 async with self._session.post(node.url + "/v1/execute", data=body,
                                               timeout=timeout, headers=headers) as resp:
                     # a node that heartbeats is alive while bytes come; one that does not
                     # is given the batch's work bound
-                    beats = HEARTBEAT in resp.headers
-                    phase = "silence" if beats else "work"
-                    arm(timer, phase)
+                    phase = "silence" if HEARTBEAT in resp.headers else "work"
+                    clock.arm(timer, phase)
                     if resp.status == 200 and resp.content_type == STREAM:
-                        await self._read_stream(resp, calls, lambda: arm(timer, phase))
+                        await self._read_stream(resp, calls, lambda: clock.arm(timer, phase))
                         return
                     data = await resp.read()
                     status = resp.status
@@ -463,23 +442,24 @@ class HttpSandboxClient:
             self._mark_down(node, f"transport failure: {exc!r}")
             raise _Retry(f"transport failure: {exc!r}") from None
         except TimeoutError:
-            if cause[0] == "budget":
+            if clock.cause == "budget":
                 # this attempt's share of the deadline: the node may well be alive (and slow)
                 self.stats["attempt_timeouts"] += 1
                 raise _Retry(f"no answer within this attempt's {budget_s:.1f}s") from None
             self.stats["stalls"] += 1
-            reason = {
-                "headers": f"no answer to the request within {limits['headers'] - start:g}s",
-                "silence": f"silent for {silence:g}s (no result, no heartbeat)",
-                "work": f"no answer within {bound_s:.1f}s, the batch's work bound (the node "
-                        "sends no heartbeats)",
-            }[cause[0]]
+            reason = clock.stall_reason()
             self._mark_down(node, reason)
             raise _Retry(reason) from None
         finally:
             node.outstanding -= len(calls)
-        codec = codec_for(ctype)
-        if status == 200:  # a node answering the whole batch at once (no stream support)
+        self._settle_whole(node, calls, status, codec_for(ctype), data)
+
+    def _settle_whole(self, node: Node, calls: list[_Call], status: int, codec: Codec,
+                      data: bytes) -> None:
+        """A node's answer that did not stream: the whole batch's results at once (a node
+        without stream support), or an error status. Raises _Retry where another node may
+        take the calls (503, an undecodable or short answer); other errors fail the calls."""
+        if status == 200:
             try:
                 results = codec.result.decode(data).results
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -526,3 +506,41 @@ class HttpSandboxClient:
             if not call.future.done():
                 call.future.set_result(result)
             answered += 1
+
+
+class _AttemptClock:
+    """The one timer of an attempt to one node: the connection and the answer's headers must
+    come within the silence limit (``stall_timeout_s``; a streaming node sends them before
+    running anything, so at least the connect timeout); then a node that heartbeats may not be
+    silent for that long, and one that does not must be done within the batch's work bound;
+    nothing goes past the attempt's budget. `cause` says which deadline the timer is armed
+    with, so an expiry can say what it means."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, silence: float, connect: float,
+                 budget_s: float, bound_s: float) -> None:
+        self.loop = loop
+        self.silence = silence
+        self.start = loop.time()
+        self.limits = {"budget": self.start + budget_s,
+                       "headers": self.start + max(silence, connect),
+                       "work": self.start + bound_s}
+        self.bound_s = bound_s
+        self.cause = "headers"
+
+    def arm(self, timer: asyncio.Timeout, phase: str) -> None:
+        """Re-arm `timer` for `phase` ("headers", "silence": from now, "work"): the earliest of
+        the phase's deadline and the budget (on a tie the phase's, which says more)."""
+        at = self.loop.time() + self.silence if phase == "silence" else self.limits[phase]
+        budget = self.limits["budget"]
+        self.cause, at = (phase, at) if at <= budget else ("budget", budget)
+        timer.reschedule(at)
+
+    def stall_reason(self) -> str:
+        """Why the node is taken down, for an expiry that is not the budget's."""
+        return {
+            "headers": f"no answer to the request within "
+                       f"{self.limits['headers'] - self.start:g}s",
+            "silence": f"silent for {self.silence:g}s (no result, no heartbeat)",
+            "work": f"no answer within {self.bound_s:.1f}s, the batch's work bound (the node "
+                    "sends no heartbeats)",
+        }[self.cause]

@@ -84,6 +84,8 @@ def _error(status: int, kind: str, reason: str, content_type: str | None) -> web
                         content_type=codec.content_type, headers=headers)
 
 
+# Over 80 lines on purpose: the handlers are closures over one pool, codec and limits, so the
+# whole HTTP surface of a node (routes, auth, batching, streaming) reads as one page.
 def build_app(pool: SandboxPool, *, max_batch: int = 1024, max_body_bytes: int = 256 << 20,
               token: str | None = None, front_end: FrontEnd = SINGLE) -> web.Application:
     """The aiohttp application serving ``pool`` (started and closed by the caller). With a

@@ -1,7 +1,7 @@
 """Chat files for an SFT stage: read, convert, render, tokenize, count the bad rows.
 
 Owns: `load_chat` (rows of one or more files -> tokenized `ChatExample`s through
-`chat_layouts.to_conversation` and `chat_render.render`), the bad-row accounting (every bad row
+`asyncrl.sft.layouts.to_conversation` and `asyncrl.sft.render.render`), the bad-row accounting (every bad row
 counted by reason and reported as `path:line: reason: message`, never raised), the refusal to
 start when too many rows are bad, and the held-out split. Does not own: the layouts, the
 rendering, the batches of a stage (`asyncrl.sft.stage`).

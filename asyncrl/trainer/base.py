@@ -1,7 +1,7 @@
 """The trainer protocol: what the train loop may ask of any trainer (torch, megatron).
 
 Owns: the `Trainer` interface and its contract. Does not own: any implementation
-(`torch_trainer.py`, later megatron), the algorithm (`asyncrl.algo`), or the loop.
+(`torch_trainer.py`, `megatron/`), the algorithm (`asyncrl.algo`), or the loop.
 
 Contract:
 - `train_step(batch, lr_scale)`: one RL step, blocking. The kept rollouts of `batch` (with the

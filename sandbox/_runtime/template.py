@@ -231,6 +231,9 @@ class Runtime:
         os._exit(childmod.EXIT_SETUP_FAILED)
 
     # ---------------------------------------------------------------- preparation
+    # Over 80 lines on purpose: the template's preparation is one ordered sequence (imports,
+    # warm-up, limits, Landlock, seccomp, heap freeze) whose order is the security argument;
+    # split into helpers, a reader could no longer check the order in one place.
     def prepare(self, preload: list[str], split_seccomp: bool = False) -> None:
         """Import ``preload``, warm up, set the limits, prepare and self-test Landlock and the
         seccomp filter (``split_seccomp``: the template half for this process, the child half

@@ -15,7 +15,7 @@ The parts it is built from, one concept each: `remote_options` (the process-leve
 translation), `remote_stream` (the stream guard: open streams, deadlines, aborts, SSE
 reading), `remote_load` (the load cache), `http_wire` (SSE and Prometheus parsing).
 
-Does not own: any server's wire format (`sglang.py`, `vllm.py` subclass `RemoteEngine`),
+Does not own: any server's wire format (`sglang/engine.py`, `vllm/engine.py` subclass `ServerEngine`),
 fanning an update out to several engines (`weightsync`), or what happens to a rollout whose
 stream raised `EngineUnavailable` (the scheduler requeues it from its last completed turn on
 another engine).

@@ -119,6 +119,21 @@ class StreamGuard:
             self._on_trouble()
         return http_error(self.name, status, body)
 
+    def _last_delta(self, ctl: StreamCtl, request: GenerateRequest,
+                    final: TokenDelta | None) -> TokenDelta:
+        """The delta that ends a stream once reading stopped: the finish event, an abort's
+        ending, or (raised) why there is none: the server went down, or the stream ended
+        without a finish reason."""
+        if final is not None:
+            return final
+        if ctl.cut_reason == "abort" or request.request_id in self._aborted:
+            return finish_delta("abort", self._version())
+        if ctl.cut_reason == "down":
+            raise EngineUnavailable(f"{self.name} went down: {self._down_reason()}")
+        self._on_trouble()
+        raise EngineUnavailable(f"{self.name}: stream {request.request_id} ended "
+                                "without a finish reason")
+
     async def stream(self, session: aiohttp.ClientSession, url: str, body: dict[str, Any],
                      request: GenerateRequest, *, timeout_s: float,
                      decode: Decode) -> AsyncGenerator[TokenDelta, None]:
@@ -185,16 +200,7 @@ class StreamGuard:
                         f"{self.name}: stream {request.request_id} broke: {e!r}") from e
             except orjson.JSONDecodeError as e:
                 raise EngineError(f"{self.name}: malformed stream event: {e}") from e
-            if final is not None:
-                yield final
-            elif ctl.cut_reason == "abort" or request.request_id in self._aborted:
-                yield finish_delta("abort", self._version())
-            elif ctl.cut_reason == "down":
-                raise EngineUnavailable(f"{self.name} went down: {self._down_reason()}")
-            else:
-                self._on_trouble()
-                raise EngineUnavailable(f"{self.name}: stream {request.request_id} ended "
-                                        "without a finish reason")
+            yield self._last_delta(ctl, request, final)
         finally:
             self._open.pop(request.request_id, None)
             self._aborted.discard(request.request_id)

