@@ -26,7 +26,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.errors import CheckpointError, ConfigError, RunStopped, TrainerError
+from asyncrl.errors import ConfigError, RunStopped
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -493,7 +493,7 @@ async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | No
 
 
 async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> Path:
-    from asyncrl.checkpoint import list_checkpoints, load_checkpoint
+    from asyncrl.checkpoint import load_newest
     from asyncrl.data import load_split
     from asyncrl.observe.progress import instrument, progress_display
     from asyncrl.observe.sinks import open_sinks
@@ -506,27 +506,17 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
     log.info("run_start", run_dir=str(rd), resume=resume)
     t_start = time.monotonic()
     state = TrainState()
-    ckpts = [p for _, p in reversed(list_checkpoints(rd))] if resume else []
-    if resume and not ckpts:
-        log.warning("resume_without_checkpoint", run_dir=str(rd),
-                    hint="no checkpoint yet: the run starts from the beginning")
     progress = RunProgress(rd.name, stage_plans(cfg))
     ckpt = None
     async with open_runtime(cfg, rd) as rt:
-        for candidate in ckpts:  # newest first; an unreadable one falls back, loudly
-            try:
-                saved = await asyncio.to_thread(load_checkpoint, candidate, rt.need_trainer())
-                state = msgspec.convert(saved, TrainState)
-            except (CheckpointError, TrainerError, msgspec.ValidationError) as e:
-                log.warning("checkpoint_unreadable", checkpoint=str(candidate), error=str(e),
-                            hint="resuming from the one before it")
-                continue
-            ckpt = candidate
-            break
-        if ckpts and ckpt is None:
-            raise CheckpointError(f"no checkpoint of {rd} can be read (tried "
-                                  f"{', '.join(p.name for p in ckpts)}); refusing to restart "
-                                  "from the beginning: start a new run without --resume")
+        if resume:  # newest readable first, each unreadable one loudly; none readable: refused
+            found = await asyncio.to_thread(load_newest, rd, rt.need_trainer(),
+                                            lambda d: msgspec.convert(d, TrainState))
+            if found is None:
+                log.warning("resume_without_checkpoint", run_dir=str(rd),
+                            hint="no checkpoint yet: the run starts from the beginning")
+            else:
+                ckpt, state = found
         if ckpt is not None:
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,

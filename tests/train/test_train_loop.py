@@ -168,6 +168,17 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert sorted(by_step) == [1, 2, 3, 4, 5]
     assert by_step == {r["step"]: r["problem_ids"] for r in steps}
 
+    # every checkpoint's meta.json is lost: --resume refuses (exit 1, naming them), leaving the
+    # checkpoints and the history as they were, never a restart from step 1 over them
+    history = (part / "metrics.jsonl").read_text()
+    for d in (part / "checkpoints").iterdir():
+        if not d.name.startswith("."):
+            (d / "meta.json").write_text("")
+    proc = _train(cfg, part, "--resume", wait=False)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and "refusing to restart" in out, out[-3000:]
+    assert (part / "metrics.jsonl").read_text() == history
+
 
 def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None:
     base = ROOT / "curricula" / "rstar2.toml"
