@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.records import Group, RolloutStatus
+from asyncrl.reward import plain_number
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -51,7 +52,13 @@ _CORRECT = object()
 
 
 def _vote_key(answer: str, correct: bool) -> object:
-    return _CORRECT if correct else "".join(answer.split())
+    """Correct answers vote as one class (the reward's equivalence); a wrong one by its exact
+    value when it is a plain number (`1/2`, `0.5` and `\\frac{1}{2}` are one vote, as they
+    would be if right), else by its text without whitespace."""
+    if correct:
+        return _CORRECT
+    value = plain_number(answer)
+    return ("number", value) if value is not None else "".join(answer.split())
 
 
 def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:

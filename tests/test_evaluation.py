@@ -64,6 +64,14 @@ def test_maj_at_k_majority_and_correct_answers_vote_together() -> None:
     assert maj_at_k([None, None], [False, False]) == 0.0
 
 
+def test_maj_at_k_wrong_answers_in_different_notations_vote_together() -> None:
+    # three wrong samples of one value in three notations outvote one right answer seen first
+    assert maj_at_k(["1/3", "1/2", "0.5", "\\frac{1}{2}"], [True, False, False, False]) == 0.0
+    assert maj_at_k(["1/2", "1/3", "0.5", "\\frac{1}{2}"], [False, True, False, False]) == 0.0
+    # a tie of 2 and 2: "1,000" and "1000" are one vote, and it came first
+    assert maj_at_k(["1,000", "7", "1000", "7"], [False, True, False, True]) == 0.0
+
+
 def test_maj_at_k_ties_go_to_the_earliest_answer() -> None:
     assert maj_at_k(["8", "9", "9", "8"], [True, False, False, True]) == 1.0
     assert maj_at_k(["9", "8", "8", "9"], [False, True, True, False]) == 0.0
