@@ -26,7 +26,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.errors import ConfigError, RunStopped
+from asyncrl.errors import ConfigError, EngineError, RunStopped
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan
 from asyncrl.records import Batch, Group, Problem, save_jsonl
@@ -124,7 +124,8 @@ class StageRunner:
         async def collect() -> list[Group]:
             return [g async for g in self.rt.runner.run(problems, n, settings,
                                                         self.state.policy_version)]
-        return await self.stop.race(collect())  # a stop aborts them
+        # a stop aborts them; none answered (every one failed) stops the run
+        return _some_answered(await self.stop.race(collect()), "an evaluation or a filter")
 
     # ---------------------------------------------------------------------------- the stages
     async def run(self) -> None:
@@ -259,6 +260,7 @@ class StageRunner:
         step = self.state.global_step + 1
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
             wave = await self.stop.race(prod.take())  # a stop now: the step never happened
+            _some_answered(wave.groups, f"RL step {step}")
             self.state.global_step = step
             wait_s = time.monotonic() - t_step
             problems, groups = wave.problems, wave.groups
@@ -415,8 +417,13 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
             raise ConfigError(key, message)
         missing.append(ConfigError(key, message))
 
+    from asyncrl.preflight import check_run
+
+    check_run(cfg)  # generator options, the KV budget
     lines = []
     if cfg.model.path:
+        if Path(cfg.model.path).exists() and not Path(cfg.model.path).is_dir():
+            raise ConfigError("model.path", f"{cfg.model.path} is a file, not a model directory")
         if not Path(cfg.model.path).exists():
             absent("model.path", f"no such directory: {cfg.model.path}")
         lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")
@@ -450,6 +457,17 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
                      f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
                      f"{extra}{plateau}")
     return lines
+
+
+def _some_answered(groups: list[Group], what: str) -> list[Group]:
+    """`groups`, unless every rollout in them failed: then the run stops with `EngineError`
+    (exit 1), since going on would train on nothing and report 0% as the model's."""
+    from asyncrl.evaluation import all_failed
+
+    if (error := all_failed(groups)) is not None:
+        raise EngineError(f"every rollout of {what} failed, so the run stops rather than "
+                          f"report it as wrong answers; the first error: {error}")
+    return groups
 
 
 def stage_plans(cfg: RunConfig) -> list[StagePlan]:
