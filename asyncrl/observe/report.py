@@ -275,8 +275,8 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     failed = [(r.get("label", r.get("step")), share) for r in evals
               if (share := max(_number(r.get("eval/failed_ratio")) or 0.0,
                                _number(r.get("eval/greedy_failed_ratio")) or 0.0)) > 0]
-    for label, share in failed:
-        out += ["", f"**Warning:** {100 * share:.1f}% of the rollouts of evaluation `{label}` "
+    for which, share in failed:
+        out += ["", f"**Warning:** {100 * share:.1f}% of the rollouts of evaluation `{which}` "
                 "failed (the engine or the loop, not the model; `eval/failed_ratio`): they "
                 "count as wrong answers above."]
     if a is not None and b is not None:
