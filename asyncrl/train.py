@@ -25,6 +25,7 @@ import msgspec
 
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
+from asyncrl import modeling
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.errors import ConfigError, EngineError, RunStopped
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
@@ -571,7 +572,8 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
         rt.need_trainer().export_hf(rd / "final")
-        rt.tokenizer.save_pretrained(rd / "final")  # a complete HF directory for every tool
+        # a complete HF directory for every tool, a LoRA run's merged/ and base/ included
+        modeling.save_tokenizer_everywhere(rt.tokenizer, rd / "final")
     from asyncrl.observe.report import write_report
 
     report = write_report(rd)
