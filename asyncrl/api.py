@@ -27,6 +27,8 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any, cast
 
 from asyncrl import formats
@@ -35,6 +37,7 @@ from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
+from asyncrl.reward import plain_number
 from asyncrl.rollout.agent import RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
@@ -67,7 +70,6 @@ __all__ = [
     "stop_ids",
 ]
 
-_SPACE = re.compile(r"\s+")
 log = get_logger(__name__)
 
 LOAD_TIMEOUT_S = 10.0
@@ -75,17 +77,31 @@ LOAD_TIMEOUT_S = 10.0
 
 
 def normalize_answer(text: str) -> str:
-    """Whitespace, `$`, a trailing period and `\\text{}`/`\\left`/`\\right` removed; numbers
-    like `3.0` and `3` compare equal."""
+    """Whitespace, `$`, a trailing period and `\\text{}`/`\\left`/`\\right` removed; a number
+    becomes its exact value, so `3.0`, `3`, `1,000`/`1000`, `1e3`/`1000` and `0.5`/`1/2`
+    compare equal, while integers past 2^53 that differ by one do not. A comma counts only as
+    a clean thousands grouping (`2,3` is not `23`), and whitespace between two digits is kept
+    (`1 2` is not `12`)."""
     t = text.strip().strip("$").rstrip(".")
     t = re.sub(r"\\text\{([^}]*)\}", r"\1", t)
     t = t.replace("\\left", "").replace("\\right", "").replace("\\!", "")
+    t = _DIGIT_GAP.sub(" ", t.strip())
     t = _SPACE.sub("", t)
-    try:
-        f = float(t.replace(",", ""))
-        return str(int(f)) if f.is_integer() else repr(f)
-    except ValueError:
-        return t
+    value = _exact_number(t)
+    return t if value is None else str(value)
+
+
+_DIGIT_GAP = re.compile(r"(?<=\d)\s+(?=\d)")
+_SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")
+_DECIMAL = re.compile(r"^[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?$")
+
+
+def _exact_number(t: str) -> Fraction | None:
+    """The exact value of a decimal (thousands commas and an exponent allowed) or of what
+    `reward.plain_number` reads (`a/b`, `\\frac`); None for anything else."""
+    if _DECIMAL.match(t):
+        return Fraction(Decimal(t.replace(",", "")))
+    return plain_number(t)
 
 
 async def exact_match_reward(problem: Problem, rollout: Rollout) -> RewardResult:

@@ -17,12 +17,20 @@ Layout, under `run_dir/checkpoints/` (RL checkpoints are `step_<RL step>`; an SF
 
 Atomicity: everything is written into `.tmp-step_00000120/`, every file and directory in it is
 fsynced, then the directory is renamed to `step_00000120` and the parent fsynced. A crash at any
-point leaves either the complete checkpoint or no directory of that name (a save that replaces
-one of the same name swaps the two atomically, so the old one stays until the new one is
-complete: never none); leftovers
-named `.tmp-*` / `.trash-*` are never read and are removed by the next save. A checkpoint
-directory without a readable `meta.json` is ignored too. Old checkpoints beyond `keep_last`
-are renamed to `.trash-*` before being deleted, so a half-deleted one is never visible.
+point leaves either the complete checkpoint or no directory of that name. A save that replaces
+one of the same name swaps the two atomically (renameat2 RENAME_EXCHANGE); where the filesystem
+refuses that (NFS and other network filesystems), the old one is first renamed `.old-NAME`, the
+new one moved in, and only then is the old one discarded: a crash in between leaves `.old-NAME`,
+which is read in place of the missing `NAME` and put back by the next save. Never none.
+Leftovers named `.tmp-*` / `.trash-*` are never read and are removed by the next save. Old
+checkpoints beyond `keep_last` are renamed to `.trash-*` before being deleted, so a half-deleted
+one is never visible.
+
+A checkpoint directory without a readable `meta.json` is not listed by `list_checkpoints` (so
+retention never counts it), but `load_newest` names it: `--resume` warns
+(`checkpoint_unreadable`) for every checkpoint it cannot read, falls back to the one before, and
+refuses (`CheckpointError`) when checkpoints exist but none can be read, never restarting a run
+from step 1 over them.
 
 Under torchrun every rank calls `save_checkpoint` / `load_checkpoint` (the trainer may gather
 or write shards); rank 0 writes everything else. Except behind a trainer that says
@@ -40,10 +48,11 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from asyncrl.errors import CheckpointError
+from asyncrl.errors import CheckpointError, TrainerError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
@@ -51,6 +60,8 @@ log = get_logger(__name__)
 FORMAT = 1
 CHECKPOINT_DIR = "checkpoints"
 _NAME_RE = re.compile(r"^(step_\d{8,}|sft_\d{2}_\d{8,})$")
+_OLD = ".old-"   # a checkpoint set aside while a same-name save replaces it (no exchange)
+T = TypeVar("T")
 
 
 def _step_dir(step: int) -> str:
@@ -165,14 +176,25 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and meta.get("format") == FORMAT else None
 
 
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as (RL step, path), oldest first (by `meta.json`'s order)."""
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Every directory named as a checkpoint, readable or not, by name. A `.old-NAME` left by a
+    replacement that a crash cut short stands in for `NAME` when `NAME` is missing."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if not root.is_dir():
         return []
+    named = {p.name: p for p in root.iterdir() if _NAME_RE.match(p.name) and p.is_dir()}
+    for p in root.glob(f"{_OLD}*"):
+        name = p.name[len(_OLD):]
+        if _NAME_RE.match(name) and p.is_dir() and name not in named:
+            named[name] = p
+    return [named[n] for n in sorted(named)]
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (RL step, path), oldest first (by `meta.json`'s order)."""
     found = []
-    for p in root.iterdir():
-        if _NAME_RE.match(p.name) and p.is_dir() and (meta := _read_meta(p)) is not None:
+    for p in checkpoint_dirs(run_dir):
+        if (meta := _read_meta(p)) is not None:
             step = int(meta.get("step", 0))
             order = tuple(meta.get("order") or (step,))
             found.append((order, step, p))
@@ -213,6 +235,12 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
             root.mkdir(parents=True, exist_ok=True)
             for stale in root.glob(".t*-*"):   # .tmp-* and .trash-* left by a crash
                 shutil.rmtree(stale, ignore_errors=True)
+            for old in root.glob(f"{_OLD}*"):  # a replacement a crash cut short
+                kept = root / old.name[len(_OLD):]
+                if kept.exists():
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.rename(old, kept)
             tmp.mkdir()
         barrier()
         if trainer is not None:
@@ -227,9 +255,13 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
             _fsync_tree(tmp)
             if final.exists() and _exchange(tmp, final):
                 _discard(tmp)  # now the old checkpoint
+            elif final.exists():  # no atomic exchange here: the old one is set aside first
+                aside = root / f"{_OLD}{final.name}"
+                os.rename(final, aside)
+                os.rename(tmp, final)
+                _fsync_dir(root)
+                _discard(aside)
             else:
-                if final.exists():  # no atomic exchange here: the old one goes first
-                    _discard(final)
                 os.rename(tmp, final)
             _fsync_dir(root)
             for _, old in list_checkpoints(run_dir)[:-keep_last]:
@@ -265,3 +297,37 @@ def load_checkpoint(path: str | Path, trainer: Any = None, *,
         restore_rng_state(rng)
     log.info("checkpoint_loaded", path=str(p))
     return state
+
+
+def load_newest(run_dir: str | Path, trainer: Any, convert: Callable[[dict[str, Any]], T],
+                *, restore_rng: bool = True) -> tuple[Path, T] | None:
+    """Load the newest checkpoint of a run that can be read, for `--resume`.
+
+    Tries the complete checkpoints newest first; `convert` turns the saved state dict into the
+    caller's state (a `ValueError` of it, e.g. a `msgspec.ValidationError`, counts as unreadable).
+    Every checkpoint that cannot be read is logged loudly (`checkpoint_unreadable`), a directory
+    without a readable `meta.json` included, and the one before is tried. Returns
+    (path, state), or None when the run has no checkpoint directory at all (a new run). Raises
+    `CheckpointError` when checkpoints exist but none can be read: restarting from step 1 would
+    overwrite them and append a second history to the run's metrics.
+    """
+    complete = [p for _, p in reversed(list_checkpoints(run_dir))]
+    broken = [p for p in checkpoint_dirs(run_dir) if p not in complete]
+    for p in broken:
+        log.warning("checkpoint_unreadable", checkpoint=str(p), error="no readable meta.json",
+                    hint="skipped: its order and completeness are unknown")
+    errors: list[str] = [f"{p.name}: no readable meta.json" for p in broken]
+    for p in complete:
+        try:
+            return p, convert(load_checkpoint(p, trainer, restore_rng=restore_rng))
+        except (CheckpointError, TrainerError, ValueError) as e:  # msgspec's errors included
+            err = str(e)
+        log.warning("checkpoint_unreadable", checkpoint=str(p), error=err,
+                    hint="resuming from the one before it")
+        errors.append(f"{p.name}: {err}")
+    if errors:
+        raise CheckpointError(
+            f"no checkpoint of {run_dir} can be read ({'; '.join(errors)}); refusing to "
+            "restart from the beginning over them: repair one, or start a new run (another "
+            "--run-dir, without --resume)")
+    return None

@@ -28,7 +28,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from asyncrl.errors import EngineError
 from asyncrl.records import Group, RolloutStatus
+from asyncrl.reward import plain_number
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -51,7 +53,13 @@ _CORRECT = object()
 
 
 def _vote_key(answer: str, correct: bool) -> object:
-    return _CORRECT if correct else "".join(answer.split())
+    """Correct answers vote as one class (the reward's equivalence); a wrong one by its exact
+    value when it is a plain number (`1/2`, `0.5` and `\\frac{1}{2}` are one vote, as they
+    would be if right), else by its text without whitespace."""
+    if correct:
+        return _CORRECT
+    value = plain_number(answer)
+    return ("number", value) if value is not None else "".join(answer.split())
 
 
 def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
@@ -75,6 +83,25 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
     return 1.0 if winner is _CORRECT else 0.0
 
 
+def all_failed(groups: Sequence[Group]) -> str | None:
+    """The first rollout's error when every rollout of `groups` failed (status `failed`: the
+    engine or the loop, never the model), else None. Such a batch holds no answer at all: a
+    run that went on would report 0% as if the model had answered wrong."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    if rollouts and all(r.status == RolloutStatus.FAILED for r in rollouts):
+        return rollouts[0].error or "no error recorded"
+    return None
+
+
+def some_answered(groups: list[Group], what: str) -> list[Group]:
+    """`groups`, unless every rollout in them failed (`all_failed`): then `EngineError`, so a
+    run stops (exit 1) rather than train on nothing and report 0% as the model's."""
+    if (error := all_failed(groups)) is not None:
+        raise EngineError(f"every rollout of {what} failed, so the run stops rather than "
+                          f"report it as wrong answers; the first error: {error}")
+    return groups
+
+
 def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -87,7 +114,9 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K,
     response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
     (failed / all calls), tool_error_ratio_correct (the same over correct samples),
-    no_answer_ratio, truncated_ratio; then, when problems carry a difficulty (a generator's
+    no_answer_ratio, truncated_ratio, failed_ratio (rollouts that failed in the engine or
+    the loop, not in the model: they count as wrong answers, and this says how many of the
+    wrong ones are no answer of the model's at all); then, when problems carry a difficulty (a generator's
     level), per level n: `accuracy_L{n}` = avg@k over its problems and, for k > 1,
     `avg@K_L{n}` (the same) and `maj@K_L{n}`.
     """
@@ -136,6 +165,7 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "tool_error_ratio_correct": right_failed / right_calls if right_calls else 0.0,
         "no_answer_ratio": _mean([float(r.answer is None) for r in rollouts]),
         "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
+        "failed_ratio": _mean([float(r.status == RolloutStatus.FAILED) for r in rollouts]),
         **levels,
     }
 
@@ -144,11 +174,13 @@ def with_greedy(sampled: dict[str, float], greedy: dict[str, float]) -> dict[str
     """One evaluation's figures from its two passes over the same problems: the sampled pass's
     (avg@k, maj@k, pass@k and their per-level forms, tool use, lengths), with `accuracy` and
     `accuracy_L{n}` taken from the greedy pass (`summarize(greedy_groups, 1)`), and the greedy
-    pass's tool-error ratio as `greedy_tool_error_ratio`."""
+    pass's tool-error ratio and failed share as `greedy_tool_error_ratio` and
+    `greedy_failed_ratio`."""
     out = {key: v for key, v in sampled.items() if not key.startswith("accuracy")}
     out["accuracy"] = greedy["accuracy"]
     out.update({key: v for key, v in greedy.items() if key.startswith("accuracy_L")})
     out["greedy_tool_error_ratio"] = greedy["tool_error_ratio"]
+    out["greedy_failed_ratio"] = greedy["failed_ratio"]
     return out
 
 

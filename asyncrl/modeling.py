@@ -107,14 +107,44 @@ def _not_a_model(path: str | Path, what: str, e: Exception) -> ModelError:
     return ModelError(f"{path} is not a {what} directory ({why})")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these makes a directory hold a tokenizer (without one, transformers quietly builds
+a tokenizer of one token from `config.json`, and every text encodes to nothing)."""
+
+
+def has_tokenizer(path: str | Path) -> bool:
+    return any((Path(path) / f).exists() for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in an HF directory. Raises `ModelError` naming `path`."""
+    """The tokenizer saved in an HF directory. Raises `ModelError` naming `path`, also for a
+    directory that holds no tokenizer files (a model directory of weights alone) and for a
+    tokenizer that encodes text to nothing."""
     from transformers import AutoTokenizer
 
+    p = Path(path)
+    if p.is_dir() and (p / "config.json").exists() and not has_tokenizer(p):
+        raise ModelError(f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+                         "point tokenizer.path at the directory the model's tokenizer was "
+                         "saved in (for a LoRA run's final/merged or final/base: final/)")
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as e:  # HFValidationError is a ValueError
         raise _not_a_model(path, "tokenizer", e) from None
+    if not tok("What is 12+7?")["input_ids"]:
+        raise ModelError(f"the tokenizer in {path} encodes text to no tokens at all "
+                         f"(vocabulary of {len(tok)}): not a usable tokenizer")
+    return tok
+
+
+def save_tokenizer_everywhere(tokenizer: Any, final: str | Path) -> None:
+    """Save `tokenizer` into `final` and into each HF model directory just under it (a LoRA
+    run's `merged/` and `base/`), so that each one loads alone."""
+    root = Path(final)
+    tokenizer.save_pretrained(root)
+    for sub in sorted(root.iterdir()):
+        if sub.is_dir() and (sub / "config.json").exists():
+            tokenizer.save_pretrained(sub)
 
 
 def load_model(path: str | Path, dtype: str = "float32", trust_remote_code: bool = False) -> Any:

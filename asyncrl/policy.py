@@ -160,6 +160,29 @@ def _settings(cfg: RunConfig | None, fmt: formats.ToolFormat, tokenizer: Any) ->
     return with_stops(base, tokenizer)
 
 
+def _lora_run_model(run: Path, cfg: RunConfig, dtype: str) -> tuple[Any, Path]:
+    """The model of a LoRA run (`final/` is a PEFT adapter directory): `final/merged/` when
+    the run wrote it (`merge_on_export`), else the adapter merged over its base: `final/base/`
+    (the base this run trained), `model.path`, or the run's `model-init/` (a built model)."""
+    final = run / "final"
+    if (final / "merged" / "config.json").exists():
+        return modeling.load_model(final / "merged", dtype), final / "merged"
+    bases = [final / "base", *([Path(cfg.model.path)] if cfg.model.path else []),
+             run / "model-init"]
+    base = next((b for b in bases if (b / "config.json").exists()), None)
+    if base is None:
+        raise ModelError(f"{final} is a LoRA adapter, and no base model to merge it over was "
+                         f"found (tried {', '.join(str(b) for b in bases)}): train with "
+                         "trainer.lora.merge_on_export = true, or load a model directory")
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ModelError(f"{final} is a LoRA adapter: loading it needs peft "
+                         "(pip install peft), or a run trained with merge_on_export") from None
+    model = PeftModel.from_pretrained(modeling.load_model(base, dtype), str(final))
+    return model.merge_and_unload(), final
+
+
 def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
     """Load a model directory (HF: `config.json`, weights, tokenizer) or a run directory
     (`config.json` + `final/`, as `asyncrl train` writes it; the curriculum's prompt, template,
@@ -172,10 +195,15 @@ def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
         raise ModelError(f"{p} is not a model or run directory (it is a file)")
     cfg = _run_config(p)
     model_dir = p / "final" if cfg is not None else p
-    if not (model_dir / "config.json").exists():
-        raise ModelError(f"{model_dir} is not a model directory (no config.json in it)")
-    tokenizer = modeling.load_tokenizer(model_dir)
-    model = modeling.load_model(model_dir, dtype).eval()
+    if cfg is not None and (model_dir / "adapter_config.json").exists():
+        model, model_dir = _lora_run_model(p, cfg, dtype)
+        tokenizer = modeling.load_tokenizer(p / "final")  # saved beside the adapter
+    else:
+        if not (model_dir / "config.json").exists():
+            raise ModelError(f"{model_dir} is not a model directory (no config.json in it)")
+        tokenizer = modeling.load_tokenizer(model_dir)
+        model = modeling.load_model(model_dir, dtype)
+    model = model.eval()
     name = cfg.rollout.tool_format if cfg is not None else "hermes"
     mode = cfg.data.chat_template if cfg is not None else "auto"
     fmt = templates.bind_format(formats.get_format(name), tokenizer, mode)

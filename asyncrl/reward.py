@@ -64,21 +64,24 @@ _INT = r"\d{1,3}(?:,\d{3})+|\d+"
 _NUMBER = re.compile(rf"^([+-]?)((?:{_INT})(?:\.\d+)?|\.\d+)$")
 _SLASH = re.compile(r"^([+-]?)(\d+)/(\d+)$")
 _FRAC = re.compile(r"^([+-]?)\\[dt]?frac(?:\{([+-]?\d+)\}\{(\d+)\}|(\d)(\d))$")
-_NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$|\s")
+_ANY_SPACE = re.compile(r"\s")
+_NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$")
 
 
 def plain_number(text: str) -> Fraction | None:
     """The exact value of a plain number, or None if `text` is anything else.
 
     Accepted: integers (with optional thousands commas, `1,234,567`, or `{,}`), decimals,
-    `a/b`, `\\frac{a}{b}` / `\\dfrac` / `\\tfrac` (also `\\frac12`), a sign, surrounding `$`
-    and LaTeX spacing. No exponents: the value stays cheap to build whatever the input.
+    `a/b`, `\\frac{a}{b}` / `\\dfrac` / `\\tfrac` (also `\\frac12`), a sign, surrounding `$`,
+    whitespace and LaTeX spacing. No exponents: the value stays cheap to build whatever the
+    input. Not accepted, so left to math-verify: whitespace inside the number (`1 2`, `3 1/2`,
+    `2, 500` are not 12, 31/2 and 2500) and parentheses (`(2,500)` is a pair, not 2500).
     """
     if len(text) > _MAX_PLAIN_CHARS:
         return None
-    s = _NOISE.sub("", text.replace("{,}", ",")).rstrip(".")
-    if len(s) > 2 and s[0] == "(" and s[-1] == ")":
-        s = s[1:-1]
+    s = _NOISE.sub("", text.replace("{,}", ",")).strip().rstrip(".")
+    if _ANY_SPACE.search(s) or "(" in s:
+        return None
     if m := _NUMBER.match(s):
         value = Fraction(m.group(2).replace(",", ""))
         return -value if m.group(1) == "-" else value

@@ -8,6 +8,7 @@ metrics writer, the report).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from asyncrl.config import RunConfig
@@ -45,8 +46,9 @@ def pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> tuple[Pat
                                   "continue it, or choose another directory")
         return rd, f"new run in {rd}"
     base = run_dir_for(cfg)
+    mine = re.compile(rf"{re.escape(base.name)}(-\d+)?")  # `tiny2` is another config's run
     siblings = sorted((p for p in base.parent.glob(f"{base.name}*")
-                       if p.is_dir() and (p.name == base.name or p.name[len(base.name):].lstrip("-").isdigit())),
+                       if p.is_dir() and mine.fullmatch(p.name)),
                       key=lambda p: p.stat().st_mtime)
     if resume:
         if not siblings:

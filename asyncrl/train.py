@@ -25,13 +25,14 @@ import msgspec
 
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
+from asyncrl import modeling
 from asyncrl.algo.roc import apply_roc
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
-from asyncrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.data import ProblemStream, load_split
-from asyncrl.errors import CheckpointError, RunStopped, TrainerError
-from asyncrl.evaluation import summarize, with_greedy
+from asyncrl.errors import RunStopped
+from asyncrl.evaluation import some_answered, summarize, with_greedy
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report
@@ -117,7 +118,8 @@ class StageRunner:
         async def collect() -> list[Group]:
             return [g async for g in self.rt.runner.run(problems, n, settings,
                                                         self.state.policy_version)]
-        return await self.stop.race(collect())  # a stop aborts them
+        # a stop aborts them; none answered (every one failed) stops the run
+        return some_answered(await self.stop.race(collect()), "an evaluation or a filter")
 
     # ---------------------------------------------------------------------------- the stages
     async def run(self) -> None:
@@ -250,6 +252,7 @@ class StageRunner:
         step = self.state.global_step + 1
         with logmod.bound_contextvars(step=step, policy_version=self.state.policy_version):
             wave = await self.stop.race(prod.take())  # a stop now: the step never happened
+            some_answered(wave.groups, f"RL step {step}")
             self.state.global_step = step
             version = self.state.policy_version
             fresh, stale = split_stale(wave.groups, version, cfg.rollout.max_staleness)
@@ -432,27 +435,17 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
     log.info("run_start", run_dir=str(rd), resume=resume)
     t_start = time.monotonic()
     state = TrainState()
-    ckpts = [p for _, p in reversed(list_checkpoints(rd))] if resume else []
-    if resume and not ckpts:
-        log.warning("resume_without_checkpoint", run_dir=str(rd),
-                    hint="no checkpoint yet: the run starts from the beginning")
     progress = RunProgress(rd.name, stage_plans(cfg))
     ckpt = None
     async with open_runtime(cfg, rd) as rt:
-        for candidate in ckpts:  # newest first; an unreadable one falls back, loudly
-            try:
-                saved = await asyncio.to_thread(load_checkpoint, candidate, rt.need_trainer())
-                state = msgspec.convert(saved, TrainState)
-            except (CheckpointError, TrainerError, msgspec.ValidationError) as e:
-                log.warning("checkpoint_unreadable", checkpoint=str(candidate), error=str(e),
-                            hint="resuming from the one before it")
-                continue
-            ckpt = candidate
-            break
-        if ckpts and ckpt is None:
-            raise CheckpointError(f"no checkpoint of {rd} can be read (tried "
-                                  f"{', '.join(p.name for p in ckpts)}); refusing to restart "
-                                  "from the beginning: start a new run without --resume")
+        if resume:  # newest readable first, each unreadable one loudly; none readable: refused
+            found = await asyncio.to_thread(load_newest, rd, rt.need_trainer(),
+                                            lambda d: msgspec.convert(d, TrainState))
+            if found is None:
+                log.warning("resume_without_checkpoint", run_dir=str(rd),
+                            hint="no checkpoint yet: the run starts from the beginning")
+            else:
+                ckpt, state = found
         if ckpt is not None:
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,
@@ -489,7 +482,8 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
             metrics.write("done", step=state.global_step,
                           wall_s=round(time.monotonic() - t_start, 1))
         rt.need_trainer().export_hf(rd / "final")
-        rt.tokenizer.save_pretrained(rd / "final")  # a complete HF directory for every tool
+        # a complete HF directory for every tool, a LoRA run's merged/ and base/ included
+        modeling.save_tokenizer_everywhere(rt.tokenizer, rd / "final")
     report = write_report(rd)
     log.info("run_done", run_dir=str(rd), report=str(report),
              viewer=str(report.parent / "viewer.html"),

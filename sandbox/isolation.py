@@ -65,6 +65,7 @@ import functools
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -252,14 +253,45 @@ def root_note(kind: str | None) -> str | None:
 
 def _check_nobody_reads(paths: Iterable[str]) -> None:
     """Jailed code running as nobody reads ``python_paths`` with the permissions of others:
-    refuse, naming the path, a directory it could not list, before any worker starts."""
+    refuse, naming the path, a directory it could not list or a file it could not read
+    anywhere in the tree (an import of it would fail in every call, a tool error charged to
+    the model), before any worker starts."""
     for p in paths:
-        mode = os.stat(os.path.realpath(p)).st_mode
+        root = os.path.realpath(p)
+        mode = os.stat(root).st_mode
         if mode & 0o005 != 0o005:
             raise IsolationUnavailable(
                 f"python_paths entry {p} is not readable by uid {JAIL_UID}, the user jailed "
                 f"code runs as under a root pool (mode {oct(mode & 0o777)}): make it "
                 "world-readable (chmod o+rx) or run the pool as an ordinary user")
+        if stat.S_ISDIR(mode) and (bad := _unreadable_inside(root)) is not None:
+            path, mode, more = bad
+            raise IsolationUnavailable(
+                f"python_paths entry {p} holds {path}, which uid {JAIL_UID} cannot read, the "
+                f"user jailed code runs as under a root pool (mode {oct(mode & 0o777)}"
+                f"{f'; {more} more like it' if more else ''}): make the tree world-readable "
+                f"(chmod -R o+rX {p}) or run the pool as an ordinary user")
+
+
+def _unreadable_inside(root: str) -> tuple[str, int, int] | None:
+    """The first entry under ``root`` that others cannot read (a directory: list and enter),
+    with its mode and how many more there are; None when all can be read."""
+    first: tuple[str, int] | None = None
+    more = 0
+    for dirpath, dirs, files in os.walk(root):
+        for name, want in [(d, 0o005) for d in dirs] + [(f, 0o004) for f in files]:
+            path = os.path.join(dirpath, name)
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:  # a dangling link: nothing to import from it
+                continue
+            need = 0o005 if stat.S_ISDIR(mode) else want
+            if mode & need != need:
+                if first is None:
+                    first = (path, mode)
+                else:
+                    more += 1
+    return None if first is None else (first[0], first[1], more)
 
 
 def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],

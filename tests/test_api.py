@@ -217,3 +217,27 @@ async def test_a_tool_the_format_cannot_call_is_refused(run_dir) -> None:
     assert str(e.value) == (
         "the markdown tool format calls only python_code_with_standard_io; multiply could "
         "never be called: use settings.tool_format = formats.HERMES for tools of your own")
+
+
+@pytest.mark.parametrize("a,b", [
+    ("18446744073709551615", "18446744073709551616"),   # past 2^53: floats would agree
+    ("9007199254740993", "9007199254740992"),
+    ("2,3", "23"), ("1,5", "15"),                          # not a thousands grouping
+    ("1e400", "2e400"),                                    # both inf as floats
+    ("1 2", "12"),
+    ("0.1", "0.10000000000000001"),
+])
+def test_exact_match_keeps_different_numbers_apart(a, b):
+    from asyncrl.api import normalize_answer
+
+    assert normalize_answer(a) != normalize_answer(b)
+
+
+@pytest.mark.parametrize("a,b", [
+    ("3.0", "3"), ("1,000", "1000"), ("1e3", "1000"), ("0.5", "1/2"), ("\\frac{1}{2}", ".5"),
+    ("$12$.", "12"), ("x + 1", "x+1"), ("-0", "0"), ("\\text{7}", "7"),
+])
+def test_exact_match_equates_one_number_in_two_notations(a, b):
+    from asyncrl.api import normalize_answer
+
+    assert normalize_answer(a) == normalize_answer(b)

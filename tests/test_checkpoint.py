@@ -208,3 +208,67 @@ def test_a_save_killed_while_replacing_a_checkpoint_leaves_the_old_one(tmp_path,
     tr = FileTrainer()
     assert load_checkpoint(latest_checkpoint(tmp_path), tr) == {"v": 2}  # swapped in whole
     assert tr.loaded == b"new"
+
+
+def test_resume_names_every_unreadable_checkpoint_and_refuses_when_none_loads(tmp_path):
+    from asyncrl.checkpoint import load_newest
+
+    assert load_newest(tmp_path, None, dict) is None   # no checkpoint at all: a new run
+    for step in (4, 6):
+        save_checkpoint(tmp_path, step, FileTrainer(f"w{step}".encode()), {"step": step})
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "step_00000006" / "meta.json").write_text("")   # a disk fault in the newest
+    tr = FileTrainer()
+    path, state = load_newest(tmp_path, tr, dict)
+    assert path.name == "step_00000004" and state == {"step": 4} and tr.loaded == b"w4"
+    (ckpts / "step_00000004" / "state.pkl").write_bytes(b"\x80\x04 cut short")
+    # checkpoints exist but none loads: a refusal naming each, never a restart from step 1
+    with pytest.raises(CheckpointError, match=r"step_00000004: .*step_00000006: no readable|"
+                       r"step_00000006: no readable.*step_00000004"):
+        load_newest(tmp_path, FileTrainer(), dict)
+    for d in ckpts.iterdir():
+        (d / "meta.json").unlink()
+    with pytest.raises(CheckpointError, match="refusing to restart"):
+        load_newest(tmp_path, FileTrainer(), dict)
+
+
+def test_resume_logs_each_unreadable_checkpoint(tmp_path):
+    import structlog
+
+    from asyncrl.checkpoint import load_newest
+
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, None, {"step": step})
+    (tmp_path / "checkpoints" / "step_00000002" / "meta.json").write_text("{")
+    with structlog.testing.capture_logs() as logs:
+        path, _ = load_newest(tmp_path, None, dict)
+    assert path.name == "step_00000001"
+    bad = [e for e in logs if e["event"] == "checkpoint_unreadable"]
+    assert [Path(e["checkpoint"]).name for e in bad] == ["step_00000002"]
+    assert bad[0]["log_level"] == "warning"
+
+
+def test_a_replacement_without_atomic_exchange_never_leaves_none(tmp_path, monkeypatch):
+    # NFS and its kind refuse renameat2's exchange: the save replaces in steps
+    import asyncrl.checkpoint as ck
+
+    monkeypatch.setattr(ck, "_exchange", lambda a, b: False)
+    save_checkpoint(tmp_path, 3, FileTrainer(b"old"), {"v": 1})
+    real_rename = os.rename
+
+    def killed_at_the_final_rename(src, dst, *a, **k):
+        if Path(src).name.startswith(".tmp-"):
+            raise SystemExit("killed")  # the process dies between the two steps
+        return real_rename(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "rename", killed_at_the_final_rename)
+    with pytest.raises(SystemExit):
+        save_checkpoint(tmp_path, 3, FileTrainer(b"new"), {"v": 2})
+    monkeypatch.setattr(os, "rename", real_rename)
+    tr = FileTrainer()
+    assert load_checkpoint(latest_checkpoint(tmp_path), tr) == {"v": 1}  # the old one, whole
+    assert tr.loaded == b"old"
+    # the next save puts it back under its name, then replaces it
+    save_checkpoint(tmp_path, 3, FileTrainer(b"again"), {"v": 3})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000003"]
+    assert load_checkpoint(latest_checkpoint(tmp_path)) == {"v": 3}

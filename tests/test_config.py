@@ -264,3 +264,78 @@ def test_lora_needs_an_engine_that_serves_adapters(engine, words) -> None:
     for ok in ({"kind": "sglang", "urls": ["http://h:1"]},
                {"kind": "vllm", "extra_args": ["--enable-lora", "--max-lora-rank", "16"]}):
         config.from_dict({**minimal(), "engine": ok, "trainer": {"lora": {}}})
+
+
+def _micro_generator(**data) -> dict:
+    d = minimal()
+    d["data"] = {"train": "generator:tiny_math", "eval": "generator:tiny_math", **data}
+    return d
+
+
+@pytest.mark.parametrize(("options", "key", "words"), [
+    ({"train_sise": 8}, "data.generator_options.train_sise", "did you mean 'train_size'"),
+    ({"levels": [7]}, "data.generator_options.levels", "unknown level 7"),
+    ({"levels": "1,2"}, "data.generator_options.levels", "must be a list of int"),
+])
+def test_a_bad_generator_option_fails_the_check_naming_its_key(options, key, words,
+                                                                capsys, tmp_path) -> None:
+    from asyncrl.train import dry_run
+
+    cfg = config.from_dict(_micro_generator(generator_options=options))
+    with pytest.raises(ConfigError) as ei:
+        dry_run(cfg)
+    assert ei.value.key == key and words in str(ei.value)
+    # `asyncrl config check` and `asyncrl train` refuse it before anything starts
+    toml = tmp_path / "c.toml"
+    toml.write_text((ROOT / "curricula" / "tiny.toml").read_text())
+    sets = [f"data.generator_options.{k}={json.dumps(v)}" for k, v in options.items()]
+    args = [a for kv in sets for a in ("--set", kv)]
+    assert cli_main(["config", "check", str(toml), *args]) == 2
+    assert cli_main(["train", str(toml), "--run-dir", str(tmp_path / "run"), *args]) == 2
+    assert key in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_a_kv_budget_below_one_rollout_fails_the_check(capsys) -> None:
+    from asyncrl.train import dry_run
+
+    def cfg(kv: int) -> config.RunConfig:
+        return config.from_dict({**_micro_generator(max_prompt_tokens=128),
+                                 "engine": {"kv_token_budget": kv},
+                                 "rollout": {"max_response_tokens": 24}})
+
+    dry_run(cfg(152))  # a prompt of 128 tokens and a response of 24 fit exactly
+    with pytest.raises(ConfigError) as ei:
+        dry_run(cfg(151))
+    assert ei.value.key == "engine.kv_token_budget" and "152" in str(ei.value)
+    rc = cli_main(["config", "check", str(ROOT / "curricula" / "tiny.toml"),
+                   "--set", "engine.kv_token_budget=10"])
+    assert rc == 2 and "engine.kv_token_budget" in capsys.readouterr().err
+
+
+def test_a_model_path_that_is_a_file_fails_the_dry_run(tmp_path) -> None:
+    from asyncrl.train import dry_run
+
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"x")
+    d = minimal()
+    d["model"] = {"path": str(f)}
+    with pytest.raises(ConfigError, match="is a file, not a model directory") as ei:
+        dry_run(config.from_dict(d), missing=[])
+    assert ei.value.key == "model.path"
+
+
+@pytest.mark.parametrize(("engine", "words"), [
+    ({"kind": "local", "urls": ["http://x"]}, "engine.urls: a key of kind sglang/vllm, not of "
+                                               "kind 'local'"),
+    ({"urls": ["http://x"]}, "engine.urls: a key of kind sglang/vllm, not of kind 'local'"),
+    ({"kind": "sglang", "urls": ["http://x"], "kv_token_budget": 5},
+     "engine.kv_token_budget: a key of kind local, not of kind 'sglang'"),
+    ({"kind": "local", "kv_token_budgt": 5}, "did you mean 'engine.kv_token_budget'?"),
+])
+def test_a_key_of_another_kind_is_named_as_such(engine, words) -> None:
+    d = minimal()
+    d["engine"] = engine
+    with pytest.raises(ConfigError) as ei:
+        config.from_dict(d)
+    assert words in str(ei.value)
+    assert "did you mean 'engine.urls'" not in str(ei.value)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.evaluation import (
+    all_failed,
     format_table,
     maj_at_k,
     pass_at_k,
@@ -64,6 +65,14 @@ def test_maj_at_k_majority_and_correct_answers_vote_together() -> None:
     assert maj_at_k([None, None], [False, False]) == 0.0
 
 
+def test_maj_at_k_wrong_answers_in_different_notations_vote_together() -> None:
+    # three wrong samples of one value in three notations outvote one right answer seen first
+    assert maj_at_k(["1/3", "1/2", "0.5", "\\frac{1}{2}"], [True, False, False, False]) == 0.0
+    assert maj_at_k(["1/2", "1/3", "0.5", "\\frac{1}{2}"], [False, True, False, False]) == 0.0
+    # a tie of 2 and 2: "1,000" and "1000" are one vote, and it came first
+    assert maj_at_k(["1,000", "7", "1000", "7"], [False, True, False, True]) == 0.0
+
+
 def test_maj_at_k_ties_go_to_the_earliest_answer() -> None:
     assert maj_at_k(["8", "9", "9", "8"], [True, False, False, True]) == 1.0
     assert maj_at_k(["9", "8", "8", "9"], [False, True, True, False]) == 0.0
@@ -104,6 +113,21 @@ def test_summarize_hand_computed() -> None:
     assert s["tool_error_ratio"] == pytest.approx(2 / 4)
     assert s["no_answer_ratio"] == pytest.approx(1 / 8)
     assert s["truncated_ratio"] == pytest.approx(1 / 8)
+
+
+def test_summarize_counts_failed_rollouts_apart_from_wrong_answers() -> None:
+    failed = RolloutStatus.FAILED
+    g = _group("a", [_rollout(0, "5", 1.0), _rollout(1, None, 0.0, 0, (), failed),
+                     _rollout(2, "4", 0.0), _rollout(3, None, 0.0, 0, (), failed)])
+    s = summarize([g], k=2)
+    assert s["failed_ratio"] == 0.5 and s["accuracy"] == 0.25
+    assert with_greedy(s, summarize([g], k=1))["greedy_failed_ratio"] == 0.5
+    assert all_failed([g]) is None
+    down = Rollout(rollout_id="r9", prompt_id="p", group_id="g", policy_version=0,
+                   prompt_ids=[1], response_ids=[], loss_mask=[], logprobs=[], status=failed,
+                   error="engine: request needs 156 KV tokens")
+    assert all_failed([_group("b", [down, down])]) == "engine: request needs 156 KV tokens"
+    assert all_failed([]) is None
 
 
 def test_summarize_needs_k_samples_per_group() -> None:
@@ -169,3 +193,16 @@ def test_with_greedy_takes_accuracy_from_the_greedy_pass_and_the_rest_from_the_s
     assert m["avg@4"] == pytest.approx(0.625) and m["avg@4_L1"] == pytest.approx(0.25)
     assert m["maj@4_L1"] == 0.0 and m["maj@4_L2"] == 1.0
     assert m["greedy_tool_error_ratio"] == 1.0 and m["tool_error_ratio"] == 0.0
+
+
+def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:
+    from asyncrl.errors import EngineError
+    from asyncrl.train import _some_answered
+
+    down = _rollout(0, None, 0.0, 0, (), RolloutStatus.FAILED)
+    down = Rollout(**{**{f: getattr(down, f) for f in Rollout.__struct_fields__},
+                      "error": "engine: local-0: request needs 156 KV tokens"})
+    one_ok = [_group("a", [down, _rollout(1, "4", 0.0)])]
+    assert _some_answered(one_ok, "RL step 3") is one_ok
+    with pytest.raises(EngineError, match=r"every rollout of RL step 3 failed.*156 KV tokens"):
+        _some_answered([_group("a", [down, down])], "RL step 3")

@@ -29,3 +29,26 @@ def test_model_saves_and_loads(tiny_model_dir, tiny_model_factory) -> None:
     with torch.no_grad():
         assert torch.allclose(m0(ids).logits, m1(ids).logits)
     assert m1.config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_a_model_directory_without_a_tokenizer_is_refused_by_name(tmp_path, tiny_model_dir,
+                                                                    tiny_tokenizer) -> None:
+    # a LoRA run's final/merged was written with weights alone: transformers built a tokenizer
+    # of one token from config.json, every prompt encoded to [], every rollout failed
+    import shutil
+
+    import pytest
+
+    from asyncrl.errors import ModelError
+    from asyncrl.modeling import save_tokenizer_everywhere
+
+    final = tmp_path / "final"
+    weights = final / "merged"
+    weights.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / f, weights / f)
+    with pytest.raises(ModelError, match=r"merged holds no tokenizer .*final/"):
+        load_tokenizer(weights)
+    save_tokenizer_everywhere(tiny_tokenizer, final)
+    for d in (final, weights):
+        assert load_tokenizer(d)("What is 12+7?")["input_ids"]

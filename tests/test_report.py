@@ -137,7 +137,7 @@ def test_sampled_figures_beside_greedy_and_per_level(tmp_path: Path) -> None:
         return {"kind": "eval", "stage": "rl", "step": step, "time_s": 10.0 + step,
                 "label": label, "eval/temperature": 1.0, "eval/accuracy": greedy,
                 "eval/avg@8": avg, "eval/maj@8": maj, "eval/tool_error_ratio_correct": 0.125,
-                "eval/accuracy_L1": greedy, "eval/avg@8_L1": avg, "eval/maj@8_L1": maj,
+                "eval/greedy_tool_error_ratio": 0.0, "eval/accuracy_L1": greedy, "eval/avg@8_L1": avg, "eval/maj@8_L1": maj,
                 "eval/accuracy_L2": 1.0, "eval/avg@8_L2": 0.5, "eval/maj@8_L2": 0.75}
 
     rows = [ev(0, "after_sft", 0.25, 0.125, 0.375)]
@@ -149,6 +149,8 @@ def test_sampled_figures_beside_greedy_and_per_level(tmp_path: Path) -> None:
     assert "| before RL (`after_sft`) | 0 | 25.0% | 12.5% | 37.5% | 12.5% |" in text
     assert "| after RL (`final`) | 2 | 75.0% | 62.5% | 87.5% | 12.5% |" in text
     assert "sampled answers at temperature 1" in text
+    assert "`accuracy` is one greedy answer per problem" in text
+    assert "points** of greedy accuracy" in text and "Warning" not in text
     assert "| level | accuracy | avg@8 | maj@8 |" in text
     assert "| 1 | 25.0% -> 75.0% | 12.5% -> 62.5% | 37.5% -> 87.5% |" in text
     assert "| 2 | 100.0% -> 100.0% | 50.0% -> 50.0% | 75.0% -> 75.0% |" in text
@@ -170,3 +172,20 @@ def test_evals_sampled_at_temperature_zero_show_the_greedy_table_alone(tmp_path:
     text = report.write_report(_write(tmp_path / "run", rows)).read_text()
     assert "| checkpoint | step | accuracy |\n" in text and "avg@1" not in text
     assert "| level | accuracy |\n" in text and "| 1 | 25.0% -> 100.0% |" in text
+
+
+def test_without_a_greedy_pass_accuracy_is_never_called_greedy(tmp_path: Path) -> None:
+    # eval.greedy = false: eval/accuracy is the sampled avg@k, and no greedy pass ran
+    rows = [{"kind": "eval", "stage": "rl", "step": s, "time_s": 10.0 + s, "label": lb,
+             "eval/temperature": 1.0, "eval/accuracy": a, "eval/avg@2": a, "eval/maj@2": a,
+             "eval/failed_ratio": f}
+            for s, lb, a, f in [(0, "after_sft", 0.25, 0.0), (2, "final", 0.5, 0.125)]]
+    rows += [_rl_row(s, "rl", 0.5) for s in (1, 2)]
+    text = report.write_report(_write(tmp_path / "run", rows)).read_text()
+    assert "greedy answer" not in text and "greedy accuracy" not in text
+    assert "`accuracy` is avg@2 itself (no greedy pass" in text
+    assert "points** of sampled avg@2" in text
+    # an eval whose rollouts partly failed says so beside the figures
+    assert "12.5% of the rollouts of evaluation `final` failed" in text
+    assert "evaluation `after_sft`" not in text
+    assert not report.greedy_pass(rows[0])

@@ -74,6 +74,22 @@ def test_plain_number_fallback():
     assert numeric_verdict("x", "1") is None
 
 
+@pytest.mark.parametrize("pred,gold", [
+    ("1 2", "12"), ("3 1/2", "31/2"), ("12 345", "12345"),   # digits apart are not one number
+    ("(2,500)", "2500"), ("(1,234)", "1234"), ("2, 500", "2500"),  # a pair or a list
+])
+def test_the_fast_path_never_joins_numbers_math_verify_keeps_apart(pred, gold):
+    assert plain_number(pred) is None
+    assert numeric_verdict(pred, gold) is None
+    assert verify_answer(pred, gold) is False
+
+
+def test_the_fast_path_still_reads_spaced_and_latex_numbers():
+    assert plain_number(" $ 1,234 $ ") == 1234
+    assert plain_number("1\\,000") == 1000
+    assert numeric_verdict(" 12 ", "12") is True
+
+
 # ------------------------------------------------------------------------ MathReward
 class FakeHost:
     """Answers call_function from a script of statuses; counts calls."""

@@ -2,9 +2,11 @@
 
 Everything the package needs at run time must be inside it (no file read from the source tree
 beside it). The wheel is built from this checkout and installed into a fresh virtualenv; the
-virtualenv sees the machine's site-packages for the third-party dependencies (tests may not
-download them), and the test checks that `asyncrl` itself is the wheel's copy, not this
-checkout.
+virtualenv sees the site-packages of the interpreter running the tests for the third-party
+dependencies (tests may not download them): the system's, or a virtualenv's, as most users
+install. Those directories are plain `sys.path` entries, so their `.pth` files (an editable
+install of this checkout among them) are not read, and the test checks that `asyncrl` itself is
+the wheel's copy, not this checkout.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
+def _site_dirs() -> list[str]:
+    """The running interpreter's site-packages directories (virtualenv, user and system)."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")
+            and Path(p).is_dir()]
+
+
 def test_data_prepare_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     if not FIXTURE.is_file():
         pytest.fail(f"fixture missing: {FIXTURE}")
@@ -48,8 +56,14 @@ def test_data_prepare_runs_from_an_installed_wheel(tmp_path: Path) -> None:
     assert len(wheels) == 1, wheels
 
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
+    # `system_site_packages` would reach the base interpreter's site-packages only, not those
+    # of a virtualenv the tests run in (where msgspec and the rest are)
+    own = _run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+               cwd=tmp_path).strip()
+    (Path(own) / "deps-of-the-test-interpreter.pth").write_text(
+        "".join(f"{p}\n" for p in _site_dirs()))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q",
           str(wheels[0])], cwd=tmp_path, env=env)

@@ -20,6 +20,7 @@ import msgspec
 
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
+from asyncrl import modeling
 from asyncrl.errors import ConfigError
 
 log = logmod.get_logger(__name__)
@@ -82,9 +83,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not (ckpt / "config.json").exists():
             raise ConfigError("--checkpoint", f"{ckpt} is not an HF model directory")
         overrides += [f'model.path="{ckpt}"']
-        has_tok = (ckpt / "tokenizer_config.json").exists()
-        if has_tok and not any(o.startswith("tokenizer.path") for o in overrides):
-            overrides += [f'tokenizer.path="{ckpt}"']
+        # the checkpoint's own tokenizer; a LoRA run's final/merged (or final/base) written
+        # before the tokenizer went there too has it one level up, in final/
+        tok = next((d for d in (ckpt, ckpt.parent) if modeling.has_tokenizer(d)), None)
+        if tok is not None and not any(o.startswith("tokenizer.path") for o in overrides):
+            overrides += [f'tokenizer.path="{tok}"']
     cfg = config_mod.load(args.config, overrides)
     out = Path(args.out) if args.out else Path(cfg.run.output_dir) / f"{cfg.run.name}-eval"
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=out)

@@ -8,6 +8,7 @@ from pathlib import Path
 from asyncrl.config import RunConfig
 from asyncrl.engine.registry import ENGINE_KINDS
 from asyncrl.errors import ConfigError
+from asyncrl.preflight import check_run
 from asyncrl.stages import stage_budget, stage_lr
 from asyncrl.trainer import TRAINER_KINDS
 
@@ -25,8 +26,11 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
             raise ConfigError(key, message)
         missing.append(ConfigError(key, message))
 
+    check_run(cfg)  # generator options, the KV budget
     lines = []
     if cfg.model.path:
+        if Path(cfg.model.path).exists() and not Path(cfg.model.path).is_dir():
+            raise ConfigError("model.path", f"{cfg.model.path} is a file, not a model directory")
         if not Path(cfg.model.path).exists():
             absent("model.path", f"no such directory: {cfg.model.path}")
         lines.append(f"model: {cfg.model.path} ({cfg.model.dtype})")

@@ -35,6 +35,9 @@ def cmd_train(args: Any) -> int:
         return 0
     if args.dry_run:
         return _dry_run(cfg)
+    from asyncrl.preflight import check_run
+
+    check_run(cfg)  # a bad generator option or budget fails here, naming its key
     rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
     print(f"asyncrl: {note}", file=sys.stderr)
     again = resume_command(args.config, rd, args.set)

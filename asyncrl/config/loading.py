@@ -28,14 +28,26 @@ def _dotted(path: str) -> str:
     return path[1:] if path.startswith(".") else path
 
 
-def _translate(err: msgspec.ValidationError) -> ConfigError:
+def _translate(err: msgspec.ValidationError, data: Any = None) -> ConfigError:
     m = _PATH_RE.match(str(err))
     assert m is not None  # the regex matches any string
     msg, path = m.group("msg"), _dotted(m.group("path") or "")
     unknown = re.match(r"Object contains unknown field `(\w+)`", msg)
     if unknown:
-        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
-        close = difflib.get_close_matches(unknown.group(1), _fields_at(path), n=1, cutoff=0.6)
+        name = unknown.group(1)
+        key = f"{path}.{name}" if path else name
+        kind = _kind_at(data, path)
+        structs = _structs_at(path)
+        own = [s for s in structs if s.tag == kind] if kind is not None else []
+        if own:  # a tagged union: the keys of the kind the table names, not of every kind
+            others = sorted({str(s.tag) for s in structs if s not in own
+                             and name in {f.encode_name for f in s.fields}})
+            if others:
+                return ConfigError(key, f"a key of kind {'/'.join(others)}, not of kind "
+                                        f"{kind!r}")
+            structs = own
+        fields = sorted({f.encode_name for st in structs for f in st.fields})
+        close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
         hint = f"; did you mean {_join(path, close[0])!r}?" if close else ""
         return ConfigError(key, f"unknown key{hint}")
     missing = re.match(r"Object missing required field `(\w+)`", msg)
@@ -73,15 +85,29 @@ def _structs(t: Any) -> list[Any]:
     return []
 
 
-def _fields_at(path: str) -> list[str]:
-    """The keys a table at `path` (`rollout`, `stages[0]`, `engine`) may hold."""
+def _structs_at(path: str) -> list[Any]:
+    """The struct types a table at `path` (`rollout`, `stages[0]`, `engine`) may be: one, or
+    every variant of a tagged union (`engine`: local, sglang, vllm)."""
     from msgspec import inspect as mi
 
     structs = _structs(mi.type_info(RunConfig))
     for part in filter(None, re.sub(r"\[\d+\]", "", path).split(".")):
         structs = [s for st in structs for f in st.fields if f.encode_name == part
                    for s in _structs(f.type)]
-    return sorted({f.encode_name for st in structs for f in st.fields})
+    return structs
+
+
+def _kind_at(data: Any, path: str) -> Any:
+    """The `kind` the raw table at `path` names, or None."""
+    node = data
+    for part in filter(None, re.split(r"\.|\[(\d+)\]", path) if path else []):
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
+    return node.get("kind") if isinstance(node, dict) else None
 
 
 # A variant table written without `kind` means the default variant.
@@ -97,7 +123,7 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     try:
         cfg = msgspec.convert(data, RunConfig, strict=True)
     except msgspec.ValidationError as e:
-        raise _translate(e) from None
+        raise _translate(e, data) from None
     algo = data.get("algorithm")
     if cfg.rollout.max_staleness > 0 and not (isinstance(algo, dict) and "correction" in algo):
         # an unset correction follows the staleness (AlgorithmSection.correction)

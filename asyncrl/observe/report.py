@@ -264,13 +264,25 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
             cells += [_pct(row.get(k) if row else None)
                       for k in (avg, maj, "eval/tool_error_ratio_correct")]
         out.append("| " + " | ".join(cells) + " |")
+    greedy = all(greedy_pass(r) for r in evals)
     if sampled:
         how = f" at temperature {temp:g}" if temp is not None else ""
-        out += ["", f"`accuracy` is one greedy answer per problem; {avg.removeprefix('eval/')} "
+        what = ("one greedy answer per problem" if greedy else
+                f"{avg.removeprefix('eval/')} itself (no greedy pass: `eval.greedy = false`)")
+        out += ["", f"`accuracy` is {what}; {avg.removeprefix('eval/')} "
                 f"and {maj.removeprefix('eval/')} are over sampled answers{how}; tool errors "
                 "(correct) is the failed share of the tool calls in correct sampled answers."]
+    failed = [(r.get("label", r.get("step")), share) for r in evals
+              if (share := max(_number(r.get("eval/failed_ratio")) or 0.0,
+                               _number(r.get("eval/greedy_failed_ratio")) or 0.0)) > 0]
+    for which, share in failed:
+        out += ["", f"**Warning:** {100 * share:.1f}% of the rollouts of evaluation `{which}` "
+                "failed (the engine or the loop, not the model; `eval/failed_ratio`): they "
+                "count as wrong answers above."]
     if a is not None and b is not None:
-        out += ["", f"Change: **{100 * (a - b):+.1f} points** ({s.evals} evaluations in all)."]
+        measure = "greedy accuracy" if greedy else f"sampled {avg.removeprefix('eval/')}"
+        out += ["", f"Change: **{100 * (a - b):+.1f} points** of {measure} ({s.evals} "
+                "evaluations in all)."]
     else:
         out += ["", f"Change: n/a ({s.evals} evaluations; need one before and one after RL)."]
     out += _level_table(s, avg if sampled else "", maj if sampled else "")
@@ -352,6 +364,15 @@ def _mark_stages(ax: Any, starts: Sequence[tuple[float, str]]) -> None:
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
 
 
+def greedy_pass(row: Row) -> bool:
+    """Whether an eval row's `eval/accuracy` is a greedy answer per problem: a greedy pass
+    ran beside the sampled one (its `eval/greedy_tool_error_ratio` is there), the sampled
+    answers were greedy themselves (temperature 0), or the row predates sampled evals.
+    Otherwise (`eval.greedy = false`) it is the sampled avg@k."""
+    temp = _number(row.get("eval/temperature"))
+    return temp is None or temp == 0.0 or "eval/greedy_tool_error_ratio" in row
+
+
 def sampled_key(rows: Sequence[Row], pattern: str) -> str:
     """`eval/avg@*` -> the run's own key (`eval/avg@8`): the k of the first eval row that has
     one (per-level keys excluded); `pattern` itself when none has, or when it has no `*`."""
@@ -369,8 +390,11 @@ def sampled_key(rows: Sequence[Row], pattern: str) -> str:
 def _line_plot(rows: Sequence[Row], spec: LinePlot, path: Path,
                starts: Sequence[tuple[float, str]]) -> bool:
     data = []
+    greedy = all(greedy_pass(r) for r in rows if r.get("kind") == "eval")
     for kind, pattern, label in spec.series:
         key = sampled_key(rows, pattern)
+        if key == "eval/accuracy" and not greedy:
+            label = "accuracy (sampled: no greedy pass)"
         if key != pattern:  # "avg@k" -> "avg@8"
             label = label.replace("@k", "@" + key.rpartition("@")[2])
         data.append((label, kind, *series(rows, kind, key)))

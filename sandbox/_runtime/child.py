@@ -196,6 +196,15 @@ def _display(value: object) -> None:
         print(repr(value))
 
 
+def _only_comments(lines: list[str], line: int, col: int) -> bool:
+    """Whether nothing but blanks and comments follows (1-based `line`, byte column `col`):
+    the dropped result is then the program's last statement. The compiler emits no code for a
+    last statement that is a constant (`7`, `'text'`, `...`) or `pass`, so the POP_TOP at the
+    end can be an earlier statement's; whatever follows it sends the program the AST way."""
+    rest = [lines[line - 1].encode()[col:].decode(errors="replace"), *lines[line:]]
+    return all(not r.strip() or r.lstrip().startswith("#") for r in rest)
+
+
 def split_trailing_expression(code: str) -> tuple[types.CodeType, types.CodeType | None]:
     """(module code, code of its trailing expression or None): the program's last top-level
     statement, if it is an expression, has its value's repr printed (``None`` excepted).
@@ -216,12 +225,11 @@ def split_trailing_expression(code: str) -> tuple[types.CodeType, types.CodeType
             and sys.displayhook is _display and "displayhook" not in code):
         # (PRINT_EXPR calls whatever sys.displayhook is when it runs: a program that sets
         # its own would see its hook called where the AST rule prints the repr)
-        # (PRINT_EXPR calls whatever sys.displayhook is when it runs: a program that sets
-        # its own would see its hook called where the AST rule prints the repr)
         l0, l1, c0, c1 = next(itertools.islice(body.co_positions(), n // 2 - 3, None))
         lines = code.split("\n")
         if (c0 == 0 and l0 is not None and l1 is not None and c1 is not None
-                and not (l0 >= 2 and lines[l0 - 2].endswith("\\"))):
+                and not (l0 >= 2 and lines[l0 - 2].endswith("\\"))
+                and _only_comments(lines, l1, c1)):
             seg = [line.encode() for line in lines[l0 - 1:l1]]
             seg[-1] = seg[-1][:c1]
             try:

@@ -218,3 +218,38 @@ async def test_a_python_path_nobody_cannot_read_is_refused_by_name(tmp_path):
                                         r"65534.*chmod o\+rx"):
         async with SandboxPool(cfg):
             pass
+
+
+async def test_every_file_and_directory_of_a_python_path_is_checked_for_others(tmp_path):
+    from sandbox.isolation import _unreadable_inside
+
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for f in ("top.py", "pkg/__init__.py", "pkg/sub/deep.py"):
+        (tmp_path / f).write_text("X = 1\n")
+        (tmp_path / f).chmod(0o644)
+    assert _unreadable_inside(str(tmp_path)) is None
+    (tmp_path / "pkg" / "sub" / "deep.py").chmod(0o600)
+    (tmp_path / "top.py").chmod(0o640)
+    path, mode, more = _unreadable_inside(str(tmp_path))
+    assert path.endswith(("deep.py", "top.py")) and mode & 0o777 in (0o600, 0o640) and more == 1
+    (tmp_path / "top.py").chmod(0o644)
+    (tmp_path / "pkg" / "sub" / "deep.py").chmod(0o644)
+    (tmp_path / "pkg" / "sub").chmod(0o750)
+    assert _unreadable_inside(str(tmp_path))[0] == str(tmp_path / "pkg" / "sub")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is for pools run as root")
+async def test_a_module_file_nobody_cannot_read_is_refused_by_name(tmp_path):
+    from sandbox.errors import IsolationUnavailable
+    from sandbox.isolation import plan as make_plan
+    from sandbox.isolation import run_as_nobody
+
+    tmp_path.chmod(0o755)
+    (tmp_path / "mymod2.py").write_text("X = 2\n")
+    (tmp_path / "mymod2.py").chmod(0o600)
+    cfg = PoolConfig(workers=1, isolation="jail+seccomp", python_paths=(str(tmp_path),))
+    if not run_as_nobody(make_plan(cfg).jail):
+        pytest.skip("the jail here does not run calls as nobody")
+    with pytest.raises(IsolationUnavailable, match=r"mymod2\.py, which uid 65534 cannot read"):
+        async with SandboxPool(cfg):
+            pass

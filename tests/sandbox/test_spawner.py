@@ -77,6 +77,10 @@ PROGRAMS = [
     "    def __enter__(s): return s\nwith C():\n    pass", "x = [1]\nx.append(2)",
     "import sys\nsys.stdout.write('a')", "x = 1 + \\\n  2\nx", "print(1)\n\n\n", "x = (1,\n2)\n",
     "import sys\nsys.displayhook = lambda v: print('hook', v)\nx = 5\nx",
+    # a constant last statement is dropped by the compiler: the POP_TOP before it is another's
+    "import math\nmath.sqrt(16)\n7", "import math\nmath.sqrt(16)\n'the answer is 7'",
+    "x = [3]\nx.pop()\n...", "print(1)\n42", "x = [3]\nx.pop()\nTrue  # done\n", "x = 2\nx; 7",
+    "x = 2\nx\n# the end\n\n", "x = 2\nx\npass",
 ]
 
 

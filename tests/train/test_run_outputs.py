@@ -210,6 +210,18 @@ def test_a_second_run_numbers_a_new_directory_and_says_so(tmp_path: Path) -> Non
     assert pick_run_dir(cfg, None, resume=True)[0] == rd
 
 
+def test_resume_never_takes_another_configs_run(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)   # run.name "tiny"
+    _finish(tmp_path / "tiny")
+    for other in ("tiny2", "tiny-2b", "tinyx"):   # another curriculum's runs, all newer
+        _finish(tmp_path / other)
+        os.utime(tmp_path / other, (time.time() + 100, time.time() + 100))
+    assert pick_run_dir(cfg, None, resume=True)[0] == tmp_path / "tiny"
+    _finish(tmp_path / "tiny-7")
+    os.utime(tmp_path / "tiny-7", (time.time() + 200, time.time() + 200))
+    assert pick_run_dir(cfg, None, resume=True)[0] == tmp_path / "tiny-7"
+
+
 def test_run_dir_and_resume_rules(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     with pytest.raises(CheckpointError, match="no run directory"):

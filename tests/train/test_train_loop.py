@@ -168,6 +168,17 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     assert sorted(by_step) == [1, 2, 3, 4, 5]
     assert by_step == {r["step"]: r["problem_ids"] for r in steps}
 
+    # every checkpoint's meta.json is lost: --resume refuses (exit 1, naming them), leaving the
+    # checkpoints and the history as they were, never a restart from step 1 over them
+    history = (part / "metrics.jsonl").read_text()
+    for d in (part / "checkpoints").iterdir():
+        if not d.name.startswith("."):
+            (d / "meta.json").write_text("")
+    proc = _train(cfg, part, "--resume", wait=False)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1 and "refusing to restart" in out, out[-3000:]
+    assert (part / "metrics.jsonl").read_text() == history
+
 
 def test_dry_run_resolves_rstar2_and_names_missing_paths(tmp_path: Path) -> None:
     base = ROOT / "curricula" / "rstar2.toml"
@@ -314,3 +325,42 @@ def test_a_lora_run_trains_syncs_and_exports_adapters(tmp_path: Path) -> None:
     assert conf["r"] == 4 and (final / "adapter_model.safetensors").exists()
     assert (final / "merged" / "config.json").exists() and not (final / "base").exists()
     assert not (final / "model.safetensors").exists()
+    # every HF directory of final/ loads alone: merged/ has the tokenizer (an eval of it once
+    # encoded every prompt to [] and scored 0% with exit 0)
+    import torch
+
+    from asyncrl import load_policy
+    from asyncrl.modeling import load_tokenizer
+
+    assert load_tokenizer(final / "merged")("What is 12+7?")["input_ids"]
+    # load_policy(RUN) of a LoRA run: the merged model with the run's format and prompt
+    policy = load_policy(run)
+    assert policy.path == final / "merged" and policy.tool_format.name == "markdown"
+    ids = torch.tensor([policy.tokenizer.encode("What is 12+7?")])
+    with torch.no_grad():
+        merged_logits = policy.model(ids).logits
+    # a run written before merged/ had its tokenizer: `asyncrl eval --checkpoint` of it
+    # takes final/'s, and its prompts are real
+    from asyncrl.modeling import TOKENIZER_FILES
+
+    for f in (final / "merged").iterdir():
+        if f.name in TOKENIZER_FILES or f.name.endswith(".jinja"):
+            f.unlink()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli.main", "eval", str(cfg), "--checkpoint",
+         str(final / "merged"), "--k", "1", "--max-problems", "2", "--out", str(tmp_path / "ev")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x)
+            for x in (tmp_path / "ev" / "eval_groups.jsonl").read_text().splitlines()]
+    assert all(r["prompt_ids"] for g in rows for r in g["rollouts"])
+    # without merged/: the adapter merged over the run's base (model-init/), same model
+    for f in (final / "merged").iterdir():
+        f.unlink()
+    (final / "merged").rmdir()
+    again = load_policy(run)
+    assert again.path == final and again.tool_format.name == "markdown"
+    with torch.no_grad():
+        assert torch.allclose(again.model(ids).logits, merged_logits, atol=1e-4)
+
