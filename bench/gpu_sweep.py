@@ -57,7 +57,7 @@ DRY_CAP_S = 600.0
 def plan(checks: tuple[Check, ...]) -> list[Check]:
     """Cheapest on the GPU first, each after the checks it needs (ties keep the declared
     order); the dry run keeps the same sequence."""
-    left, out = list(checks), []
+    left, out = list(checks), list[Check]()
     names = {c.name for c in checks}
     for c in checks:
         missing = set(c.needs) - names
@@ -239,14 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"  $ {shlex.join(c.command(ctxs[c.name]))}")
         return 0
 
-    device = probe_device(sys.executable)
+    device = {"name": "cpu (dry run)"} if dry else probe_device(sys.executable)
     if not dry and not device.get("cuda"):
         print(f"gpu sweep: no CUDA GPU here ({device}); `--dry-run` runs the same checks on "
               "the CPU with tiny shapes", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    where = "the CPU, tiny shapes" if dry else f"{device['name']}"
-    print(f"gpu sweep on {where} (torch {device.get('torch')}), budget {budget:.0f} s, "
+    where = "the CPU, tiny shapes" if dry else f"{device['name']} (torch {device['torch']})"
+    print(f"gpu sweep on {where}, budget {budget:.0f} s, "
           f"{cpus} CPUs, load {os.getloadavg()[0]:.1f}; logs under {out}", flush=True)
     start, started = time.monotonic(), time.time()
     rows: dict[str, dict[str, Any]] = {}
