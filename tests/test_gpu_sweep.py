@@ -153,13 +153,14 @@ def test_sweep_goes_on_past_failures_and_skips_what_does_not_fit(tmp_path, monke
         gc.Check("after_crash", "needs crash", "bar", 4, 4, _write_json, _read_json,
                  needs=("crash",)),
         gc.Check("huge", "would not fit", "bar", 5, 10_000, _write_json, _read_json),
+        gc.Check("after_ok", "needs ok", "bar", 6, 1, _write_json, _read_json, needs=("ok",)),
     )
     monkeypatch.setattr(sweep, "CHECKS", plan)
     rc = sweep.main(["--dry-run", "--out-dir", str(tmp_path), "--budget", "600"])
     assert rc == 1  # a check failed
     res = json.loads((tmp_path / "sweep.json").read_text())
     rows = {r["check"]: r for r in res["checks"]}
-    assert list(rows) == ["crash", "ok", "no_figures", "after_crash", "huge"]
+    assert list(rows) == ["crash", "ok", "no_figures", "after_crash", "huge", "after_ok"]
     assert rows["crash"]["status"] == "fail" and rows["crash"]["reason"] == "exit status 3"
     assert rows["ok"]["status"] == "pass" and rows["ok"]["figures"] == {"x": 3}
     assert rows["ok"]["met"] is True and rows["ok"]["judged"] is False
@@ -169,9 +170,19 @@ def test_sweep_goes_on_past_failures_and_skips_what_does_not_fit(tmp_path, monke
                                    "reason": "needs crash (fail)"}
     assert rows["huge"]["status"] == "skip"
     assert rows["huge"]["reason"].startswith("would not fit: needs ~10000 s")
+    assert rows["after_ok"]["status"] == "pass"
     out = capsys.readouterr().out
     assert re.search(r"^ok\s+pass\s+[\d.]+\s+\(yes\)\s+x = 3$", out, re.M), out
-    assert "gpu sweep (dry run): 5 checks, 1 pass, 2 fail, 2 skip" in out
+    assert "gpu sweep (dry run): 6 checks, 2 pass, 2 fail, 2 skip" in out
+
+    # a rerun of two checks into the same folder: a need left out counts as the last sweep
+    # left it (ok passed there, crash failed)
+    assert sweep.main(["--dry-run", "--out-dir", str(tmp_path), "--only",
+                       "after_ok,after_crash"]) == 0
+    rows = {r["check"]: r for r in json.loads((tmp_path / "sweep.json").read_text())["checks"]}
+    assert rows["after_ok"]["status"] == "pass"
+    assert rows["after_crash"]["reason"] == "needs crash (left out, earlier fail)"
+    assert rows["ok"]["reason"] == "not chosen (--only/--skip)"
 
 
 def test_without_a_gpu_the_full_sweep_refuses_and_points_at_the_dry_run(tmp_path, capsys):
