@@ -8,11 +8,13 @@
 2. `just bench quick`: every CPU bench runs to the end, prints its table, writes its JSON.
 3. The README's embedding example, its python block run as it stands: every problem's group
    streams out.
+4. `python bench/gpu_sweep.py --dry-run`: every GPU check's command runs on the CPU with tiny
+   shapes, passes and prints its row, so the sweep a lent GPU machine runs is proven here.
 
 Also: no tracked file points outside the checkout (the project's old shared folder beside it). `.ci/run` calls this after the
 test suite in a copy of the checkout with nothing beside it; on its own it runs in place:
 
-    python .ci/smoke.py [--only train,dry_run,bench,embedding,self_contained]
+    python .ci/smoke.py [--only train,dry_run,bench,embedding,gpu_sweep,self_contained]
 
 Exit status 1 when any check fails; the last line says how many passed.
 """
@@ -138,6 +140,22 @@ def smoke_bench(tmp: Path) -> None:
     check(done == total == len(scripts) and total >= 7, f"{done} of {total} benches ok: {scripts}")
 
 
+def smoke_gpu_sweep(tmp: Path) -> None:
+    out = tmp / "gpu_sweep"
+    lines = run([sys.executable, "bench/gpu_sweep.py", "--dry-run", "--out-dir", str(out)],
+                timeout=1800, echo=True)
+    res = json.loads((out / "sweep.json").read_text())
+    rows = res["checks"]
+    check(res["dry_run"] and len(rows) >= 9, f"a dry run of every check: {len(rows)} rows")
+    bad = [f"{r['check']}: {r['status']} ({r['reason']})" for r in rows if r["status"] != "pass"]
+    check(not bad, f"every check passes in the dry run: {bad}")
+    closing = [ln for ln in lines if ln.startswith("gpu sweep (dry run): ")]
+    check(len(closing) == 1 and f"{len(rows)} checks, {len(rows)} pass, 0 fail, 0 skip"
+          in closing[0], f"the closing line: {closing}")
+    check(all(any(ln.startswith(f"{r['check']} ") for ln in lines) for r in rows),
+          "a table row per check")
+
+
 def readme_embedding_block() -> str:
     """The first python block under the README's `## Embedding ...` section."""
     text = (ROOT / "README.md").read_text()
@@ -189,7 +207,7 @@ def smoke_self_contained(tmp: Path) -> None:
 
 CHECKS: dict[str, Callable[[Path], None]] = {
     "self_contained": smoke_self_contained, "dry_run": smoke_dry_run, "train": smoke_train,
-    "embedding": smoke_embedding, "bench": smoke_bench}
+    "embedding": smoke_embedding, "bench": smoke_bench, "gpu_sweep": smoke_gpu_sweep}
 
 
 def main() -> int:

@@ -15,10 +15,12 @@ its steps; and the mean of `timing/step_s`, the loop's own step time, which excl
 evaluations and checkpoints between steps), the mean stale-token fraction and the largest
 version lag over steps, the mean mismatch KL (k3) and the final held-out accuracy (greedy).
 Seeds run one after another with the arms interleaved (seed-major), so that load on a shared
-machine hits every arm alike. Prints a table, writes `bench/results/async_staleness.json`.
+machine hits every arm alike. Prints a table, writes `bench/results/async_staleness.json`
+(`--out` elsewhere); the runs go under `runs/async` (`--runs-dir` elsewhere).
 
     python bench/async_staleness.py [--seeds 0 1 2] [--arms n0 n2 n2-none] [--rl-stages 2]
                                     [--sft-dir DIR] [--set KEY=VALUE ...] [--reuse]
+                                    [--runs-dir DIR] [--out PATH]
 
 Minutes per run on 2 CPU cores; not part of the tests.
 """
@@ -78,8 +80,8 @@ def _train(run_dir: Path, sets: list[str]) -> float:
     return time.monotonic() - t0
 
 
-def sft(reuse: bool) -> Path:
-    run_dir = RUNS / "sft-seed0"
+def sft(runs: Path, reuse: bool) -> Path:
+    run_dir = runs / "sft-seed0"
     final = run_dir / "final"
     if reuse and (final / "config.json").exists():
         return final
@@ -92,9 +94,9 @@ def sft(reuse: bool) -> Path:
     return final
 
 
-def run_arm(arm: str, seed: int, sft_dir: Path, n_rl: int, extra: list[str],
+def run_arm(runs: Path, arm: str, seed: int, sft_dir: Path, n_rl: int, extra: list[str],
             reuse: bool) -> Path:
-    run_dir = RUNS / f"{arm}-seed{seed}"
+    run_dir = runs / f"{arm}-seed{seed}"
     if reuse and (run_dir / "report" / "summary.md").exists():
         return run_dir
     if run_dir.exists():
@@ -144,13 +146,16 @@ def main() -> int:
     ap.add_argument("--sft-dir", default=None, help="an HF directory to start RL from")
     ap.add_argument("--set", action="append", default=[], help="extra config override")
     ap.add_argument("--reuse", action="store_true", help="reuse finished runs")
+    ap.add_argument("--runs-dir", type=Path, default=RUNS,
+                    help=f"where the runs go (default {RUNS.relative_to(ROOT)})")
+    ap.add_argument("--out", type=Path, default=RESULTS / "async_staleness.json")
     args = ap.parse_args()
-    sft_dir = Path(args.sft_dir) if args.sft_dir else sft(args.reuse)
+    sft_dir = Path(args.sft_dir) if args.sft_dir else sft(args.runs_dir, args.reuse)
     results: dict[str, dict[int, dict]] = {arm: {} for arm in args.arms}
     for seed in args.seeds:
         for arm in args.arms:
-            results[arm][seed] = read(run_arm(arm, seed, sft_dir, args.rl_stages, args.set,
-                                              args.reuse))
+            results[arm][seed] = read(run_arm(args.runs_dir, arm, seed, sft_dir, args.rl_stages,
+                                              args.set, args.reuse))
 
     cols = ("wall/step s", "step_s", "stale tok", "lag max", "mismatch KL", "acc final")
     print(f"\n{'arm':8} {'seed':>4} " + " ".join(f"{c:>11}" for c in cols))
@@ -172,8 +177,8 @@ def main() -> int:
               f"step_s {m['step_s_mean']:.2f}s  stale {m['stale_token_frac_mean']:.3f}  "
               f"lag max {m['version_lag_max']:.0f}  acc {m['eval_final']:.3f} "
               f"(sd {m['eval_final_std']:.3f})")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "async_staleness.json"
+    out = args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"seeds": args.seeds, "arms": {a: ARMS[a] for a in args.arms},
                                "rl_stages": args.rl_stages, "sft_dir": str(sft_dir),
                                "overrides": args.set, "results": results,

@@ -1,0 +1,213 @@
+"""bench/gpu_sweep.py: the runner (timeouts, budget, needs, leftovers) with real processes, and
+the plan's commands checked against the scripts and the config they drive, in both modes, so a
+typo is found here and not on a lent GPU. The dry run itself (minutes) runs in CI's smoke."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl import config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sweep = _load("gpu_sweep")
+checks = sweep.CHECKS
+gc = sys.modules["gpu_checks"]  # what gpu_sweep imported: the same Check and Ctx classes
+
+
+def _ctx(tmp: Path, name: str, dry: bool) -> object:
+    return gc.Ctx(dry=dry, dir=tmp / name, out=tmp, python=sys.executable, cpus=16)
+
+
+def _options(source: str) -> set[str]:
+    return set(re.findall(r"add_argument\(\s*\"(--[\w-]+)\"", source))
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["gpu", "dry"])
+def test_every_command_uses_options_and_values_its_entry_point_has(tmp_path, dry):
+    sizes = _load("megatron_step").SIZES
+    arms = _load("async_staleness").ARMS
+    workloads = {w["id"] for w in json.loads((ROOT / "bench" / "tool-workloads.json")
+                                             .read_text())["workloads"]}
+    engine_src = (ROOT / "bench" / "local_engine.py").read_text()
+    train_opts = _options((ROOT / "asyncrl" / "cli" / "train.py").read_text())
+    for c in checks:
+        argv = c.command(_ctx(tmp_path, c.name, dry))
+        assert argv[0] == sys.executable
+        if argv[1:3] == ["-m", "pytest"]:
+            assert argv[3:5] == ["-m", "gpu"], argv
+            continue
+        if argv[1:4] == ["-m", "asyncrl", "train"]:
+            assert (ROOT / argv[4]).is_file(), argv
+            opts = train_opts
+        else:
+            script = ROOT / argv[1]
+            assert script.is_file(), argv
+            opts = _options(script.read_text())
+        used = {a for a in argv[2:] if a.startswith("--")}
+        assert used <= opts, f"{c.name}: {sorted(used - opts)} not options of {argv[1]}"
+        val = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+        if "--size" in val:
+            assert val["--size"] in sizes
+        if "--models" in val:
+            assert f'"{val["--models"]}"' in engine_src
+        if "--open-workloads" in val:
+            assert set(val["--open-workloads"].split(",")) <= workloads
+        if "--arms" in val:
+            rest = argv[argv.index("--arms") + 1:]
+            named = rest[:next(i for i, a in enumerate(rest) if a.startswith("--"))]
+            assert named and set(named) <= set(arms)
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["gpu", "dry"])
+def test_every_config_override_is_a_valid_key_and_value(tmp_path, dry):
+    """The curriculum runs' and the async arms' `--set`s load as a config (a bad key or value
+    fails naming it), as `asyncrl train` and bench/async_staleness.py apply them."""
+    stale = _load("async_staleness")
+    for c in checks:
+        argv = c.command(_ctx(tmp_path, c.name, dry))
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        if "train" in argv:
+            cfg = config.load(ROOT / "curricula" / "tiny.toml", sets)
+            want = "megatron" if c.name.endswith("megatron") else "torch"
+            assert cfg.trainer.kind == want
+            assert dry or cfg.engine.device == "cuda"
+        elif "bench/async_staleness.py" in argv:
+            for arm in ("n0", "n2"):
+                cfg = config.load(ROOT / "curricula" / "tiny.toml",
+                                  [f"stages={stale._stages('rl', 1)}", *stale.ARMS[arm], *sets])
+                assert len(cfg.stages) == 1
+                assert dry or (cfg.trainer.device == "cuda" and cfg.engine.device == "cuda")
+
+
+def test_plan_is_cheapest_first_and_after_what_a_check_needs():
+    def mk(name: str, est: float, needs: tuple[str, ...] = ()) -> object:
+        return gc.Check(name, name, "bar", est, 1, lambda ctx: [], lambda ctx: None,
+                        needs=needs)
+
+    order = sweep.plan((mk("a", 30), mk("b", 10, needs=("c",)), mk("c", 20)))
+    assert [c.name for c in order] == ["c", "b", "a"]
+    with pytest.raises(ValueError, match="unknown"):
+        sweep.plan((mk("a", 1, needs=("zz",)),))
+    real = [c.name for c in sweep.plan(checks)]
+    assert real.index("async") > real.index("curriculum_torch")
+    assert real[0] == "pytest_gpu" and set(real) == {c.name for c in checks}
+
+
+def _py(code: str):
+    return lambda ctx: [ctx.python, "-c", code]
+
+
+def _write_json(ctx) -> list[str]:
+    return [ctx.python, "-c", f"open({str(ctx.dir / 'r.json')!r}, 'w').write('{{\"x\": 3}}')"]
+
+
+def _read_json(ctx):
+    x = json.loads((ctx.dir / "r.json").read_text())["x"]
+    return gc.Reading({"x": x}, x >= 3, f"x = {x}")
+
+
+def test_a_hang_is_killed_at_its_timeout_with_what_it_left_running(tmp_path):
+    # the check starts a grandchild and then hangs: both must be gone when run_check returns
+    code = ("import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+            f"open({str(tmp_path / 'pid')!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    c = gc.Check("hang", "hang", "bar", 1, 1, _py(code), _read_json)
+    t0 = time.monotonic()
+    row = sweep.run_check(c, _ctx(tmp_path, "hang", True), timeout_s=3)
+    assert time.monotonic() - t0 < 30
+    assert row["status"] == "fail" and row["reason"].startswith("timed out after 3 s")
+    pid = int((tmp_path / "pid").read_text())
+    for _ in range(50):  # the orphan is reaped by init shortly after its SIGKILL
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        stat = Path(f"/proc/{pid}/stat").read_text().split()
+        assert stat[2] == "Z", f"the grandchild {pid} still runs"
+
+
+def test_sweep_goes_on_past_failures_and_skips_what_does_not_fit(tmp_path, monkeypatch, capsys):
+    plan = (
+        gc.Check("crash", "exits 3", "bar", 1, 1, _py("raise SystemExit(3)"), _read_json),
+        gc.Check("ok", "writes its figures", "x >= 3", 2, 2, _write_json, _read_json),
+        gc.Check("no_figures", "exits 0, writes nothing", "bar", 3, 3, _py("pass"), _read_json),
+        gc.Check("after_crash", "needs crash", "bar", 4, 4, _write_json, _read_json,
+                 needs=("crash",)),
+        gc.Check("huge", "would not fit", "bar", 5, 10_000, _write_json, _read_json),
+        gc.Check("after_ok", "needs ok", "bar", 6, 1, _write_json, _read_json, needs=("ok",)),
+    )
+    monkeypatch.setattr(sweep, "CHECKS", plan)
+    rc = sweep.main(["--dry-run", "--out-dir", str(tmp_path), "--budget", "600"])
+    assert rc == 1  # a check failed
+    res = json.loads((tmp_path / "sweep.json").read_text())
+    rows = {r["check"]: r for r in res["checks"]}
+    assert list(rows) == ["crash", "ok", "no_figures", "after_crash", "huge", "after_ok"]
+    assert rows["crash"]["status"] == "fail" and rows["crash"]["reason"] == "exit status 3"
+    assert rows["ok"]["status"] == "pass" and rows["ok"]["figures"] == {"x": 3}
+    assert rows["ok"]["met"] is True and rows["ok"]["judged"] is False
+    assert rows["no_figures"]["status"] == "fail"
+    assert rows["no_figures"]["reason"].startswith("no figures: FileNotFoundError")
+    assert rows["after_crash"] == {**rows["after_crash"], "status": "skip",
+                                   "reason": "needs crash (fail)"}
+    assert rows["huge"]["status"] == "skip"
+    assert rows["huge"]["reason"].startswith("would not fit: needs ~10000 s")
+    assert rows["after_ok"]["status"] == "pass"
+    out = capsys.readouterr().out
+    assert re.search(r"^ok\s+pass\s+[\d.]+\s+\(yes\)\s+x = 3$", out, re.M), out
+    assert "gpu sweep (dry run): 6 checks, 2 pass, 2 fail, 2 skip" in out
+
+    # a rerun of two checks into the same folder: a need left out counts as the last sweep
+    # left it (ok passed there, crash failed)
+    assert sweep.main(["--dry-run", "--out-dir", str(tmp_path), "--only",
+                       "after_ok,after_crash"]) == 0
+    rows = {r["check"]: r for r in json.loads((tmp_path / "sweep.json").read_text())["checks"]}
+    assert rows["after_ok"]["status"] == "pass"
+    assert rows["after_crash"]["reason"] == "needs crash (left out, earlier fail)"
+    assert rows["ok"]["reason"] == "not chosen (--only/--skip)"
+
+
+def test_without_a_gpu_the_full_sweep_refuses_and_points_at_the_dry_run(tmp_path, capsys):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert sweep.main(["--out-dir", str(tmp_path)]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+    assert not (tmp_path / "sweep.json").exists()
+
+
+def test_megatron_bars_read_mfu_and_the_speedup(tmp_path):
+    res = {"device": "NVIDIA H100 80GB HBM3", "size": "1.7b", "seqs": 16, "seq_len": 4096,
+           "megatron": {"mfu": 0.41, "tokens_per_s_per_gpu": 30000.0, "peak_mem_gib": 60.0,
+                        "step_s_median": 2.0, "recompute": "none", "attention": "sdpa"},
+           "torch": {"mfu": 0.25, "tokens_per_s_per_gpu": 19000.0, "step_s_median": 3.2},
+           "torch_speedup": 1.6}
+    ctx = _ctx(tmp_path, "m", False)
+    ctx.dir.mkdir()
+    (ctx.dir / "megatron_step.json").write_text(json.dumps(res))
+    assert gc.megatron_read(0.40, 1.5)(ctx).met is True
+    res["torch_speedup"] = 1.4
+    (ctx.dir / "megatron_step.json").write_text(json.dumps(res))
+    r = gc.megatron_read(0.40, 1.5)(ctx)
+    assert r.met is False and "MFU 41.0%" in r.note and "1.40x" in r.note
+    assert gc.megatron_read(0.25, None)(ctx).met is True
