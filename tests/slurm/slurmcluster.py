@@ -202,6 +202,18 @@ PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubs
             os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
 
+    def kill_node(self, i: int) -> list[int]:
+        """Node i lost: SIGKILL its slurmd, then every process on host i (its job steps'
+        slurmstepd and tasks). Returns the pids killed besides slurmd."""
+        self.kill_slurmd(i)
+        out = subprocess.run(["ip", "netns", "pids", self.net.ns(i)], capture_output=True,
+                             text=True, timeout=30).stdout
+        pids = [int(p) for p in out.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        return pids
+
     # ---------------------------------------------------------------------------- clients
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 30,
             env: dict[str, str] | None = None, cwd: Path | str | None = None,
