@@ -3,7 +3,11 @@
 tools/launch_multinode.sh, the Megatron trainer over gloo, tensor parallel 2: rank 0 on n0,
 rank 1 on n1) and the sandbox node n2, all job steps of one job; hostnames `n0`..`n2` resolve
 to nothing, addresses come from the nodes. Its per-step losses equal those of the same recipe
-on one trainer node (both ranks on n0).
+on one trainer node (both ranks on n0, the sandbox on n1).
+
+Greedy one-turn rollouts (`slurmrun.config`): the model reads each tool result's wall-clock
+time, so runs that call the tool differ in those tokens; the sandbox node is started, found
+and health-checked with the job's token here, and test_slurm_faults.py's sampled runs call it.
 
 Slow: `python -m pytest -m slow tests/slurm/test_slurm_train.py`.
 """
@@ -20,7 +24,7 @@ def test_two_trainer_nodes_and_a_sandbox_node_equal_one_trainer_node(slurm, prep
                                                                      tmp_path):
     cfg = config(tmp_path / "run.toml", prepared_model, rl_steps=3)
     two, out2 = tmp_path / "two", tmp_path / "two.out"
-    job = submit(slurm, cfg, two, out2, args=("--set", "logging.rollouts_every=1"))
+    job = submit(slurm, cfg, two, out2)
     assert slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 600, [out2]) \
         == "COMPLETED", out2.read_text()[-4000:]
     text = out2.read_text()
@@ -36,8 +40,7 @@ def test_two_trainer_nodes_and_a_sandbox_node_equal_one_trainer_node(slurm, prep
 
     # one trainer node: both ranks on n0, sandbox on n1
     one, out1 = tmp_path / "one", tmp_path / "one.out"
-    job = submit(slurm, cfg, one, out1, nodes=2, trainer_nodes=1, gpus_per_node=2,
-                 args=("--set", "logging.rollouts_every=1"))
+    job = submit(slurm, cfg, one, out1, nodes=2, trainer_nodes=1, gpus_per_node=2)
     assert slurm.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 600, [out1]) \
         == "COMPLETED", out1.read_text()[-4000:]
     assert "trainer nodes n0, sandbox nodes n1" in out1.read_text()
