@@ -119,13 +119,19 @@ class Hosts:
             _ip("-n", ns, "link", "set", "eth0", "up")
 
     # -------------------------------------------------------------------------- commands
-    def argv(self, i: int, argv: Sequence[str]) -> list[str]:
-        """`argv` wrapped to run inside host i."""
+    def argv(self, i: int, argv: Sequence[str], *, keep_sys: bool = False) -> list[str]:
+        """`argv` wrapped to run inside host i. `keep_sys`: join only its network namespace
+        (`nsenter`), keeping the machine's /sys and its cgroup mounts, which `ip netns exec`
+        hides behind a fresh sysfs (slurmd needs them)."""
+        if keep_sys:
+            return ["nsenter", f"--net=/run/netns/{self.ns(i)}", *argv]
         return ["ip", "netns", "exec", self.ns(i), *argv]
 
-    def spawn(self, i: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    def spawn(self, i: int, argv: Sequence[str], *, keep_sys: bool = False,
+              **kwargs: Any) -> subprocess.Popen[Any]:
         """Start `argv` inside host i in its own process group; killed at `close`."""
-        proc = subprocess.Popen(self.argv(i, argv), start_new_session=True, **kwargs)
+        proc = subprocess.Popen(self.argv(i, argv, keep_sys=keep_sys), start_new_session=True,
+                                **kwargs)
         self._procs.append(proc)
         return proc
 
