@@ -275,10 +275,14 @@ def _check_nobody_reads(paths: Iterable[str]) -> None:
 
 def _unreadable_inside(root: str) -> tuple[str, int, int] | None:
     """The first entry under ``root`` that others cannot read (a directory: list and enter),
-    with its mode and how many more there are; None when all can be read."""
+    with its mode and how many more there are; None when all can be read. Hidden entries
+    (a name starting with a dot) are skipped: no import reaches them."""
     first: tuple[str, int] | None = None
     more = 0
     for dirpath, dirs, files in os.walk(root):
+        # a name that starts with a dot is never imported (.git, .hypothesis, a .venv)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        files = [f for f in files if not f.startswith(".")]
         for name, want in [(d, 0o005) for d in dirs] + [(f, 0o004) for f in files]:
             path = os.path.join(dirpath, name)
             try:

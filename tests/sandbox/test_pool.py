@@ -236,6 +236,14 @@ async def test_every_file_and_directory_of_a_python_path_is_checked_for_others(t
     (tmp_path / "pkg" / "sub" / "deep.py").chmod(0o644)
     (tmp_path / "pkg" / "sub").chmod(0o750)
     assert _unreadable_inside(str(tmp_path))[0] == str(tmp_path / "pkg" / "sub")
+    (tmp_path / "pkg" / "sub").chmod(0o755)
+    # hidden entries are never imported: a test cache or a .git beside the code is no reason
+    (tmp_path / ".hypothesis" / "data").mkdir(parents=True)
+    (tmp_path / ".hypothesis" / "data" / "x.gz").write_text("")
+    (tmp_path / ".hypothesis" / "data" / "x.gz").chmod(0o600)
+    (tmp_path / ".secret").write_text("")
+    (tmp_path / ".secret").chmod(0o600)
+    assert _unreadable_inside(str(tmp_path)) is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is for pools run as root")
