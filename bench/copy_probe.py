@@ -7,15 +7,10 @@ with the problem's solution program. Exact-match rate per level and per question
 policy that calls the tool but copies a digit wrong shows here, whether or not it would
 choose the tool greedily (the held-out eval mixes the two).
 
-A second measure needs no decoding (`--leak-only` runs it alone, in seconds): the model
-reads each problem's gold tool transcript (`asyncrl.sft.coldstart`, kind `tool`: the call,
-the tool's real output, the boxed answer) and at every model-written token takes 1 - p(the
-gold token), summed per transcript by part (the classes of `bench/sampling_mass.py`). The
-`answer` part is how often a temperature-1 sample would miscopy the tool's output into
-`\boxed{}`, `code digits` the question's numbers into the program, for each execution time
-shown in the output (`--tool-times`: a model should not care which); `choice` is high by design
-after the SFT stage (its transcripts answer directly a share of the time), and `code other`
-includes the fail-and-fix habit the cold start is taught.
+A second measure needs no decoding (`--leak-only` runs it alone, in seconds): the
+teacher-forced leak on gold tool transcripts (`asyncrl/observe/copy_leak.py` defines it), 1 -
+p(gold token) summed per transcript by part of the answer, for each execution time shown in the
+output (`--tool-times`: a model should not care which).
 
     python bench/copy_probe.py RUN/final [MORE_DIRS ...] [--levels 1 2 3 4] [--problems 400]
         [--seed-offset 7919] [--system-prompt TEXT] [--tool-times 0.01 0.16] [--leak-only]
@@ -33,6 +28,9 @@ import json
 import tomllib
 from pathlib import Path
 from typing import Any
+
+from asyncrl.observe.answer_parts import CLASSES
+from asyncrl.observe.copy_leak import gold_leak
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -85,54 +83,6 @@ def probe(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt
             "by_form": by_form, "misses": misses}
 
 
-def _sampling_mass() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sampling_mass",
-                                                  ROOT / "bench" / "sampling_mass.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str,
-              tool_time_s: float = 0.01) -> dict[str, dict[str, float]]:
-    """Per level: the mean over problems of sum(1 - p(gold token)) over the model-written
-    tokens of the gold tool transcript whose output shows `tool_time_s`, by part
-    (`sampling_mass.CLASSES`), and `total`."""
-    import random
-
-    import torch
-
-    from asyncrl import formats
-    from asyncrl.sft.coldstart import render_transcript, tokenize
-
-    sm = _sampling_mass()
-    fmt = formats.get_format("markdown")
-    sums: dict[int, dict[str, float]] = {}
-    counts: collections.Counter[int] = collections.Counter()
-    for p in problems:
-        ids, mask = tokenize(render_transcript(p, fmt, "tool", random.Random(0),
-                                               system_prompt=system_prompt,
-                                               duration_s=tool_time_s), tok)
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
-        first = mask.index(1)
-        kinds = sm.classify([tok.decode([t]) for t in ids[first:]])
-        lv = int(p.difficulty or 0)
-        row = sums.setdefault(lv, dict.fromkeys(sm.CLASSES, 0.0))
-        counts[lv] += 1
-        for i, kind in enumerate(kinds, start=first):
-            if mask[i]:
-                row[kind] += 1.0 - float(logp[i - 1, ids[i]].exp())
-    out = {}
-    for lv, row in sorted(sums.items()):
-        per = {k: v / counts[lv] for k, v in row.items()}
-        out[f"L{lv}"] = {**per, "total": sum(per.values())}
-    return out
-
-
 def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt: str,
          tool_times: list[float]) -> dict[str, Any]:
     """`gold_leak` of the model at `path` for each tool time, keyed `"{level}@{time}s"`."""
@@ -183,7 +133,7 @@ def main() -> None:
         r["leak"] = leak(m, args.levels, args.problems, args.seed_offset, system,
                          args.tool_times)
         rows.append(r)
-    classes = [*_sampling_mass().CLASSES, "total"]
+    classes = [*CLASSES, "total"]
     print("\nTeacher-forced leak on gold tool transcripts, sum of 1 - p per transcript:")
     print("| model | level @ tool time | " + " | ".join(classes) + " |")
     print("|---|---|" + "---|" * len(classes))

@@ -197,12 +197,12 @@ def test_with_greedy_takes_accuracy_from_the_greedy_pass_and_the_rest_from_the_s
 
 def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:
     from asyncrl.errors import EngineError
-    from asyncrl.train import _some_answered
+    from asyncrl.evaluation import some_answered
 
     down = _rollout(0, None, 0.0, 0, (), RolloutStatus.FAILED)
     down = Rollout(**{**{f: getattr(down, f) for f in Rollout.__struct_fields__},
                       "error": "engine: local-0: request needs 156 KV tokens"})
     one_ok = [_group("a", [down, _rollout(1, "4", 0.0)])]
-    assert _some_answered(one_ok, "RL step 3") is one_ok
+    assert some_answered(one_ok, "RL step 3") is one_ok
     with pytest.raises(EngineError, match=r"every rollout of RL step 3 failed.*156 KV tokens"):
-        _some_answered([_group("a", [down, down])], "RL step 3")
+        some_answered([_group("a", [down, down])], "RL step 3")

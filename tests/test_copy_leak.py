@@ -1,23 +1,17 @@
-"""bench/copy_probe.py's teacher-forced leak: 1 - p(gold token) summed by part of the gold tool
-transcript, per level."""
+"""asyncrl.observe.copy_leak: the teacher-forced leak, 1 - p(gold token) summed by part of the
+gold tool transcript, per level."""
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from asyncrl import modeling, tasks
+from asyncrl.observe.copy_leak import gold_leak
 from asyncrl.sft.coldstart import corpus
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("copy_probe", ROOT / "bench" / "copy_probe.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 OPTIONS = {"train_size": 40, "eval_size": 6, "levels": [1, 3]}
 
 
@@ -47,8 +41,8 @@ class _Teacher:
 def test_gold_leak_lands_on_the_part_that_leaks() -> None:
     tok = modeling.train_tokenizer(corpus("tiny_math", OPTIONS, 0), vocab_size=300)
     _, problems = tasks.generate("tiny_math", OPTIONS, seed=0)
-    out = bench.gold_leak(_Teacher(tok, len(tok)), tok, problems, system_prompt="Solve it.",
-                          tool_time_s=0.16)
+    out = gold_leak(_Teacher(tok, len(tok)), tok, problems, system_prompt="Solve it.",
+                    tool_time_s=0.16)
     assert set(out) == {"L1", "L3"}
     for lv, per in out.items():
         digits = [p for p in problems if f"L{int(p.difficulty or 0)}" == lv]

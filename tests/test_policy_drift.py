@@ -1,19 +1,16 @@
-"""bench/policy_drift.py: KL from the cold-start policy by part of the answer, and the relative
-weight change, read from a real tiny model and checkpoints in the trainer's file layout."""
+"""asyncrl.observe.policy_drift: KL from the cold-start policy by part of the answer, and the
+relative weight change, read from a real tiny model and checkpoints in the trainer's file
+layout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("policy_drift", ROOT / "bench" / "policy_drift.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from asyncrl.errors import ModelError
+from asyncrl.observe import policy_drift as drift
 
 
 def _cold_run(tmp_path: Path, tokenizer, model) -> Path:
@@ -48,7 +45,7 @@ def test_kl_is_zero_at_the_cold_start_and_grows_where_the_weights_moved(
         tmp_path: Path, tiny_tokenizer, tiny_model_factory) -> None:
     model = tiny_model_factory(0)
     cold = _cold_run(tmp_path, tiny_tokenizer, model)
-    answers = bench.cold_answers(cold, tiny_tokenizer, limit=10)
+    answers = drift.cold_answers(cold, tiny_tokenizer, limit=10)
     assert len(answers) == 2 and answers[0]["start"] > 0
     assert {"choice", "code digits", "answer"} <= set(answers[0]["parts"])
 
@@ -58,43 +55,41 @@ def test_kl_is_zero_at_the_cold_start_and_grows_where_the_weights_moved(
     rl = tmp_path / "roc-weighted-seed0"
     _checkpoint(rl, 0, same)
     _checkpoint(rl, 5, moved)
-    assert [s for s, _ in bench.checkpoints(rl)] == [0, 5]
+    assert [s for s, _ in drift.checkpoints(rl)] == [0, 5]
 
-    cold_lp = bench.response_logprobs(model, answers)
-    assert bench.drift(cold_lp, cold_lp, answers)["total"] == pytest.approx(0.0, abs=1e-12)
+    cold_lp = drift.response_logprobs(model, answers)
+    assert drift.drift(cold_lp, cold_lp, answers)["total"] == pytest.approx(0.0, abs=1e-12)
     model.load_state_dict(moved, strict=False)
-    out = bench.drift(cold_lp, bench.response_logprobs(model, answers), answers)
+    out = drift.drift(cold_lp, drift.response_logprobs(model, answers), answers)
     assert out["total"] > 0.01 and out["per_token"] > 0
     assert out["choice"] > 0 and out["answer"] > 0
     # the tool's output tokens are not the model's: a drift there is not counted
-    assert out["total"] == pytest.approx(sum(out[c] for c in bench.CLASSES))
-    dw = bench.weight_change(dict(same), moved)
+    assert out["total"] == pytest.approx(sum(out[c] for c in drift.CLASSES))
+    dw = drift.weight_change(dict(same), moved)
     assert dw["norms"] > 0.1 and dw["attention"] == dw["mlp"] == dw["embedding"] == 0.0
 
 
-def test_the_script_prints_a_row_per_checkpoint(tmp_path: Path, tiny_tokenizer,
-                                                tiny_model_factory, monkeypatch, capsys) -> None:
+def test_a_row_per_checkpoint_and_its_table_line(tmp_path: Path, tiny_tokenizer,
+                                                 tiny_model_factory) -> None:
     model = tiny_model_factory(0)
     cold = _cold_run(tmp_path, tiny_tokenizer, model)
     rl = tmp_path / "grpo-all-seed0"
     state = {k: v.clone() for k, v in model.state_dict().items() if "lm_head" not in k}
     _checkpoint(rl, 10, state)
-    monkeypatch.setattr(bench, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr("sys.argv", ["policy_drift.py", str(cold), str(rl)])
-    assert bench.main() == 0
-    out = capsys.readouterr().out
-    assert f"| {tmp_path.name}/grpo-all-seed0 | 10 | 0.0000 |" in out
-    rows = json.loads((tmp_path / "results" / "policy_drift.json").read_text())
-    assert rows[0]["step"] == 10 and rows[0]["kl"]["total"] == pytest.approx(0.0, abs=1e-9)
+    n, rows = drift.measure(cold, [rl], max_answers=512)
+    assert n == 2 and [r["step"] for r in rows] == [10]
+    assert rows[0]["kl"]["total"] == pytest.approx(0.0, abs=1e-9)
+    assert json.loads(json.dumps(rows)) == rows  # what the script writes as JSON
+    text = drift.markdown(rows, n)
+    assert text.startswith("KL(cold start || step) summed per answer over 2 cold-start samples")
+    assert f"| {tmp_path.name}/grpo-all-seed0 | 10 | 0.0000 |" in text
 
 
 def test_weights_of_another_model_are_refused(tmp_path: Path, tiny_tokenizer,
-                                              tiny_model_factory, monkeypatch) -> None:
+                                              tiny_model_factory) -> None:
     model = tiny_model_factory(0)
     cold = _cold_run(tmp_path, tiny_tokenizer, model)
     rl = tmp_path / "other"
     _checkpoint(rl, 5, {"model.layers.9.mlp.up_proj.weight": model.lm_head.weight.clone()})
-    monkeypatch.setattr(bench, "RESULTS", tmp_path / "results")
-    monkeypatch.setattr("sys.argv", ["policy_drift.py", str(cold), str(rl)])
-    with pytest.raises(SystemExit, match="do not fit"):
-        bench.main()
+    with pytest.raises(ModelError, match="do not fit"):
+        drift.measure(cold, [rl], max_answers=512)

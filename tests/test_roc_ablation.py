@@ -1,9 +1,9 @@
-"""bench/roc_ablation.py's pure parts: the stage split and its `--set` rendering, the arms, the
-run-level ratios and the statistics over seeds (the runs themselves are minutes each)."""
+"""asyncrl.observe.ablation_runs and .ablation_report: the stage split and its `--set`
+rendering, the arms, the run-level ratios and the statistics over seeds (the runs themselves,
+`bench/roc_ablation.py`, are minutes each)."""
 
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 from pathlib import Path
 
@@ -11,32 +11,31 @@ import pytest
 
 from asyncrl import config
 from asyncrl.algo.roc import POSITIVE_RULES, SELECT_KINDS
+from asyncrl.errors import ConfigError
+from asyncrl.observe import ablation_report as report
+from asyncrl.observe import ablation_runs as runs
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("roc_ablation", ROOT / "bench" / "roc_ablation.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stages_split_and_render_as_overrides_that_load_back() -> None:
     cur = ROOT / "curricula" / "evidence.toml"
-    sft, rl = bench.split_stages(cur, ["stages.1.steps=7"])
+    sft, rl = runs.split_stages(cur, ["stages.1.steps=7"])
     assert [s["kind"] for s in sft] == ["sft"] and all(s.get("kind", "rl") == "rl" for s in rl)
     assert rl[0]["steps"] == 7  # user overrides apply before the split
     raw = tomllib.loads(cur.read_text())
     for part in (sft, rl):
-        cfg = config.from_dict(config.apply_overrides(raw, [f"stages={bench.toml_value(part)}"]))
+        cfg = config.from_dict(config.apply_overrides(raw, [f"stages={runs.toml_value(part)}"]))
         assert [config.to_dict(cfg)["stages"][i][k] for i, s in enumerate(part) for k in s] == [
             v for s in part for v in s.values()]
-    with pytest.raises(SystemExit, match="SFT and RL"):
-        bench.split_stages(ROOT / "curricula" / "tiny.toml", ["stages=[]"])
+    with pytest.raises(ConfigError, match="SFT and RL"):
+        runs.split_stages(ROOT / "curricula" / "tiny.toml", ["stages=[]"])
 
 
 def test_every_arm_is_a_valid_selection_rule() -> None:
     raw = tomllib.loads((ROOT / "curricula" / "evidence.toml").read_text())
     seen = set()
-    for sets in bench.ARMS.values():
+    for sets in runs.ARMS.values():
         cfg = config.from_dict(config.apply_overrides(raw, sets))
         assert cfg.roc.kind in SELECT_KINDS and cfg.roc.positive in POSITIVE_RULES
         seen.add((cfg.roc.kind, cfg.roc.positive if cfg.roc.kind == "roc" else ""))
@@ -50,13 +49,13 @@ def test_run_ratios_weigh_steps_by_their_calls() -> None:
              {"rollout/tool_calls_pos": 30.0, "rollout/tool_errors_pos": 0.0,
               "rollout/tool_calls_mean": 3.0, "rollout/count": 100.0,
               "rollout/tool_error_ratio": 0.1}]
-    assert bench._ratio(steps, "pos") == pytest.approx(5 / 40)  # not the mean of 0.5 and 0
-    assert bench._ratio(steps, "all") == pytest.approx((50 + 30) / 400)
-    assert bench._ratio([], "pos") == 0.0
+    assert runs.tool_error_ratio(steps, "pos") == pytest.approx(5 / 40)  # not the mean of 0.5 and 0
+    assert runs.tool_error_ratio(steps, "all") == pytest.approx((50 + 30) / 400)
+    assert runs.tool_error_ratio([], "pos") == 0.0
 
 
 def test_stats_over_seeds() -> None:
-    s = bench.stats([0.2, 0.4, 0.6])
+    s = report.stats([0.2, 0.4, 0.6])
     assert s["mean"] == pytest.approx(0.4) and s["min"] == 0.2 and s["max"] == 0.6
     assert s["sd"] == pytest.approx((0.08 / 3) ** 0.5)
     lo, hi = s["ci95"]
@@ -80,24 +79,24 @@ def test_sampled_figures_gain_and_paired_differences_over_seeds() -> None:
         "roc-weighted": {s: _arm_run(1.0, 0.90 + s / 100, 0.01, 0.40) for s in range(5)},
         "grpo-all": {s: _arm_run(1.0, 0.90 + s / 100, 0.05 + s / 1000, 0.40) for s in range(5)},
     }
-    assert bench.sampled(results["roc-weighted"][2]["final"], "avg") == pytest.approx(0.92)
-    assert bench.sampled(results["roc-weighted"][2]["final"], "avg", 1) == pytest.approx(0.92)
-    assert bench.sampled({"accuracy": 1.0}, "avg") is None  # a greedy-only run
-    assert bench._gain(results["roc-weighted"][0]) == pytest.approx(0.50)
-    pairs = bench.paired(results)
+    assert runs.sampled(results["roc-weighted"][2]["final"], "avg") == pytest.approx(0.92)
+    assert runs.sampled(results["roc-weighted"][2]["final"], "avg", 1) == pytest.approx(0.92)
+    assert runs.sampled({"accuracy": 1.0}, "avg") is None  # a greedy-only run
+    assert report.rl_gain(results["roc-weighted"][0]) == pytest.approx(0.50)
+    pairs = report.paired(results)
     diff = pairs["roc-weighted - grpo-all"]
     assert diff["tool-err correct (eval)"]["mean"] == pytest.approx(-0.042)
     assert diff["tool-err correct (eval)"]["ci95"][1] < 0
     assert diff["avg@k"]["mean"] == pytest.approx(0.0) and diff["avg@k"]["seeds"] == [0, 1, 2, 3, 4]
-    summary = bench.summarise(results)
+    summary = report.summarise(results)
     assert summary["roc-weighted"]["avg@k gain over SFT"]["mean"] == pytest.approx(0.52)
     sft = {s: results["roc-weighted"][s]["after_sft"] for s in range(5)}
-    text = bench.markdown(summary, sft, {a: list(range(5)) for a in results}, pairs, results)
+    text = report.markdown(summary, sft, {a: list(range(5)) for a in results}, pairs, results)
     row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
     assert row.count(" *") == 3  # both tool-error columns and the run ratio; not avg@k or greedy
     assert "| 4 | 0.400 (0.500) | 0.940 (1.000) | 0.940 (1.000) |" in text
     two = {arm: {s: r for s, r in runs.items() if s < 2} for arm, runs in results.items()}
-    text = bench.markdown(bench.summarise(two), sft, {a: [0, 1] for a in two}, bench.paired(two),
+    text = report.markdown(report.summarise(two), sft, {a: [0, 1] for a in two}, report.paired(two),
                           two)
     row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
     assert " *" not in row  # two seeds: no claim, whatever the interval says

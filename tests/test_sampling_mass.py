@@ -1,20 +1,17 @@
-"""bench/sampling_mass.py: which part of an answer each token belongs to, and the expected
-departures of a temperature-1 sample from the greedy path, from an eval file's log-probs."""
+"""asyncrl.observe.answer_parts and .sampling_mass: which part of an answer each token belongs
+to, and the expected departures of a temperature-1 sample from the greedy path, from an eval
+file's log-probs."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("sampling_mass", ROOT / "bench" / "sampling_mass.py")
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from asyncrl.observe import sampling_mass
+from asyncrl.observe.answer_parts import classify
 
 PIECES = ["<reason>", "Compute", " it", "</reason>\n", "```python\n", "print", "(", "4", "1",
           " *", " ", "7", ")\n", "```\n", "```output\n", "287\n", "```\n", "<answer>", "\\boxed{",
@@ -22,7 +19,7 @@ PIECES = ["<reason>", "Compute", " it", "</reason>\n", "```python\n", "print", "
 
 
 def test_classify_by_span() -> None:
-    kinds = bench.classify(PIECES)
+    kinds = classify(PIECES)
     assert kinds[1:3] == ["choice", "choice"]
     assert kinds[5:13] == ["code other", "code other", "code digits", "code digits",
                            "code other", "code other", "code digits", "code other"]
@@ -43,7 +40,7 @@ def test_mass_sums_one_minus_p_over_model_tokens_only(tmp_path: Path) -> None:
                "tool_calls": [{}]}
     path = tmp_path / "000010-step-greedy.jsonl"
     path.write_text(json.dumps({"rollouts": [rollout]}) + "\n")
-    out = bench.mass(path, _Vocab())
+    out = sampling_mass.mass(path, _Vocab())
     assert out["eval"] == "000010-step" and out["answers"] == 1 and out["tool_share"] == 1.0
     assert out["choice"] == pytest.approx(0.1) and out["code digits"] == pytest.approx(0.1)
     assert out["answer"] == 0.0  # token 15 (the output's digits) is masked out
@@ -63,10 +60,10 @@ def test_misses_say_why_each_wrong_sampled_answer_is_wrong(tmp_path: Path) -> No
         {"reward": 0.0, "answer": "278", "tool_calls": [call("287\n")]},          # copy
         {"reward": 0.0, "answer": None, "tool_calls": [call("287\n")]},           # no answer
     ]
-    assert [bench.miss_kind(r, "287") for r in rollouts] == [
+    assert [sampling_mass.miss_kind(r, "287") for r in rollouts] == [
         None, "head", "program", "program", "copy", "no answer"]
     path = tmp_path / "000010-step.jsonl"
     path.write_text(json.dumps({"problem": {"answer": 287}, "rollouts": rollouts}) + "\n")
-    out = bench.misses(path)
+    out = sampling_mass.misses(path)
     assert out["sampled"] == 6 and out["right"] == pytest.approx(1 / 6)
     assert out["program"] == pytest.approx(2 / 6) and out["copy"] == pytest.approx(1 / 6)

@@ -1,0 +1,141 @@
+"""The runs of the RoC ablation (`bench/roc_ablation.py`): the four arms, the split of a
+curriculum into the SFT stages run once per seed and the RL stages run once per arm, and what is
+read back from a finished run's `metrics.jsonl`.
+
+An arm differs from the others only in its selection rule (`ARMS`, as `--set` overrides):
+
+- `roc-weighted`: RoC, positives drawn with weight 1 / (p_total + 0.1) (the paper);
+- `roc-lowest`: RoC, the positives with the lowest p_total (the released code);
+- `grpo-first`: plain GRPO on the first G of the 2G samples;
+- `grpo-all`: plain GRPO on all 2G samples.
+
+It launches nothing (the script runs the trainings); the statistics over seeds are
+`ablation_report`.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from asyncrl.config import apply_overrides
+from asyncrl.errors import ConfigError, DataError
+from asyncrl.observe.report import sampled_key
+
+ARMS: dict[str, list[str]] = {
+    "roc-weighted": ["roc.kind=roc", "roc.positive=weighted"],
+    "roc-lowest": ["roc.kind=roc", "roc.positive=lowest"],
+    "grpo-first": ["roc.kind=grpo_first"],
+    "grpo-all": ["roc.kind=grpo_all"],
+}
+
+
+def toml_value(v: Any) -> str:
+    """`v` as a TOML inline value (what `--set key=VALUE` parses)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def split_stages(curriculum: Path, overrides: list[str]) -> tuple[list[dict], list[dict]]:
+    """(SFT stages, RL stages) of the curriculum after `overrides`; a `ConfigError` when it has
+    not both."""
+    data = apply_overrides(tomllib.loads(curriculum.read_text()), overrides)
+    stages = data.get("stages", [])
+    sft = [s for s in stages if s.get("kind") == "sft"]
+    rl = [s for s in stages if s.get("kind", "rl") != "sft"]
+    if not sft or not rl:
+        raise ConfigError("stages", f"{curriculum}: the ablation needs SFT and RL stages "
+                                    f"(found {len(sft)} and {len(rl)})")
+    return sft, rl
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    """A run's `metrics.jsonl` rows."""
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def tool_error_ratio(steps: list[dict], prefix: str) -> float:
+    """Failed calls / calls over `steps` (weighted by each step's calls, not a mean of ratios)."""
+    if prefix == "pos":
+        calls = sum(r.get("rollout/tool_calls_pos", 0.0) for r in steps)
+        errors = sum(r.get("rollout/tool_errors_pos", 0.0) for r in steps)
+    else:
+        per = [(r.get("rollout/tool_calls_mean", 0.0) * r.get("rollout/count", 0.0),
+                r.get("rollout/tool_error_ratio", 0.0)) for r in steps]
+        calls = sum(c for c, _ in per)
+        errors = sum(c * e for c, e in per)
+    return errors / calls if calls else 0.0
+
+
+EVAL_KEYS = ("eval/accuracy", "eval/avg@", "eval/maj@", "eval/pass@", "eval/tool_error_ratio",
+             "eval/response_tokens_mean")
+
+
+def eval_figures(row: dict) -> dict[str, Any]:
+    """An eval row's figures without the `eval/` prefix: greedy accuracy (`accuracy`), the
+    sampled avg@k / maj@k / pass@k (per level too), and the tool-error ratios (of all calls and
+    of the calls in correct sampled answers: `tool_error_ratio_correct`)."""
+    return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith(EVAL_KEYS)}
+
+
+def read_sft(run_dir: Path) -> dict[str, Any]:
+    """The after-SFT evaluation's figures of a cold-start run (`eval_figures`)."""
+    evals = [r for r in _rows(run_dir) if r["kind"] == "eval"]
+    return eval_figures(next(r for r in evals if r.get("label") == "after_sft"))
+
+
+def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
+    """One finished arm run's figures: the final evaluation's, the tool-error ratios over the
+    whole RL run and its last `tail` steps, the p_err of the trained positives, the mean
+    response length and reward, the wall time, and the curves per step and per evaluation. A
+    `DataError` for a run written before the tool-call counts were in `metrics.jsonl`."""
+    rows = _rows(run_dir)
+    steps = [r for r in rows if r["kind"] == "rl_step"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    final = next((r for r in evals if r.get("label") == "final"), evals[-1])
+    done = next((r for r in rows if r["kind"] == "done"), None)
+    if steps and not any("rollout/tool_calls_pos" in r for r in steps):
+        raise DataError(f"{run_dir} predates the tool-call counts in metrics.jsonl: "
+                         "run it again (without --reuse)")
+    kept_perr = [r["roc/p_err_kept_pos"] for r in steps if "roc/p_err_kept_pos" in r]
+    return {
+        "final": eval_figures(final),
+        "tool_error_pos_run": tool_error_ratio(steps, "pos"),
+        "tool_error_all_run": tool_error_ratio(steps, "all"),
+        "tool_error_pos_tail": tool_error_ratio(steps[-tail:], "pos"),
+        "tool_error_all_tail": tool_error_ratio(steps[-tail:], "all"),
+        "p_err_kept_pos_mean": fmean(kept_perr) if kept_perr else 0.0,
+        "response_tokens_mean": fmean(r.get("rollout/response_tokens_mean", 0.0)
+                                      for r in steps) if steps else 0.0,
+        "reward_mean": fmean(r["reward/mean"] for r in steps) if steps else 0.0,
+        "wall_s": done["wall_s"] if done else None,
+        "curves": {
+            "tool_error_pos": [r.get("rollout/tool_error_ratio_pos", 0.0) for r in steps],
+            "tool_error_all": [r.get("rollout/tool_error_ratio", 0.0) for r in steps],
+            "response_tokens": [r.get("rollout/response_tokens_mean", 0.0) for r in steps],
+            "eval": [(r["step"], r["eval/accuracy"]) for r in evals],
+            "eval_sampled": [(r["step"], avg) for r in evals
+                             if (avg := sampled(eval_figures(r), "avg")) is not None],
+            "eval_tool_error_correct": [(r["step"], r["eval/tool_error_ratio_correct"])
+                                        for r in evals if "eval/tool_error_ratio_correct" in r],
+        },
+    }
+
+
+def sampled(figures: dict, stat: str, level: int | None = None) -> float | None:
+    """avg@k (or maj@k, pass@k) from an eval's figures, over all levels or one; None when the
+    eval sampled nothing (a greedy-only run)."""
+    key = sampled_key([{"kind": "eval", **figures}], f"{stat}@*")  # "avg@*" when none
+    return figures.get(key if level is None else f"{key}_L{level}")
