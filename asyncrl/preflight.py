@@ -5,7 +5,7 @@ family's `data.generator_options` (names and values, through the family's own
 `resolve_options`), and whether one rollout can fit the in-process engine's KV budget (the
 rule `asyncrl.policy.check_budget` applies to the embedding API). A failure is a
 `ConfigError` naming the key. `asyncrl config check`, `asyncrl train --dry-run` and
-`asyncrl train` call `check_run` (the first two through `asyncrl.train.dry_run`).
+`asyncrl train` call `check_run` (the first two through `asyncrl.cli.plan.dry_run`).
 
 Does not own: the schema's own checks (`asyncrl.config`), paths that may be missing on this
 machine (`dry_run` reports those), or a remote engine's capacity, which is known only when it

@@ -279,7 +279,7 @@ def _micro_generator(**data) -> dict:
 ])
 def test_a_bad_generator_option_fails_the_check_naming_its_key(options, key, words,
                                                                 capsys, tmp_path) -> None:
-    from asyncrl.train import dry_run
+    from asyncrl.cli.plan import dry_run
 
     cfg = config.from_dict(_micro_generator(generator_options=options))
     with pytest.raises(ConfigError) as ei:
@@ -296,7 +296,7 @@ def test_a_bad_generator_option_fails_the_check_naming_its_key(options, key, wor
 
 
 def test_a_kv_budget_below_one_rollout_fails_the_check(capsys) -> None:
-    from asyncrl.train import dry_run
+    from asyncrl.cli.plan import dry_run
 
     def cfg(kv: int) -> config.RunConfig:
         return config.from_dict({**_micro_generator(max_prompt_tokens=128),
@@ -313,7 +313,7 @@ def test_a_kv_budget_below_one_rollout_fails_the_check(capsys) -> None:
 
 
 def test_a_model_path_that_is_a_file_fails_the_dry_run(tmp_path) -> None:
-    from asyncrl.train import dry_run
+    from asyncrl.cli.plan import dry_run
 
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"x")
