@@ -251,8 +251,11 @@ def run_sweep(order: list[Check], ctxs: dict[str, Ctx], m: Meta, only: list[str]
     """Run (or skip) each check in `order`; writes sweep.json after each, prints the table."""
     start, started = time.monotonic(), time.time()
     rows: dict[str, dict[str, Any]] = {}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or None
+    try:  # a copy of the tree (a lent machine's) may have no .git, or no git
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or None
+    except OSError:
+        commit = None
     load_before = os.getloadavg()
     stopped = ""
     for i, c in enumerate(order, 1):
