@@ -39,6 +39,11 @@ lint:
 bench *ARGS:
     {{python}} bench/run.py {{ARGS}}
 
+# `just gpu-sweep --dry-run` runs the same checks on the CPU with tiny shapes (CI does it):
+# Every GPU figure in one command on a GPU machine, inside an 8-minute budget (docs/gpu.md).
+gpu-sweep *ARGS:
+    {{python}} bench/gpu_sweep.py {{ARGS}}
+
 # RoC's two rules vs plain GRPO's two on the evidence curriculum: an SFT run and four RL runs
 # per seed (`--seeds 0 1 2 3 4`; `--reuse` continues an interrupted ablation).
 bench-ablation *ARGS:

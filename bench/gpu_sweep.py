@@ -41,6 +41,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,8 +130,17 @@ def run_command(argv: list[str], log: Path, timeout_s: float) -> tuple[int | Non
             rc: int | None = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             rc = None
-        kill_group(proc)
+        finally:  # also when the sweep itself is stopped: its own session would outlive it
+            kill_group(proc)
     return rc, time.monotonic() - t0
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the sweep (an outer `timeout`, a Ctrl-C)."""
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 def tail(path: Path, n: int = 25) -> list[str]:
@@ -208,6 +218,9 @@ def print_table(rows: list[dict[str, Any]], dry: bool) -> None:
     for r in rows:
         wall = f"{r['wall_s']:.1f}" if "wall_s" in r else "-"
         text = r.get("note") or r.get("reason", "")
+        if "earlier" in r:
+            e = r["earlier"]
+            text += f"; earlier: {e['status']}: {e.get('note') or e.get('reason', '')}"
         print(f"{r['check']:<{w}}  {r['status']:<6} {wall:>7}  {met_cell(r, dry):<5}  {text}")
     print("\nbars:")
     for r in rows:
@@ -222,6 +235,74 @@ def summary_line(rows: list[dict[str, Any]], dry: bool, wall: float, budget: flo
             else f"bars met {met} of {len(judged)}")
     return (f"gpu sweep{' (dry run)' if dry else ''}: {len(rows)} checks, {n['pass']} pass, "
             f"{n['fail']} fail, {n['skip']} skip; {bars}; {wall:.0f} s of {budget:.0f}")
+
+
+@dataclass(frozen=True)
+class Meta:
+    dry: bool
+    budget: float
+    device: dict[str, Any]
+    out: Path
+    cpus: int
+
+
+def run_sweep(order: list[Check], ctxs: dict[str, Ctx], m: Meta, only: list[str],
+              skip: list[str], earlier: dict[str, dict]) -> list[dict[str, Any]]:
+    """Run (or skip) each check in `order`; writes sweep.json after each, prints the table."""
+    start, started = time.monotonic(), time.time()
+    rows: dict[str, dict[str, Any]] = {}
+    try:  # a copy of the tree (a lent machine's) may have no .git, or no git
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or None
+    except OSError:
+        commit = None
+    load_before = os.getloadavg()
+    stopped = ""
+    for i, c in enumerate(order, 1):
+        ctx = ctxs[c.name]
+        row: dict[str, Any] = {"check": c.name, "what": c.what, "bar": c.bar,
+                               "command": shlex.join(c.command(ctx)),
+                               "estimate_s": estimate(c, m.dry), "judged": not m.dry,
+                               "log": str((ctx.dir / "log.txt").relative_to(m.out))}
+        left = m.budget - (time.monotonic() - start)
+        reason = (NOT_CHOSEN if (only and c.name not in only) or c.name in skip
+                  else f"the sweep was stopped by {stopped}" if stopped
+                  else skip_reason(c, rows, left, m.dry, earlier))
+        if reason:
+            row.update(status="skip", reason=reason)
+            if reason == NOT_CHOSEN and c.name in earlier:  # the figures it has, kept
+                row["earlier"] = earlier[c.name]
+            print(f"[{i}/{len(order)}] {c.name}: skip: {reason}", flush=True)
+        else:
+            timeout_s = min(cap(c, m.dry), left)
+            print(f"[{i}/{len(order)}] {c.name}: {c.what} (~{estimate(c, m.dry):.0f} s, "
+                  f"timeout {timeout_s:.0f} s)\n  $ {row['command']}", flush=True)
+            t0 = time.monotonic()
+            try:
+                row.update(run_check(c, ctx, timeout_s))
+            except Stopped as e:  # its processes are gone (run_command's `finally`)
+                stopped = str(e)
+                row.update(status="fail", reason=f"the sweep was stopped by {e} during it",
+                           wall_s=round(time.monotonic() - t0, 1))
+            print(f"  {row['status']} in {row['wall_s']:.1f} s: "
+                  f"{row.get('note') or row['reason']}", flush=True)
+            for line in row.get("log_tail", []):
+                print(f"  | {line}", flush=True)
+        rows[c.name] = row
+        wall = time.monotonic() - start
+        (m.out / "sweep.json").write_text(json.dumps({
+            "dry_run": m.dry, "device": m.device, "budget_s": m.budget,
+            "wall_s": round(wall, 1), "cpus": m.cpus, "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "git_commit": commit, "cmd": shlex.join([sys.executable, *sys.argv]),
+            "summary": summary_line(list(rows.values()), m.dry, wall, m.budget),
+            "checks": list(rows.values())}, indent=1) + "\n")
+    wall = time.monotonic() - start
+    print_table(list(rows.values()), m.dry)
+    print(f"\n{summary_line(list(rows.values()), m.dry, wall, m.budget)}; "
+          f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}; wrote {m.out / 'sweep.json'}")
+    return list(rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,52 +344,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     try:  # the last sweep into this folder: its rows stand for the checks left out now
-        earlier = {r["check"]: r for r in json.loads((out / "sweep.json").read_text())["checks"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        last = json.loads((out / "sweep.json").read_text())["checks"]
+        earlier = {r["check"]: r.get("earlier", r) if r.get("reason") == NOT_CHOSEN else r
+                   for r in last}
+        earlier = {n: r for n, r in earlier.items() if r.get("reason") != NOT_CHOSEN}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         earlier = {}
     where = "the CPU, tiny shapes" if dry else f"{device['name']} (torch {device['torch']})"
     print(f"gpu sweep on {where}, budget {budget:.0f} s, "
           f"{cpus} CPUs, load {os.getloadavg()[0]:.1f}; logs under {out}", flush=True)
-    start, started = time.monotonic(), time.time()
-    rows: dict[str, dict[str, Any]] = {}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or None
-    load_before = os.getloadavg()
-    for i, c in enumerate(order, 1):
-        ctx = ctxs[c.name]
-        row: dict[str, Any] = {"check": c.name, "what": c.what, "bar": c.bar,
-                               "command": shlex.join(c.command(ctx)),
-                               "estimate_s": estimate(c, dry), "judged": not dry,
-                               "log": str((ctx.dir / "log.txt").relative_to(out))}
-        left = budget - (time.monotonic() - start)
-        reason = (NOT_CHOSEN if (only and c.name not in only) or c.name in skip
-                  else skip_reason(c, rows, left, dry, earlier))
-        if reason:
-            row.update(status="skip", reason=reason)
-            print(f"[{i}/{len(order)}] {c.name}: skip: {reason}", flush=True)
-        else:
-            timeout_s = min(cap(c, dry), left)
-            print(f"[{i}/{len(order)}] {c.name}: {c.what} (~{estimate(c, dry):.0f} s, "
-                  f"timeout {timeout_s:.0f} s)\n  $ {row['command']}", flush=True)
-            row.update(run_check(c, ctx, timeout_s))
-            print(f"  {row['status']} in {row['wall_s']:.1f} s: "
-                  f"{row.get('note') or row['reason']}", flush=True)
-            for line in row.get("log_tail", []):
-                print(f"  | {line}", flush=True)
-        rows[c.name] = row
-        wall = time.monotonic() - start
-        (out / "sweep.json").write_text(json.dumps({
-            "dry_run": dry, "device": device, "budget_s": budget, "wall_s": round(wall, 1),
-            "cpus": cpus, "load_before": load_before, "load_after": os.getloadavg(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "git_commit": commit, "cmd": shlex.join([sys.executable, *sys.argv]),
-            "summary": summary_line(list(rows.values()), dry, wall, budget),
-            "checks": list(rows.values())}, indent=1) + "\n")
-    wall = time.monotonic() - start
-    print_table(list(rows.values()), dry)
-    print(f"\n{summary_line(list(rows.values()), dry, wall, budget)}; "
-          f"load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}; wrote {out / 'sweep.json'}")
-    return 1 if any(r["status"] == "fail" for r in rows.values()) else 0
+    before = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rows = run_sweep(order, ctxs, Meta(dry, budget, device, out, cpus), only, skip, earlier)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    return 1 if any(r["status"] == "fail" for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -54,6 +54,8 @@ BENCHES = (
     Bench("sft_step", (), ("--steps", "5", "--rounds", "1", "--budgets", "8192", "1024"),
           r"^\s*micro_batch_tokens\s+ms/step", "sft_step.json"),
 )
+# Not here: gpu_sweep.py --dry-run. Its figures check the GPU sweep, not CPU speed, and CI's
+# smoke runs it on its own (.ci/smoke.py), so `just bench quick` stays a few minutes.
 
 
 def run_one(b: Bench, mode: str, timeout_s: float) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
 import sys
 import time
@@ -23,6 +22,7 @@ def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -124,6 +124,18 @@ def _read_json(ctx):
     return gc.Reading({"x": x}, x >= 3, f"x = {x}")
 
 
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie awaiting its parent counts: it runs nothing)."""
+    for _ in range(50):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_hang_is_killed_at_its_timeout_with_what_it_left_running(tmp_path):
     # the check starts a grandchild and then hangs: both must be gone when run_check returns
     code = ("import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
@@ -133,16 +145,7 @@ def test_a_hang_is_killed_at_its_timeout_with_what_it_left_running(tmp_path):
     row = sweep.run_check(c, _ctx(tmp_path, "hang", True), timeout_s=3)
     assert time.monotonic() - t0 < 30
     assert row["status"] == "fail" and row["reason"].startswith("timed out after 3 s")
-    pid = int((tmp_path / "pid").read_text())
-    for _ in range(50):  # the orphan is reaped by init shortly after its SIGKILL
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        stat = Path(f"/proc/{pid}/stat").read_text().split()
-        assert stat[2] == "Z", f"the grandchild {pid} still runs"
+    assert _gone(int((tmp_path / "pid").read_text())), "the check's grandchild still runs"
 
 
 def test_sweep_goes_on_past_failures_and_skips_what_does_not_fit(tmp_path, monkeypatch, capsys):
@@ -183,6 +186,10 @@ def test_sweep_goes_on_past_failures_and_skips_what_does_not_fit(tmp_path, monke
     assert rows["after_ok"]["status"] == "pass"
     assert rows["after_crash"]["reason"] == "needs crash (left out, earlier fail)"
     assert rows["ok"]["reason"] == "not chosen (--only/--skip)"
+    assert rows["ok"]["earlier"]["figures"] == {"x": 3}  # kept across reruns
+    assert sweep.main(["--dry-run", "--out-dir", str(tmp_path), "--only", "after_ok"]) == 0
+    rows = {r["check"]: r for r in json.loads((tmp_path / "sweep.json").read_text())["checks"]}
+    assert rows["ok"]["earlier"]["status"] == "pass" and rows["after_ok"]["status"] == "pass"
 
 
 def test_without_a_gpu_the_full_sweep_refuses_and_points_at_the_dry_run(tmp_path, capsys):
@@ -211,3 +218,47 @@ def test_megatron_bars_read_mfu_and_the_speedup(tmp_path):
     r = gc.megatron_read(0.40, 1.5)(ctx)
     assert r.met is False and "MFU 41.0%" in r.note and "1.40x" in r.note
     assert gc.megatron_read(0.25, None)(ctx).met is True
+
+
+def test_a_stopped_sweep_ends_the_running_check_and_records_it(tmp_path):
+    """SIGTERM (an outer `timeout`) while a check runs: the check's own session, which would
+    outlive the sweep, is ended; its row and the rest say so; sweep.json is written."""
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "pid"
+    driver = tmp_path / "driver.py"
+    driver.write_text(f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("gpu_sweep", {str(ROOT / 'bench' / 'gpu_sweep.py')!r})
+sweep = importlib.util.module_from_spec(spec); sys.modules["gpu_sweep"] = sweep
+spec.loader.exec_module(sweep)
+gc = sys.modules["gpu_checks"]
+code = ("import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+        "open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)")
+hang = gc.Check("hang", "hangs", "bar", 1, 1, lambda ctx: [ctx.python, "-c", code],
+                lambda ctx: None)
+after = gc.Check("after", "never runs", "bar", 2, 2, lambda ctx: [ctx.python, "-c", "pass"],
+                 lambda ctx: None)
+sweep.CHECKS = (hang, after)
+sys.exit(sweep.main(["--dry-run", "--out-dir", {str(tmp_path / 'out')!r}]))
+""")
+    proc = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for _ in range(300):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError(f"the check never started: {proc.communicate()[0]}")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert _gone(int(pid_file.read_text())), "the check's grandchild outlived the sweep"
+    rows = {r["check"]: r for r in json.loads((tmp_path / "out" / "sweep.json").read_text())
+            ["checks"]}
+    assert rows["hang"]["status"] == "fail"
+    assert rows["hang"]["reason"] == "the sweep was stopped by SIGTERM during it"
+    assert rows["after"] == {**rows["after"], "status": "skip",
+                             "reason": "the sweep was stopped by SIGTERM"}

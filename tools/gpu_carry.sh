@@ -20,6 +20,23 @@ for a in "$@"; do
     exit 2
   fi
 done
+# The sweep keeps to its budget (default 480 s); an outer `timeout` 30 s later is the backstop
+# that leaves time, inside the call's 600 s, for the install before it (~30 s) and for
+# collecting $OUT after it. Its SIGTERM makes the sweep end its running check (10 s of grace)
+# and write its JSON; SIGKILL follows 25 s later only if that hangs.
+budget=480
+prev=""
+for a in "$@"; do
+  case "$a" in --budget=*) budget="${a#--budget=}" ;; esac
+  if [ "$prev" = "--budget" ]; then budget="$a"; fi
+  prev="$a"
+done
+budget=${budget%.*}
+outer=$((budget + 30))
+if [ $((outer + 25 + 45)) -gt 600 ]; then
+  echo "gpu_carry: --budget $budget leaves no room for the install inside the call's 600 s (at most 500)" >&2
+  exit 2
+fi
 if ! git check-ignore -q .whl/x.whl; then
   echo "gpu_carry: .whl/ is not ignored by git: add /.whl/ to .gitignore" >&2
   exit 1
@@ -56,7 +73,7 @@ fi
 
 sweep_args=""
 if [ $# -gt 0 ]; then sweep_args=" $(printf '%q ' "$@")"; sweep_args="${sweep_args% }"; fi
-cmd='set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/; tar czf $OUT/gpu_sweep.tgz --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
+cmd='set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; timeout -k 25 '"$outer"' python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/; tar czf $OUT/gpu_sweep.tgz --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
 if [ ${#cmd} -gt 2000 ]; then
   echo "gpu_carry: the command is ${#cmd} characters, over the device tool's 2000" >&2
   exit 1
