@@ -8,6 +8,9 @@ Owns the one documented face (docs/embedding.md is its reference):
   the same, one group per problem.
 - `local_sandbox(...)` / `remote_sandbox(...)`: the Python tool over a sandbox pool in this
   process or over `sandbox serve` nodes.
+- `open_task(source, ...)`: a task named the way a curriculum names it (`tiny_math`,
+  `reasoning_gym`, a verifiers taskset `module:attr`, ...) with the reward and tools `[task]`
+  would give it: `asyncrl.envs`.
 - `exact_match_reward`, `run_loop`, and the records and tools those take and give.
 
 Does not own: the machinery (`asyncrl.rollout`, `asyncrl.engine`, `sandbox`); this module
@@ -60,6 +63,7 @@ __all__ = [
     "load_policy",
     "local_sandbox",
     "normalize_answer",
+    "open_task",
     "remote_sandbox",
     "rollout_groups",
     "rollouts",
@@ -229,3 +233,41 @@ async def remote_sandbox(urls: Sequence[str], *, token: str | None = None,
     async with HttpSandboxClient(list(urls), token=token,
                                  call_timeout_s=call_timeout_s) as client:
         yield PythonTool(client, time_limit_s=time_limit_s, max_output_chars=max_output_chars)
+
+
+@contextlib.asynccontextmanager
+async def open_task(source: str, *, options: dict[str, Any] | None = None, seed: int = 0,
+                    split: str = "eval", reward: str = "auto",
+                    tools: Sequence[str] = ("auto",), tokenizer: Any = None,
+                    sandbox_workers: int = 2, time_limit_s: float = 4.0,
+                    max_output_chars: int = 256) -> AsyncIterator[Any]:
+    """A task named as a curriculum names it, ready for `rollouts`: an
+    `asyncrl.adapters.Task` (problems of `split`, tools, reward function).
+
+    `source` is what follows `generator:` in `data.train` (a built-in family such as
+    `tiny_math` or `reasoning_gym`, a plugin `module:attr`, an entry point); `options` are
+    its `data.generator_options`; `reward` and `tools` take the names of `[task] reward` and
+    `[task] tools`. A sandbox pool (for the Python tool) and a function host (for the math
+    check) run while the context is open. `tokenizer`: needed by sources whose reward reads
+    the rollout's turns as messages (verifiers).
+    """
+    from asyncrl.adapters import Task
+    from asyncrl.envs.source import TaskContext, load_source
+    from asyncrl.envs.wiring import build_reward, build_tools
+    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
+    from sandbox import IsolationLevel, LocalSandboxClient, PoolConfig, SandboxPool
+    from sandbox.config import DEFAULT_PRELOAD
+
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    src = load_source(source, options or {}, seed, key="source")
+    host_cfg = PoolConfig(workers=1, isolation=IsolationLevel.AUTO, light_preload=(),
+                          preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
+                          python_paths=host_python_paths())
+    tool_cfg = PoolConfig(workers=sandbox_workers, time_limit_s=time_limit_s)
+    async with SandboxPool(host_cfg) as host, LocalSandboxClient(tool_cfg) as client:
+        ctx = TaskContext(tokenizer=tokenizer, sandbox=client, reward_host=host,
+                          time_limit_s=time_limit_s, max_output_chars=max_output_chars)
+        yield Task(problems=list(src.train if split == "train" else src.eval),
+                   tools=build_tools(tools, src, ctx) if tools else [],
+                   reward_fn=build_reward(reward, src, ctx), system_prompt=None)

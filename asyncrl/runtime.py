@@ -22,8 +22,7 @@ from asyncrl.log import get_logger
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import Engine
-    from asyncrl.reward import MathReward
-    from asyncrl.rollout import RolloutRunner, Tool
+    from asyncrl.rollout import RewardFn, RolloutRunner, Tool
     from asyncrl.trainer.base import Trainer
 
 log = get_logger(__name__)
@@ -43,7 +42,8 @@ class Runtime:
     engines: list[Engine]
     runner: RolloutRunner
     tools: list[Tool]
-    reward: MathReward
+    reward: RewardFn
+    """`[task] reward` built (`asyncrl.envs.wiring.build_reward`)."""
     fmt: formats.ToolFormat
     sandbox_isolation: str
     weight_group: Any = None
@@ -83,8 +83,10 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
 
 
 def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
+    from asyncrl.tasks import TASK_FAMILIES
+
     src = cfg.data.train
-    if src.startswith("generator:"):
+    if src.startswith("generator:") and src.split(":", 1)[1] in TASK_FAMILIES:
         from asyncrl.sft.coldstart import corpus
 
         return list(corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
@@ -162,8 +164,9 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     """Build every component; close them all on exit (also on error or cancellation).
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
     from asyncrl.engine.registry import build_engines
-    from asyncrl.reward import MathReward
-    from asyncrl.rollout import PythonTool, RolloutRunner
+    from asyncrl.envs.source import TaskContext
+    from asyncrl.envs.wiring import build_reward, build_tools, run_source
+    from asyncrl.rollout import RolloutRunner
     from asyncrl.trainer import TRAINER_KINDS
 
     tok, model = build_tokenizer_and_model(cfg, run_dir)
@@ -193,12 +196,15 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         if with_trainer and getattr(cfg.engine, "weight_sync", "") == "distributed":
             weight_group = await stack.enter_async_context(
                 _weight_group(cfg.engine, getattr(trainer, "device", None)))
-        tools: list[Tool] = []
-        if cfg.rollout.tools:
-            time_limit = getattr(cfg.sandbox, "time_limit_s", 4.0)
-            tools = [PythonTool(client, time_limit_s=time_limit,
-                                max_output_chars=cfg.rollout.tool_output_max_chars)]
-        reward = MathReward(reward_host)
+        # The task's reward and tools come from `[task]` (built-in or plugins) and the task
+        # source `data.train` names (a verifiers taskset brings its own: asyncrl.envs).
+        ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
+                          time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
+                          max_output_chars=cfg.rollout.tool_output_max_chars)
+        source = run_source(cfg)
+        tools: list[Tool] = (build_tools(cfg.task.tools, source, ctx) if cfg.rollout.tools
+                             else [])
+        reward = build_reward(cfg.task.reward, source, ctx)
         runner = RolloutRunner(engines, tok, tools, reward,
                                system_prompt=cfg.data.system_prompt)
         isolation = getattr(client, "isolation", "unknown")

@@ -42,5 +42,6 @@ def generate(name: str, options: Mapping[str, Any],
 
 
 def solution_code(problem: Problem) -> str:
-    """A Python program whose stdout is `problem.answer`; the family is `problem.source`."""
-    return get_family(problem.source).solution_code(problem)
+    """A Python program whose stdout is `problem.answer`; the family is `problem.source` up to
+    its first `/` (`reasoning_gym/chain_sum` is the `reasoning_gym` family's)."""
+    return get_family(problem.source.split("/", 1)[0]).solution_code(problem)

@@ -1,0 +1,150 @@
+"""Task sources: where a run's problems come from, and what else the source brings.
+
+Owns `TaskSource` (train and held-out problems, counts of items dropped, and optionally the
+source's own reward, its own tools and the solution program of a problem for SFT
+transcripts), `TaskContext` (what a reward or tool factory may use: the tokenizer, the
+sandbox, the reward host) and `load_source(name, options, seed)`, which turns what
+`data.train = "generator:NAME"` names into a `TaskSource`:
+
+- a built-in task family (`asyncrl.tasks.TASK_FAMILIES`: `tiny_math`, `reasoning_gym`);
+- a `TaskSource`, or a callable `(options, seed) -> TaskSource | (train, eval) | any of these`;
+- a verifiers taskset (0.4+: a `verifiers.v1.Taskset` class or instance) or a classic
+  verifiers environment (<= 0.3: `SingleTurnEnv`, `ToolEnv`, ...) — adapted, scored by
+  verifiers' own code (`asyncrl.envs.verifiers_v1`, `verifiers_classic`);
+
+A source is built once per (name, options, seed) in a process: the train split, the held-out
+split, the tokenizer corpus and the runtime's reward all see the same object.
+Does not own: name resolution (`plugins`), reading problem files (`asyncrl.data`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.envs.plugins import resolve
+from asyncrl.errors import ConfigError
+from asyncrl.records import Problem
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.runner import RewardFn
+    from asyncrl.rollout.tools import Tool
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a reward or tool factory may use. Built by the runtime; `None` where absent."""
+
+    tokenizer: Any = None
+    """The run's tokenizer (decodes a rollout's turns into messages)."""
+    sandbox: Any = None
+    """The Python tool's sandbox client (`sandbox.LocalSandboxClient` / `HttpSandboxClient`)."""
+    reward_host: Any = None
+    """The killable function host the math check runs in (`asyncrl.reward.FunctionHost`)."""
+    time_limit_s: float = 4.0
+    """The Python tool's time limit per call."""
+    max_output_chars: int = 256
+    """Cut of a tool's output as the model sees it."""
+
+
+RewardFactory = Callable[[TaskContext], "RewardFn"]
+ToolFactory = Callable[[TaskContext], "Sequence[Tool]"]
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """What a task source gives a run."""
+
+    name: str
+    train: list[Problem]
+    eval: list[Problem]
+    reward: RewardFactory | None = None
+    """The source's own answer check (used by `[task] reward = "auto"`); None: the math
+    reward."""
+    tools: ToolFactory | None = None
+    """The source's own tools (used by `[task] tools = ["auto"]` or `["source"]`)."""
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    """Items the source left out, by reason (`unanswerable`, `duplicate_question`, ...):
+    reported with the data's skipped rows."""
+    solution_code: Callable[[Problem], str] | None = None
+    """A program whose stdout is the problem's answer (SFT transcripts); None: the source
+    cannot be used by an SFT stage that generates transcripts."""
+    close: Callable[[], None] | None = None
+    """Releases what the source holds (an environment's processes); None: nothing."""
+
+
+def builtin_sources() -> dict[str, Callable[[], Any]]:
+    from asyncrl import tasks
+
+    return {name: (lambda fam=fam: fam) for name, fam in tasks.TASK_FAMILIES.items()}
+
+
+_CACHE: dict[tuple[str, str, int], TaskSource] = {}
+
+
+def load_source(name: str, options: Mapping[str, Any], seed: int, *,
+                key: str = "data.train") -> TaskSource:
+    """The task source `name` names (see the module docstring), built with `options`
+    (`data.generator_options`) and `seed` (`run.seed`). Errors are `ConfigError(key, ...)`."""
+    cache_key = (name, json.dumps(options, sort_keys=True, default=str), seed)
+    if cache_key not in _CACHE:
+        obj = resolve(name, kind="tasks", key=key, builtins=builtin_sources())
+        _CACHE[cache_key] = adapt(obj, name, dict(options), seed, key=key)
+    return _CACHE[cache_key]
+
+
+def _is_from(obj: Any, package: str) -> bool:
+    classes = obj.__mro__ if isinstance(obj, type) else type(obj).__mro__
+    return any(c.__module__ == package or c.__module__.startswith(package + ".")
+               for c in classes)
+
+
+def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
+          key: str = "data.train") -> TaskSource:
+    """`obj` (what a source name resolved to) as a `TaskSource`."""
+    from asyncrl.tasks.base import TaskFamily
+
+    if isinstance(obj, TaskSource):
+        return obj
+    if isinstance(obj, TaskFamily):
+        try:
+            opts = obj.resolve_options(options)
+            train, eval_ = obj.make(opts, seed)
+        except ValueError as e:
+            raise ConfigError("data.generator_options", str(e)) from None
+        dropped = getattr(train, "dropped", None) or {}
+        return TaskSource(name=name, train=list(train), eval=list(eval_),
+                          reward=obj.reward, solution_code=obj.solution_code,
+                          dropped=dict(dropped))
+    if _is_from(obj, "verifiers.v1"):
+        from asyncrl.envs import verifiers_v1
+
+        return verifiers_v1.source(obj, name, options, seed, key=key)
+    if _is_from(obj, "verifiers"):
+        from asyncrl.envs import verifiers_classic
+
+        return verifiers_classic.source(obj, name, options, seed, key=key)
+    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(s, list) for s in obj):
+        return TaskSource(name=name, train=list(obj[0]), eval=list(obj[1]))
+    if callable(obj):
+        try:
+            made = obj(options, seed)
+        except ConfigError:
+            raise
+        except Exception as e:  # the plugin's own failure: say whose it is
+            raise ConfigError(key, f"task source {name!r} raised {type(e).__name__}: "
+                              f"{e}") from e
+        return adapt(made, name, options, seed, key=key)
+    raise ConfigError(key, f"{name!r} is a {type(obj).__name__}, not a task source: expected "
+                      "a task family, a TaskSource, a callable (options, seed) -> TaskSource, "
+                      "a verifiers taskset or environment, or a text environment factory")
+
+
+def clear_cache() -> None:
+    """Forget built sources (tests; a process that builds many runs)."""
+    for src in _CACHE.values():
+        if src.close is not None:
+            src.close()
+    _CACHE.clear()
