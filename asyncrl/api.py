@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, cast
 
 from asyncrl import formats
 from asyncrl.engine.base import Engine
+from asyncrl.envs.exact import exact_match_reward, normalize_answer
 from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
@@ -71,36 +71,10 @@ __all__ = [
     "stop_ids",
 ]
 
-_SPACE = re.compile(r"\s+")
 log = get_logger(__name__)
 
 LOAD_TIMEOUT_S = 10.0
 """Deadline on each engine's `load()` when the budget is checked."""
-
-
-def normalize_answer(text: str) -> str:
-    """Whitespace, `$`, a trailing period and `\\text{}`/`\\left`/`\\right` removed; numbers
-    like `3.0` and `3` compare equal."""
-    t = text.strip().strip("$").rstrip(".")
-    t = re.sub(r"\\text\{([^}]*)\}", r"\1", t)
-    t = t.replace("\\left", "").replace("\\right", "").replace("\\!", "")
-    t = _SPACE.sub("", t)
-    try:
-        f = float(t.replace(",", ""))
-        return str(int(f)) if f.is_integer() else repr(f)
-    except ValueError:
-        return t
-
-
-async def exact_match_reward(problem: Problem, rollout: Rollout) -> RewardResult:
-    """1.0 when the rollout's final answer (`formats.extract_answer`: the last `\\boxed{}`)
-    equals the problem's answer after `normalize_answer`, else 0.0; status `no_answer` when
-    there is none."""
-    answer = formats.extract_answer(rollout.response_text)
-    if answer is None:
-        return RewardResult(reward=0.0, status="no_answer", answer=None)
-    ok = normalize_answer(answer) == normalize_answer(problem.answer)
-    return RewardResult(reward=1.0 if ok else 0.0, status="ok", answer=answer)
 
 
 async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],

@@ -131,6 +131,11 @@ class Rollout(_Rec, kw_only=True):
     reward: float = 0.0
     reward_status: str = ""
     """`ok`, `no_answer`, `reward_timeout`, `reward_error`, or empty before rewarding."""
+    reward_detail: dict[str, float] = {}
+    """The reward's named parts when it has some (a verifiers task's rewards and metrics)."""
+    reward_errors: list[str] = []
+    """Why a reward function raised: the whole reward's error (`reward_error`), or each part
+    that raised and scored 0 while the others counted (the status stays `ok`)."""
     status: RolloutStatus = RolloutStatus.COMPLETED
     stop_reason: StopReason = StopReason.NO_TOOL_CALL
     error: str = ""
@@ -202,6 +207,10 @@ class RewardResult(_Rec, kw_only=True):
     status: str
     """`ok`, `no_answer`, `reward_timeout` or `reward_error`."""
     answer: str | None = None
+    detail: dict[str, float] = {}
+    """Named parts of the reward (recorded on the rollout as `reward_detail`)."""
+    errors: list[str] = []
+    """Parts that raised and scored 0 (recorded as `reward_errors`)."""
 
 
 class Group(_Rec, kw_only=True):

@@ -93,7 +93,22 @@ def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
     from asyncrl.data import load_problems
 
     probs = load_problems(src, cfg.data.generator_options, cfg.run.seed, "train").problems
-    return [p.question for p in probs] + [p.answer for p in probs]
+    return [p.question for p in probs] + [p.answer for p in probs] + _source_texts(cfg)
+
+
+def _source_texts(cfg: RunConfig) -> list[str]:
+    """Whole prompts of a plugin task source (its system text and tool schemas included):
+    text the model reads on every problem, so the tokenizer should have words for it."""
+    from asyncrl.envs.source import TaskContext
+    from asyncrl.envs.wiring import run_source, system_text
+
+    source = run_source(cfg)
+    if source is None or source.tools is None or not cfg.rollout.tools:
+        return []
+    schemas = [t.schema for t in source.tools(TaskContext())] or None
+    fmt = formats.get_format(cfg.rollout.tool_format)
+    system = system_text(cfg.data.system_prompt, source, fmt, schemas)
+    return [formats.render_prompt(p.question, fmt, schemas, system) for p in source.train[:64]]
 
 
 @contextlib.asynccontextmanager
@@ -165,7 +180,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
     from asyncrl.engine.registry import build_engines
     from asyncrl.envs.source import TaskContext
-    from asyncrl.envs.wiring import build_reward, build_tools, run_source
+    from asyncrl.envs.wiring import build_reward, build_tools, run_source, system_text
     from asyncrl.rollout import RolloutRunner
     from asyncrl.trainer import TRAINER_KINDS
 
@@ -205,8 +220,9 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         tools: list[Tool] = (build_tools(cfg.task.tools, source, ctx) if cfg.rollout.tools
                              else [])
         reward = build_reward(cfg.task.reward, source, ctx)
-        runner = RolloutRunner(engines, tok, tools, reward,
-                               system_prompt=cfg.data.system_prompt)
+        system = system_text(cfg.data.system_prompt, source, fmt,
+                             [t.schema for t in tools] or None)
+        runner = RolloutRunner(engines, tok, tools, reward, system_prompt=system)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

@@ -45,7 +45,7 @@ def _math(ctx: TaskContext) -> RewardFn:
 
 
 def _exact(ctx: TaskContext) -> RewardFn:
-    from asyncrl.api import exact_match_reward
+    from asyncrl.envs.exact import exact_match_reward
 
     return exact_match_reward
 
@@ -131,7 +131,7 @@ def _python(ctx: TaskContext) -> list[Tool]:
 
 
 def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:
-    from asyncrl.adapters import function_tool
+    from asyncrl.envs.functions import function_tool
     from asyncrl.rollout.tools import Tool
 
     items = list(obj) if isinstance(obj, list | tuple) else [obj]
@@ -170,6 +170,19 @@ def build_tools(specs: Sequence[str], source: TaskSource | None,
     if dup:
         raise ConfigError("task.tools", f"two tools are named {dup[0]!r}")
     return tools
+
+
+def system_text(configured: str, source: TaskSource | None, fmt: Any,
+                schemas: list[dict[str, Any]] | None) -> str:
+    """The system text a run's prompts use: `data.system_prompt` when set; else the task
+    source's (a verifiers task's), which with the built-in ChatML layout is followed by the
+    format's own tool block (that layout's system text is the whole system message, so the
+    tools would otherwise go unlisted); else empty (the format's default)."""
+    if configured or source is None or not source.system_prompt:
+        return configured
+    if fmt._prompt is None and schemas:
+        return f"{source.system_prompt}\n\n{fmt.system_prompt(schemas)}"
+    return source.system_prompt
 
 
 def run_source(cfg: RunConfig) -> TaskSource | None:

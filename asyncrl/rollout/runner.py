@@ -267,8 +267,11 @@ class RolloutRunner:
             async with asyncio.timeout(self.reward_timeout_s):
                 res = await self.reward_fn(problem, ro)
             ro.reward, ro.reward_status, ro.answer = float(res.reward), res.status, res.answer
+            if res.detail or res.errors:
+                ro.reward_detail, ro.reward_errors = dict(res.detail), list(res.errors)
         except TimeoutError:
             ro.reward, ro.reward_status = 0.0, "reward_timeout"
         except Exception as e:  # a broken reward scores 0 and is recorded; the group goes on
             log.warning("reward_error", rollout_id=ro.rollout_id, error=repr(e))
             ro.reward, ro.reward_status = 0.0, "reward_error"
+            ro.reward_errors = [repr(e)[:300]]
