@@ -210,8 +210,9 @@ def load_problems(source: str, options: dict[str, Any], seed: int, split: Split)
         from asyncrl.envs.source import load_source
 
         src = load_source(name, options, seed, key=f"data.{split}")
+        dropped = src.dropped if split == "train" else src.dropped_eval
         return LoadResult(list(src.train if split == "train" else src.eval),
-                          dict(sorted(src.dropped.items())))
+                          dict(sorted(dropped.items())))
     return read_problem_file(source)
 
 

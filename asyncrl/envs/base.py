@@ -47,8 +47,10 @@ class TaskSource:
     tools: ToolFactory | None = None
     """The source's own tools (used by `[task] tools = ["auto"]` or `["source"]`)."""
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Items the source left out, by reason (`unanswerable`, `duplicate_question`, ...):
-    reported with the data's skipped rows."""
+    """Training items the source left out, by reason (`unanswerable`, `duplicate_question`,
+    ...): reported with the data's skipped rows."""
+    dropped_eval: Mapping[str, int] = field(default_factory=dict)
+    """The same for the held-out split."""
     solution_code: Callable[[Problem], str] | None = None
     """A program whose stdout is the problem's answer (SFT transcripts); None: the source
     cannot be used by an SFT stage that generates transcripts."""

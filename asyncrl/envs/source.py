@@ -70,10 +70,10 @@ def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
             train, eval_ = obj.make(opts, seed)
         except ValueError as e:
             raise ConfigError("data.generator_options", str(e)) from None
-        dropped = getattr(train, "dropped", None) or {}
         return TaskSource(name=name, train=list(train), eval=list(eval_),
                           reward=obj.reward, solution_code=obj.solution_code,
-                          dropped=dict(dropped))
+                          dropped=dict(getattr(train, "dropped", None) or {}),
+                          dropped_eval=dict(getattr(eval_, "dropped", None) or {}))
     if _is_from(obj, "verifiers.v1"):
         from asyncrl.envs import verifiers_v1
 

@@ -208,7 +208,8 @@ def check_task(cfg: RunConfig) -> list[str]:
         if not split:
             raise ConfigError(f"data.{key}", f"task source {src!r} gave no {key} problems")
         first = split[0]
-        dropped = f", dropped {dict(s.dropped)}" if s.dropped else ""
+        d = s.dropped if key == "train" else s.dropped_eval
+        dropped = f", dropped {dict(d)}" if d else ""
         lines.append(f"task source {src}: {len(split)} {key} problems{dropped}; first: "
                      f"{first.question[:60]!r} -> {first.answer[:20]!r}")
         source = source or s
