@@ -31,6 +31,7 @@ from typing import Any
 
 from asyncrl.envs.functions import function_tool
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.agent import EnvHook
 from asyncrl.rollout.runner import RewardFn
 from asyncrl.rollout.tools import Tool
 
@@ -90,6 +91,8 @@ class Task:
     reward_fn: RewardFn
     system_prompt: str | None
     """The environment's system prompt (None: keep the policy's)."""
+    env: EnvHook | None = None
+    """A text environment's turn hook, for `rollouts(..., env=task.env)` (None: none)."""
 
 
 def _question(row: dict[str, Any], i: int) -> str:

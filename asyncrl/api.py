@@ -38,7 +38,7 @@ from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
-from asyncrl.rollout.agent import RolloutSettings
+from asyncrl.rollout.agent import EnvHook, RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
 from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
@@ -80,7 +80,7 @@ LOAD_TIMEOUT_S = 10.0
 async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
                    policy: Policy | None, tokenizer: Any, tools: Sequence[Tool],
                    reward_fn: RewardFn, settings: RolloutSettings | None,
-                   system_prompt: str | None, admission: str
+                   system_prompt: str | None, admission: str, env: EnvHook | None = None
                    ) -> tuple[RolloutRunner, RolloutSettings]:
     """The runner and the settings to run with, after the budget check."""
     if tokenizer is None:
@@ -106,7 +106,7 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
                     format=fmt.name, hint="system_prompt replaces the format's system text, "
                     "tool list included: describe the tools in it, or leave it unset")
     runner = RolloutRunner(engines, tokenizer, tools, reward_fn, policy=admission,
-                           system_prompt=system_prompt)
+                           system_prompt=system_prompt, env=env)
     if problems:
         longest = max(len(runner.prompt_ids(p, settings)) for p in problems)
         for engine in engines:
@@ -125,7 +125,7 @@ async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
                    tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
                    samples_per_prompt: int = 1, settings: RolloutSettings | None = None,
                    system_prompt: str | None = None, admission: str = "kv",
-                   ) -> AsyncIterator[Rollout]:
+                   env: EnvHook | None = None) -> AsyncIterator[Rollout]:
     """Every rollout of `problems` (`samples_per_prompt` each), rewarded, in the order they
     finish. `rollout.prompt_id` is its problem's `id`.
 
@@ -135,10 +135,12 @@ async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
     `settings.max_response_tokens` exceeds an engine's KV capacity. A rollout that fails
     (engine error, no engine left) is yielded with status `failed` and `error`, and logged as
     `rollout_failed`; a reward function that raises scores 0 with `reward_status`
-    `reward_error`. Leaving the loop early cancels the rollouts still running.
+    `reward_error`. `env`: a text environment's turn hook (`asyncrl.envs.textenv`; what
+    `open_task` gives as `task.env`). Leaving the loop early cancels the rollouts still
+    running.
     """
     runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
-                                      settings, system_prompt, admission)
+                                      settings, system_prompt, admission, env)
     done: asyncio.Queue[Rollout | BaseException | None] = asyncio.Queue()
 
     async def drive() -> None:
@@ -167,11 +169,11 @@ async def rollout_groups(problems: Sequence[Problem], *, engines: Sequence[Engin
                          tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
                          samples_per_prompt: int = 2, settings: RolloutSettings | None = None,
                          system_prompt: str | None = None, admission: str = "kv",
-                         ) -> AsyncIterator[Group]:
+                         env: EnvHook | None = None) -> AsyncIterator[Group]:
     """As `rollouts`, one `Group` per problem (its `samples_per_prompt` rollouts), each the
     moment its last rollout is rewarded: what GRPO needs."""
     runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
-                                      settings, system_prompt, admission)
+                                      settings, system_prompt, admission, env)
     run = cast(AsyncGenerator[Group, None], runner.run(problems, samples_per_prompt, settings))
     async with contextlib.aclosing(run) as groups:  # leaving early cancels what still runs
         async for group in groups:
@@ -244,4 +246,6 @@ async def open_task(source: str, *, options: dict[str, Any] | None = None, seed:
                           time_limit_s=time_limit_s, max_output_chars=max_output_chars)
         yield Task(problems=list(src.train if split == "train" else src.eval),
                    tools=build_tools(tools, src, ctx) if tools else [],
-                   reward_fn=build_reward(reward, src, ctx), system_prompt=None)
+                   reward_fn=build_reward(reward, src, ctx),
+                   system_prompt=src.system_prompt or None,
+                   env=src.env(ctx) if src.env is not None else None)

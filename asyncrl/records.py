@@ -93,7 +93,8 @@ class ToolCall(_Rec, kw_only=True):
 
 class Turn(_Rec, kw_only=True):
     role: str
-    """`assistant` (model tokens, mask 1) or `tool` (tool output, mask 0)."""
+    """`assistant` (model tokens, mask 1), `tool` (tool output, mask 0) or `environment` (a
+    text environment's observation, a user turn, mask 0)."""
     start: int
     """Offset of the turn's first token in `response_ids`."""
     end: int

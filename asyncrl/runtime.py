@@ -222,7 +222,8 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         reward = build_reward(cfg.task.reward, source, ctx)
         system = system_text(cfg.data.system_prompt, source, fmt,
                              [t.schema for t in tools] or None)
-        runner = RolloutRunner(engines, tok, tools, reward, system_prompt=system)
+        env = source.env(ctx) if source is not None and source.env is not None else None
+        runner = RolloutRunner(engines, tok, tools, reward, system_prompt=system, env=env)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

@@ -51,6 +51,9 @@ class TaskSource:
     ...): reported with the data's skipped rows."""
     dropped_eval: Mapping[str, int] = field(default_factory=dict)
     """The same for the held-out split."""
+    env: Callable[[TaskContext], Any] | None = None
+    """A text environment's turn hook factory (`asyncrl.envs.textenv`): it answers the
+    model's turns with observations; None: turns end the rollout as usual."""
     solution_code: Callable[[Problem], str] | None = None
     """A program whose stdout is the problem's answer (SFT transcripts); None: the source
     cannot be used by an SFT stage that generates transcripts."""

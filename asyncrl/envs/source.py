@@ -34,7 +34,13 @@ __all__ = ["RewardFactory", "TaskContext", "TaskSource", "ToolFactory", "adapt",
 def builtin_sources() -> dict[str, Callable[[], Any]]:
     from asyncrl import tasks
 
-    return {name: (lambda fam=fam: fam) for name, fam in tasks.TASK_FAMILIES.items()}
+    def skyrl() -> Any:
+        from asyncrl.envs.textenv import skyrl_source
+
+        return skyrl_source
+
+    return {"skyrl_gym": skyrl,
+            **{name: (lambda fam=fam: fam) for name, fam in tasks.TASK_FAMILIES.items()}}
 
 
 _CACHE: dict[tuple[str, str, int], TaskSource] = {}

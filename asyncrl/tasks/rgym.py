@@ -7,7 +7,10 @@ Owns turning named reasoning-gym generators into asyncrl problems:
   `Random(seed + i)`, so adjacent seeds repeat each other shifted by one item; the held-out
   set is drawn at `seed + eval_seed_offset` (default 10^6), then deduplicated by question text
   against the training set (and each set within itself);
-- unanswerable items dropped and counted (`simple_equations`' `0 = 0`, empty answers);
+- unanswerable items dropped and counted (`simple_equations`' `0 = 0`, empty answers), and
+  items whose answer is not the value of the expression they show (`wrong_answer`: reasoning-gym
+  0.1.25's `basic_arithmetic` without parentheses answers `983 + 374 * 296` with the value of
+  `(983 + 374) * 296`);
 - a problem's `source` is `reasoning_gym/<generator>` and its `difficulty` the generator's
   position in `generators` (1, 2, ...), so per-level metrics are per generator;
 - the family's own answer check (`asyncrl.tasks.gym_checks`), right for each generator's
@@ -22,8 +25,11 @@ Does not own: reasoning-gym itself (imported when a source is built), the answer
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
 from collections import Counter
+from fractions import Fraction
 from typing import Any
 
 from asyncrl.records import Problem
@@ -59,6 +65,45 @@ class ProblemList(list[Problem]):
     """A split, with what was dropped from it by reason (read by `asyncrl.envs.source`)."""
 
     dropped: dict[str, int]
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: Fraction}
+
+
+def _value(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _value(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Div):
+            return left / right
+        return Fraction(_OPS[type(node.op)](left, right))
+    raise ValueError("not plain arithmetic")
+
+
+def expression_value(name: str, question: str) -> Fraction | None:
+    """The exact value of the expression an expression generator's question holds (Python's
+    precedence), or None for other generators and questions."""
+    pattern = _EXPRESSION.get(name)
+    m = pattern.match(question) if pattern is not None else None
+    if m is None or len(m.group("e")) > 200:
+        return None
+    try:
+        return _value(ast.parse(m.group("e").strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _wrong_gold(name: str, entry: dict[str, Any]) -> bool:
+    """The item's answer is not its expression's value. reasoning-gym 0.1.25's
+    basic_arithmetic without parentheses writes `983 + 374 * 296` but answers 401672, the
+    value of `(983 + 374) * 296`: such items would teach the wrong arithmetic."""
+    value = expression_value(name, str(entry["question"]).strip())
+    return value is not None and str(value) != str(entry["answer"]).strip()
 
 
 def _unanswerable(name: str, entry: dict[str, Any]) -> bool:
@@ -107,6 +152,9 @@ def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
         question = str(entry["question"]).strip()
         if _unanswerable(name, entry):
             dropped["unanswerable"] += 1
+            continue
+        if _wrong_gold(name, entry):
+            dropped["wrong_answer"] += 1
             continue
         if question in taken:
             dropped["duplicate_question"] += 1
