@@ -135,3 +135,5 @@ rollouts_every = 1
         assert r["reward_detail"] and set(r["reward_detail"]) <= {"step_1", "step_2"}
         assert r["reward"] == pytest.approx(sum(r["reward_detail"].values()))
     assert metric_rows(run_dir, "eval")
+    assert all("rollout/reward_part/step_1" in r for r in steps)
+    assert all(r["rollout/env_error_count"] == 0.0 for r in steps)

@@ -193,3 +193,10 @@ rollouts_every = 1
         assert r["reward_status"] == "ok"
     assert len({r["reward"] for r in rolls}) > 1
     assert metric_rows(run_dir, "eval")
+    # counted like the built-in task's failures: per step, in the report and the viewer
+    assert [r["rollout/reward_part_error_count"] for r in steps] == [8.0, 8.0]
+    assert all(r["rollout/reward_part/broken"] == 0.0 for r in steps)
+    summary = (run_dir / "report" / "summary.md").read_text()
+    assert "| reward parts that raised (that part scored 0) | 16 |" in summary
+    viewer = (run_dir / "report" / "viewer.html").read_text()
+    assert "broken: ValueError: bug in a reward function" in viewer
