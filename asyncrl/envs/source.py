@@ -8,9 +8,11 @@ sandbox, the reward host) and `load_source(name, options, seed)`, which turns wh
 
 - a built-in task family (`asyncrl.tasks.TASK_FAMILIES`: `tiny_math`, `reasoning_gym`);
 - a `TaskSource`, or a callable `(options, seed) -> TaskSource | (train, eval) | any of these`;
-- a verifiers taskset (0.4+: a `verifiers.v1.Taskset` class or instance) or a classic
-  verifiers environment (<= 0.3: `SingleTurnEnv`, `ToolEnv`, ...) — adapted, scored by
-  verifiers' own code (`asyncrl.envs.verifiers_v1`, `verifiers_classic`);
+- a verifiers taskset (0.4+: a `verifiers.v1.Taskset` class or instance), adapted and scored
+  by verifiers' own code (`asyncrl.envs.verifiers_v1`); a classic verifiers environment
+  (<= 0.3) is refused with a message;
+- `skyrl_gym`: skyrl-gym's registered text environments (`asyncrl.envs.textenv`), or a
+  plugin returning `textenv.text_env_source(...)` for an environment of its own;
 
 A source is built once per (name, options, seed) in a process: the train split, the held-out
 split, the tokenizer corpus and the runtime's reward all see the same object.
@@ -39,8 +41,10 @@ def builtin_sources() -> dict[str, Callable[[], Any]]:
 
         return skyrl_source
 
-    return {"skyrl_gym": skyrl,
-            **{name: (lambda fam=fam: fam) for name, fam in tasks.TASK_FAMILIES.items()}}
+    def family(name: str) -> Callable[[], Any]:
+        return lambda: tasks.TASK_FAMILIES[name]
+
+    return {"skyrl_gym": skyrl, **{name: family(name) for name in tasks.TASK_FAMILIES}}
 
 
 _CACHE: dict[tuple[str, str, int], TaskSource] = {}
@@ -85,9 +89,10 @@ def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
 
         return verifiers_v1.source(obj, name, options, seed, key=key)
     if _is_from(obj, "verifiers"):
-        from asyncrl.envs import verifiers_classic
-
-        return verifiers_classic.source(obj, name, options, seed, key=key)
+        raise ConfigError(key, f"{name!r} is a classic verifiers environment (verifiers <= "
+                          "0.3), which asyncrl does not adapt: its rubric is a RubricGroup whose "
+                          "functions need verifiers' own parser and State. Port it to "
+                          "verifiers.v1 (0.4) and name its Taskset")
     if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(s, list) for s in obj):
         return TaskSource(name=name, train=list(obj[0]), eval=list(obj[1]))
     if callable(obj):

@@ -223,7 +223,7 @@ def _reward(by_id: dict[str, Any], ctx: TaskContext) -> Any:
 
 
 # ------------------------------------------------------------------------------ tools
-def _tools(ts_cls: type, config: Any, task_cls: type | None, ctx: TaskContext) -> list[Any]:
+def _tools(ts_cls: Any, config: Any, task_cls: Any, ctx: TaskContext) -> list[Any]:
     from verifiers.v1.state import State
     from verifiers.v1.utils.decorators import discover_decorated
 

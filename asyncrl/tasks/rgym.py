@@ -29,6 +29,7 @@ import ast
 import operator
 import re
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
@@ -67,7 +68,7 @@ class ProblemList(list[Problem]):
     dropped: dict[str, int]
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+_OPS: dict[type, Callable[[Any, Any], Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: Fraction}
 
 
