@@ -18,12 +18,15 @@ an environment that raises fails that rollout only (status `failed`, `error` say
 
 `skyrl_gym` options: `env` (a registered id: `gsm8k`, `gsm8k_multi_turn`, `aime`, ...),
 `env_config` (its config dict), `extras` (merged into each problem's extras; the problem's
-answer is `extras.reward_spec.ground_truth`), `train_file`, `eval_file` (asyncrl problem files).
+answer is `extras.reward_spec.ground_truth`), `train_file`, `eval_file` (SkyRL dataset files,
+`.parquet` or `.jsonl`: SkyRL's layout, `prompt` messages with `reward_spec.ground_truth` and
+`extra_info`, or asyncrl's `id`, `question`, `answer`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,10 +127,46 @@ SKYRL_OPTIONS: dict[str, Any] = {"env": "", "env_config": {}, "extras": {}, "tra
                                  "eval_file": ""}
 
 
+def _rows(path: str) -> list[dict[str, Any]]:
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(path).to_pylist())
+    with open(path, encoding="utf-8") as fp:
+        return [json.loads(line) for line in fp if line.strip()]
+
+
+def read_skyrl_rows(path: str, key: str) -> tuple[list[Problem], list[dict[str, Any]],
+                                                  dict[str, int]]:
+    """Problems from a SkyRL dataset file (`.parquet` or `.jsonl`): SkyRL's layout (`prompt`
+    chat messages, `reward_spec.ground_truth`, `extra_info`) or asyncrl's (`id`, `question`,
+    `answer`). Returns the problems, each one's extras, and the rows skipped by reason."""
+    try:
+        rows = _rows(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(key, f"cannot read {path}: {e}") from None
+    problems: list[Problem] = []
+    extras: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        prompt = row.get("prompt")
+        question = row.get("question")
+        if question is None and isinstance(prompt, list):
+            users = [m.get("content") for m in prompt if m.get("role") == "user"]
+            question = users[-1] if users else None
+        spec = row.get("reward_spec") or {}
+        answer = row.get("answer", spec.get("ground_truth") if isinstance(spec, dict) else None)
+        if not isinstance(question, str) or not question.strip() or answer is None:
+            skipped["missing_field"] = skipped.get("missing_field", 0) + 1
+            continue
+        problems.append(Problem(id=str(row.get("id", f"row-{i}")), question=question,
+                                answer=str(answer)))
+        extras.append({k: row[k] for k in ("extra_info",) if isinstance(row.get(k), dict)})
+    return problems, extras, skipped
+
+
 def skyrl_source(options: dict[str, Any], seed: int) -> TaskSource:
     """The built-in `skyrl_gym` source (options in the module docstring)."""
-    from asyncrl.data import read_problem_file
-
     unknown = sorted(set(options) - set(SKYRL_OPTIONS))
     if unknown:
         raise ConfigError("data.generator_options", f"skyrl_gym: unknown option {unknown[0]!r}; "
@@ -145,17 +184,18 @@ def skyrl_source(options: dict[str, Any], seed: int) -> TaskSource:
         raise ConfigError("data.generator_options.env", f"skyrl_gym: unknown environment "
                           f"{env_id!r}{hint} (registered: {', '.join(sorted(registry))})")
     if not opts["train_file"]:
-        raise ConfigError("data.generator_options.train_file", "skyrl_gym: name the problem "
-                          "file (rows id, question, answer) the environment is given")
-    train = read_problem_file(opts["train_file"])
-    eval_ = read_problem_file(opts["eval_file"]) if opts["eval_file"] else None
+        raise ConfigError("data.generator_options.train_file", "skyrl_gym: name the dataset "
+                          "file (SkyRL's parquet/jsonl layout, or rows id, question, answer)")
+    train, x_train, d_train = read_skyrl_rows(opts["train_file"],
+                                              "data.generator_options.train_file")
+    eval_, x_eval, d_eval = (read_skyrl_rows(opts["eval_file"], "data.generator_options.eval_file")
+                             if opts["eval_file"] else ([], [], {}))
+    extras_of = {p.id: x for p, x in zip([*train, *eval_], [*x_train, *x_eval], strict=True)}
 
     def make_env(problem: Problem) -> Any:
-        extras = {**opts["extras"], "reward_spec": {"ground_truth": problem.answer},
-                  "extra_info": {}}
+        extras = {"extra_info": {}, **extras_of.get(problem.id, {}), **opts["extras"],
+                  "reward_spec": {"ground_truth": problem.answer}}
         return skyrl_gym.make(env_id, env_config=opts["env_config"], extras=extras)
 
-    return text_env_source(f"skyrl_gym/{env_id}", train.problems,
-                           eval_.problems if eval_ is not None else [], make_env,
-                           dropped=train.skipped,
-                           dropped_eval=eval_.skipped if eval_ is not None else {})
+    return text_env_source(f"skyrl_gym/{env_id}", train, eval_, make_env,
+                           dropped=d_train, dropped_eval=d_eval)

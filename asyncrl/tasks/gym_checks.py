@@ -47,6 +47,11 @@ MATH = frozenset({"polynomial_equations", "complex_arithmetic", "number_format",
                   "decimal_chain_sum"})
 """Generators math-verify scores right (checked in the killable host)."""
 
+ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
+"""reasoning-gym's own item (answer and metadata) by (generator, question), for its
+`score_answer` (some generators score from the metadata); filled by `asyncrl.tasks.rgym` as
+problems are drawn."""
+
 _MAX_CHARS = 200
 _NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$|\s|\\text\{[^}]*\}")
 _INT = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)$")
@@ -170,8 +175,6 @@ class GymReward:
             return await self.math(problem, rollout)
         if verdict is None:
             try:
-                from asyncrl.tasks.rgym import ENTRIES
-
                 entry = ENTRIES.get((generator, problem.question),
                                     {"answer": problem.answer, "metadata": {}})
                 verdict = rg_score(generator, answer, entry)

@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Any
 
 from asyncrl.records import Problem
+from asyncrl.tasks import gym_checks
 from asyncrl.tasks.base import TaskFamily
 
 NAME = "reasoning_gym"
@@ -55,11 +56,6 @@ _EXPRESSION = {
                            r"the result as your final answer\.$"),
 }
 """Generators whose question holds a Python expression whose value is the answer."""
-
-
-ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
-"""reasoning-gym's own item (answer and metadata) by (generator, question), for its
-`score_answer` (some generators score from the metadata); filled as problems are drawn."""
 
 
 class ProblemList(list[Problem]):
@@ -161,7 +157,7 @@ def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
             dropped["duplicate_question"] += 1
             continue
         taken.add(question)
-        ENTRIES[(name, question)] = dict(entry)
+        gym_checks.ENTRIES[(name, question)] = dict(entry)
         out.append(Problem(id=f"rg-{name}-{split}-{idx:06d}", question=question,
                            answer=str(entry["answer"]).strip(), source=f"{NAME}/{name}",
                            difficulty=float(level)))
@@ -209,9 +205,7 @@ def solution_code(problem: Problem) -> str:
 
 
 def _reward(ctx: Any) -> Any:
-    from asyncrl.tasks.gym_checks import GymReward
-
-    return GymReward(ctx.reward_host)
+    return gym_checks.GymReward(ctx.reward_host)
 
 
 FAMILY = TaskFamily(

@@ -137,3 +137,15 @@ rollouts_every = 1
     assert metric_rows(run_dir, "eval")
     assert all("rollout/reward_part/step_1" in r for r in steps)
     assert all(r["rollout/env_error_count"] == 0.0 for r in steps)
+
+
+def test_skyrl_dataset_rows_in_skyrls_own_layout_are_read(tmp_path) -> None:
+    rows = [{"prompt": [{"role": "system", "content": "Think."},
+                        {"role": "user", "content": "What is 2 + 2?"}],
+             "env_class": "gsm8k_multi_turn", "reward_spec": {"method": "rule",
+                                                              "ground_truth": "4"},
+             "extra_info": {"max_turns": 2}},
+            {"prompt": [{"role": "user", "content": "no answer here"}]}]
+    src = skyrl_source({"env": "gsm8k_multi_turn", "train_file": _file(tmp_path, rows)}, 0)
+    assert [(p.question, p.answer) for p in src.train] == [("What is 2 + 2?", "4")]
+    assert src.dropped == {"missing_field": 1}

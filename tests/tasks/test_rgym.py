@@ -79,7 +79,7 @@ def test_the_math_reward_reads_e_notation_as_a_number() -> None:
 
 async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
     ds = reasoning_gym.create_dataset("bitwise_arithmetic", seed=0, size=1)
-    from asyncrl.tasks.rgym import ENTRIES
+    from asyncrl.tasks.gym_checks import ENTRIES
 
     ENTRIES[("bitwise_arithmetic", ds[0]["question"])] = dict(ds[0])
     p = Problem(id="b", question=ds[0]["question"], answer=ds[0]["answer"],
