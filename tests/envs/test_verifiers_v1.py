@@ -200,3 +200,35 @@ rollouts_every = 1
     assert "| reward parts that raised (that part scored 0) | 16 |" in summary
     viewer = (run_dir / "report" / "viewer.html").read_text()
     assert "broken: ValueError: bug in a reward function" in viewer
+
+
+def test_the_example_curriculum_names_a_verifiers_taskset_and_checks() -> None:
+    """examples/verifiers_arith/ (written as for prime-rl) is configured, not coded: its
+    curriculum resolves to the taskset's tasks, reward and tools."""
+    from micro_config import ROOT
+
+    from asyncrl import config
+    from asyncrl.envs.wiring import check_task
+
+    cfg = config.load(ROOT / "examples" / "verifiers_arith" / "curriculum.toml")
+    lines = check_task(cfg)
+    assert lines[0].startswith("task source generator:examples.verifiers_arith.arith_env:"
+                               "ArithTaskset: 384 train problems")
+    assert "reward: auto (the task source's own)" in lines
+
+
+@pytest.mark.slow
+def test_the_example_curriculum_trains(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from micro_config import ROOT, RUN_ENV, metric_rows
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train",
+                           "examples/verifiers_arith/curriculum.toml", "--run-dir",
+                           str(run_dir)], cwd=ROOT, env=RUN_ENV, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert [r["step"] for r in metric_rows(run_dir, "rl_step")] == [1, 2, 3, 4]
+    assert all("rollout/reward_part/correct" in r for r in metric_rows(run_dir, "rl_step"))
