@@ -121,3 +121,22 @@ def test_the_default_task_is_the_math_reward_and_the_python_tool() -> None:
     cfg = config.load(ROOT / "curricula" / "tiny.toml")
     assert (cfg.task.reward, cfg.task.tools) == ("auto", ["auto"])
     assert "reward: auto (math)" in check_task(cfg)
+
+
+async def test_open_task_takes_the_names_a_curriculum_takes(plugin_dir: Path,
+                                                            tiny_tokenizer) -> None:
+    from asyncrl.api import open_task
+
+    async with open_task("myplug:make", options={"n": 3}, split="train",
+                         reward="myplug:spelled", tools=("python", "myplug:letters"),
+                         tokenizer=tiny_tokenizer) as task:
+        assert [p.answer for p in task.problems] == ["dog", "owl"]
+        assert [t.name for t in task.tools] == ["python_code_with_standard_io", "letters"]
+        out = await task.tools[0]({"code": "print(6 * 7)"})
+        assert (out.status.value, out.stdout.strip()) == ("ok", "42")
+        eng = ScriptedEngine([tiny_tokenizer.encode("owl<|im_end|>")], tiny_tokenizer)
+        (ro,) = [r async for r in rollouts(task.problems[1:], engines=[eng],
+                                           tokenizer=tiny_tokenizer, tools=task.tools,
+                                           reward_fn=task.reward_fn,
+                                           settings=RolloutSettings(max_response_tokens=50))]
+        assert ro.reward == 1.0
