@@ -34,6 +34,9 @@ _EXPORTS = {
     "Rollout": "asyncrl.api",
     "exact_match_reward": "asyncrl.api",
     "load_policy": "asyncrl.api",
+    "open_task": "asyncrl.api",
+    "rubric_reward": "asyncrl.adapters",
+    "Task": "asyncrl.adapters",
     "local_sandbox": "asyncrl.api",
     "remote_sandbox": "asyncrl.api",
     "rollout_groups": "asyncrl.api",
@@ -64,6 +67,7 @@ __all__ = [
     "Rollout",
     "RolloutRunner",
     "RolloutSettings",
+    "Task",
     "Tool",
     "ToolOutcome",
     "__version__",
@@ -73,15 +77,17 @@ __all__ = [
     "function_tool",
     "load_policy",
     "local_sandbox",
+    "open_task",
     "remote_sandbox",
     "rollout_groups",
     "rollouts",
+    "rubric_reward",
     "run_loop",
     "run_rollout",
 ]
 
 if TYPE_CHECKING:
-    from asyncrl.adapters import from_environment, function_tool
+    from asyncrl.adapters import Task, from_environment, function_tool, rubric_reward
     from asyncrl.api import (
         BudgetError,
         ModelError,
@@ -92,6 +98,7 @@ if TYPE_CHECKING:
         exact_match_reward,
         load_policy,
         local_sandbox,
+        open_task,
         remote_sandbox,
         rollout_groups,
         rollouts,

@@ -1,75 +1,41 @@
 """Tasks written for other RL projects, run in asyncrl's loop.
 
-Owns two small bridges, both duck-typed (no dependency on the projects they mirror):
+Owns three small bridges:
 - `function_tool(fn)`: a plain Python function (sync or async, type hints, a docstring) as a
   `Tool` with an OpenAI function schema derived from its signature — what OpenAI-style
-  tool-calling stacks and `verifiers`' `ToolEnv(tools=[fn, ...])` take.
-- `from_environment(env)`: a `verifiers`-style environment (an object with `dataset` rows of
-  `question`/`prompt` and `answer`, a `rubric` of weighted reward functions, optional `tools`
-  and `system_prompt`) as asyncrl's `Task`: problems, tools and one reward function.
-  `rubric_reward(funcs, weights)` is that reward bridge on its own.
+  tool-calling stacks take (a verifiers `@vf.tool` method works unchanged).
+- `from_environment(env, tokenizer=...)`: a verifiers 0.4 taskset (`verifiers.v1.Taskset`,
+  class or instance) as asyncrl's `Task`: problems, its tools, and a reward that is verifiers'
+  own `Task.score` (`asyncrl.envs.verifiers_v1`). An object you write yourself in the same
+  shape as verifiers' old classic API (`dataset` rows of `question`/`prompt` and `answer`, a
+  `rubric` with `funcs`/`weights`, optional `tools` and `system_prompt`) works too; a real
+  classic verifiers environment (<= 0.3) is refused with a message, since its rubric is a
+  `RubricGroup` whose functions take arguments (`parser`, a chat `State`) asyncrl does not
+  build.
+- `rubric_reward(funcs, weights)`: plain reward functions as one reward. Each takes any of
+  `prompt`, `completion`, `answer`, `state`, `task`, `info` by keyword (or `**kwargs`) and
+  returns a float, sync or async; the score is the weighted sum. Here `completion` is
+  `[{"role": "assistant", "content": rollout.response_text}]` (the whole response as one
+  message) and `state` is `{"rollout": rollout}`. A function that raises scores 0, is named
+  in the rollout's `reward_errors`, and the others still count.
 
-The verifiers conventions mirrored here (from its documentation, not its code): a reward
-function takes any of `prompt`, `completion`, `answer`, `state`, `task`, `info` by keyword
-(or `**kwargs`) and returns a float, sync or async; a chat `completion` is a list of messages
-whose last one's `content` is the answer text; the rubric's score is the weighted sum. Here
-`completion` is `[{"role": "assistant", "content": rollout.response_text}]` (the whole
-response, tool calls and outputs included, as one message) and `state` is
-`{"rollout": rollout}`. Does not own: running anything (`asyncrl.api`).
+Does not own: running anything (`asyncrl.api`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any
 
+from asyncrl.envs.functions import function_tool
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.agent import EnvHook
 from asyncrl.rollout.runner import RewardFn
-from asyncrl.rollout.tools import FunctionTool, Tool
+from asyncrl.rollout.tools import Tool
 
 __all__ = ["Task", "from_environment", "function_tool", "rubric_reward"]
-
-_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
-               list: "array", dict: "object"}
-_REWARD_ARGS = ("prompt", "completion", "answer", "state", "task", "info")
-
-
-def _schema(fn: Callable[..., Any], name: str | None, description: str | None) -> dict[str, Any]:
-    hints = get_type_hints(fn)
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    for pname, param in inspect.signature(fn).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        t = hints.get(pname, str)
-        props[pname] = {"type": _JSON_TYPES.get(getattr(t, "__origin__", t), "string")}
-        if param.default is param.empty:
-            required.append(pname)
-    doc = inspect.getdoc(fn) or ""
-    return {"type": "function", "function": {
-        "name": name or fn.__name__,
-        "description": description if description is not None else doc.split("\n\n")[0],
-        "parameters": {"type": "object", "properties": props, "required": required}}}
-
-
-def function_tool(fn: Callable[..., Any], *, name: str | None = None,
-                  description: str | None = None, timeout_s: float = 30.0,
-                  max_output_chars: int = 256) -> FunctionTool:
-    """`fn` as a tool. Its schema comes from the signature (`int` -> integer, `float` ->
-    number, `bool`, `str`, `list`, `dict`; other or missing hints -> string; parameters
-    without a default are required) and the docstring's first paragraph. A sync `fn` runs on
-    a worker thread so it cannot stall the loop; its return value is turned into text."""
-    if asyncio.iscoroutinefunction(fn):
-        call = fn
-    else:
-        async def call(**arguments: Any) -> str:
-            return str(await asyncio.to_thread(fn, **arguments))
-    return FunctionTool(call, _schema(fn, name, description), timeout_s=timeout_s,
-                        max_output_chars=max_output_chars)
-
 
 def _accepts(fn: Callable[..., Any]) -> tuple[bool, frozenset[str]]:
     params = inspect.signature(fn).parameters.values()
@@ -82,8 +48,8 @@ def rubric_reward(funcs: Sequence[Callable[..., Any]],
     """verifiers-style reward functions as one asyncrl reward: the weighted sum of their
     scores (weights default to 1.0 each). Each function gets, by keyword, those of `prompt`,
     `completion`, `answer`, `state`, `task`, `info` it names (all of them if it takes
-    `**kwargs`); sync or async. A function that raises makes the rollout's reward 0 with
-    status `reward_error` (the runner records it and logs `reward_error`)."""
+    `**kwargs`); sync or async. A function that raises scores 0 and is named in the
+    rollout's `reward_errors`; the others still count (as verifiers' own rubrics do)."""
     ws = list(weights) if weights is not None else [1.0] * len(funcs)
     if len(ws) != len(funcs):
         raise ValueError(f"rubric_reward: {len(funcs)} functions but {len(ws)} weights")
@@ -95,13 +61,22 @@ def rubric_reward(funcs: Sequence[Callable[..., Any]],
                      "answer": problem.answer, "state": {"rollout": rollout},
                      "task": problem.source, "info": {}}
         total = 0.0
+        detail: dict[str, float] = {}
+        errors: list[str] = []
         for fn, w, (any_kw, names) in zip(funcs, ws, shapes, strict=True):
             kwargs = available if any_kw else {k: v for k, v in available.items() if k in names}
-            score = fn(**kwargs)
-            if inspect.isawaitable(score):
-                score = await score
-            total += w * float(score)
-        return RewardResult(reward=total, status="ok")
+            name = getattr(fn, "__name__", "reward")
+            try:
+                score = fn(**kwargs)
+                if inspect.isawaitable(score):
+                    score = await score
+                value = float(score)
+            except Exception as e:  # one broken function scores 0; the others still count
+                errors.append(f"{name}: {type(e).__name__}: {e}"[:300])
+                value = 0.0
+            detail[name] = value
+            total += w * value
+        return RewardResult(reward=total, status="ok", detail=detail, errors=errors)
 
     return reward
 
@@ -116,6 +91,8 @@ class Task:
     reward_fn: RewardFn
     system_prompt: str | None
     """The environment's system prompt (None: keep the policy's)."""
+    env: EnvHook | None = None
+    """A text environment's turn hook, for `rollouts(..., env=task.env)` (None: none)."""
 
 
 def _question(row: dict[str, Any], i: int) -> str:
@@ -132,11 +109,38 @@ def _question(row: dict[str, Any], i: int) -> str:
                      "'prompt'")
 
 
-def from_environment(env: Any) -> Task:
-    """A verifiers-style environment as a `Task`: `env.dataset` (rows with `question` or a
-    chat `prompt`, `answer`, optional `id`/`task`), `env.rubric` (`funcs` and `weights`, or
-    `reward_funcs` and `reward_weights`), `env.tools` (plain functions, via
+def _from_verifiers(env: Any, tokenizer: Any, size: int) -> Task:
+    from asyncrl.envs.source import TaskContext, adapt
+
+    src = adapt(env, type(env).__name__, {"size": size, "eval_size": 0}, 0, key="env")
+    ctx = TaskContext(tokenizer=tokenizer)
+    assert src.reward is not None and src.tools is not None
+    return Task(problems=src.train + src.eval, tools=list(src.tools(ctx)),
+                reward_fn=src.reward(ctx), system_prompt=src.system_prompt or None)
+
+
+def from_environment(env: Any, *, tokenizer: Any = None, size: int = 0) -> Task:
+    """An environment as a `Task`.
+
+    A verifiers 0.4 taskset (`verifiers.v1.Taskset`, class or instance; `size` caps the tasks
+    read, required for an infinite one): its tasks, its `@vf.tool`s, and verifiers' own
+    `Task.score` as the reward (`tokenizer`: the policy's, to read the rollout's turns as
+    messages; see `asyncrl.envs.verifiers_v1`). To train on one, name it in a curriculum
+    instead (`data.train = "generator:module:MyTaskset"`, docs/recipe.md).
+
+    Else an object of the classic shape written by hand: `env.dataset` (rows with `question`
+    or a chat `prompt`, `answer`, optional `id`/`task`), `env.rubric` (`funcs` and `weights`,
+    or `reward_funcs` and `reward_weights`), `env.tools` (plain functions, via
     `function_tool`; optional) and `env.system_prompt` (optional)."""
+    classes = env.__mro__ if isinstance(env, type) else type(env).__mro__
+    modules = [c.__module__ for c in classes]
+    if any(m.startswith("verifiers.v1") for m in modules):
+        return _from_verifiers(env, tokenizer, size)
+    if any(m == "verifiers" or m.startswith("verifiers.") for m in modules):
+        raise ValueError(f"{type(env).__name__} is a classic verifiers environment (verifiers "
+                         "<= 0.3); asyncrl adapts verifiers >= 0.4 tasksets (verifiers.v1). "
+                         "Its rubric is a RubricGroup whose functions need verifiers' own "
+                         "parser and State: port the environment to verifiers.v1")
     rows: Iterable[dict[str, Any]] = env.dataset
     problems = [Problem(id=str(row.get("id", f"row-{i}")), question=_question(row, i),
                         answer=str(row.get("answer", "")), source=str(row.get("task", "")))

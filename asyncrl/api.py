@@ -8,6 +8,9 @@ Owns the one documented face (docs/embedding.md is its reference):
   the same, one group per problem.
 - `local_sandbox(...)` / `remote_sandbox(...)`: the Python tool over a sandbox pool in this
   process or over `sandbox serve` nodes.
+- `open_task(source, ...)`: a task named the way a curriculum names it (`tiny_math`,
+  `reasoning_gym`, a verifiers taskset `module:attr`, ...) with the reward and tools `[task]`
+  would give it: `asyncrl.envs`.
 - `exact_match_reward`, `run_loop`, and the records and tools those take and give.
 
 Does not own: the machinery (`asyncrl.rollout`, `asyncrl.engine`, `sandbox`); this module
@@ -25,20 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from decimal import Decimal
-from fractions import Fraction
 from typing import Any, cast
 
 from asyncrl import formats
 from asyncrl.engine.base import Engine
+from asyncrl.envs.exact import exact_match_reward, normalize_answer
 from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
-from asyncrl.reward import plain_number
-from asyncrl.rollout.agent import RolloutSettings
+from asyncrl.rollout.agent import EnvHook, RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
 from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
@@ -63,6 +63,7 @@ __all__ = [
     "load_policy",
     "local_sandbox",
     "normalize_answer",
+    "open_task",
     "remote_sandbox",
     "rollout_groups",
     "rollouts",
@@ -76,49 +77,10 @@ LOAD_TIMEOUT_S = 10.0
 """Deadline on each engine's `load()` when the budget is checked."""
 
 
-def normalize_answer(text: str) -> str:
-    """Whitespace, `$`, a trailing period and `\\text{}`/`\\left`/`\\right` removed; a number
-    becomes its exact value, so `3.0`, `3`, `1,000`/`1000`, `1e3`/`1000` and `0.5`/`1/2`
-    compare equal, while integers past 2^53 that differ by one do not. A comma counts only as
-    a clean thousands grouping (`2,3` is not `23`), and whitespace between two digits is kept
-    (`1 2` is not `12`)."""
-    t = text.strip().strip("$").rstrip(".")
-    t = re.sub(r"\\text\{([^}]*)\}", r"\1", t)
-    t = t.replace("\\left", "").replace("\\right", "").replace("\\!", "")
-    t = _DIGIT_GAP.sub(" ", t.strip())
-    t = _SPACE.sub("", t)
-    value = _exact_number(t)
-    return t if value is None else str(value)
-
-
-_DIGIT_GAP = re.compile(r"(?<=\d)\s+(?=\d)")
-_SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")
-_DECIMAL = re.compile(r"^[+-]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,4})?$")
-
-
-def _exact_number(t: str) -> Fraction | None:
-    """The exact value of a decimal (thousands commas and an exponent allowed) or of what
-    `reward.plain_number` reads (`a/b`, `\\frac`); None for anything else."""
-    if _DECIMAL.match(t):
-        return Fraction(Decimal(t.replace(",", "")))
-    return plain_number(t)
-
-
-async def exact_match_reward(problem: Problem, rollout: Rollout) -> RewardResult:
-    """1.0 when the rollout's final answer (`formats.extract_answer`: the last `\\boxed{}`)
-    equals the problem's answer after `normalize_answer`, else 0.0; status `no_answer` when
-    there is none."""
-    answer = formats.extract_answer(rollout.response_text)
-    if answer is None:
-        return RewardResult(reward=0.0, status="no_answer", answer=None)
-    ok = normalize_answer(answer) == normalize_answer(problem.answer)
-    return RewardResult(reward=1.0 if ok else 0.0, status="ok", answer=answer)
-
-
 async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
                    policy: Policy | None, tokenizer: Any, tools: Sequence[Tool],
                    reward_fn: RewardFn, settings: RolloutSettings | None,
-                   system_prompt: str | None, admission: str
+                   system_prompt: str | None, admission: str, env: EnvHook | None = None
                    ) -> tuple[RolloutRunner, RolloutSettings]:
     """The runner and the settings to run with, after the budget check."""
     if tokenizer is None:
@@ -144,7 +106,7 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
                     format=fmt.name, hint="system_prompt replaces the format's system text, "
                     "tool list included: describe the tools in it, or leave it unset")
     runner = RolloutRunner(engines, tokenizer, tools, reward_fn, policy=admission,
-                           system_prompt=system_prompt)
+                           system_prompt=system_prompt, env=env)
     if problems:
         longest = max(len(runner.prompt_ids(p, settings)) for p in problems)
         for engine in engines:
@@ -163,7 +125,7 @@ async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
                    tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
                    samples_per_prompt: int = 1, settings: RolloutSettings | None = None,
                    system_prompt: str | None = None, admission: str = "kv",
-                   ) -> AsyncIterator[Rollout]:
+                   env: EnvHook | None = None) -> AsyncIterator[Rollout]:
     """Every rollout of `problems` (`samples_per_prompt` each), rewarded, in the order they
     finish. `rollout.prompt_id` is its problem's `id`.
 
@@ -173,10 +135,12 @@ async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
     `settings.max_response_tokens` exceeds an engine's KV capacity. A rollout that fails
     (engine error, no engine left) is yielded with status `failed` and `error`, and logged as
     `rollout_failed`; a reward function that raises scores 0 with `reward_status`
-    `reward_error`. Leaving the loop early cancels the rollouts still running.
+    `reward_error`. `env`: a text environment's turn hook (`asyncrl.envs.textenv`; what
+    `open_task` gives as `task.env`). Leaving the loop early cancels the rollouts still
+    running.
     """
     runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
-                                      settings, system_prompt, admission)
+                                      settings, system_prompt, admission, env)
     done: asyncio.Queue[Rollout | BaseException | None] = asyncio.Queue()
 
     async def drive() -> None:
@@ -205,11 +169,11 @@ async def rollout_groups(problems: Sequence[Problem], *, engines: Sequence[Engin
                          tools: Sequence[Tool] = (), reward_fn: RewardFn = exact_match_reward,
                          samples_per_prompt: int = 2, settings: RolloutSettings | None = None,
                          system_prompt: str | None = None, admission: str = "kv",
-                         ) -> AsyncIterator[Group]:
+                         env: EnvHook | None = None) -> AsyncIterator[Group]:
     """As `rollouts`, one `Group` per problem (its `samples_per_prompt` rollouts), each the
     moment its last rollout is rewarded: what GRPO needs."""
     runner, settings = await _prepare(problems, engines, policy, tokenizer, tools, reward_fn,
-                                      settings, system_prompt, admission)
+                                      settings, system_prompt, admission, env)
     run = cast(AsyncGenerator[Group, None], runner.run(problems, samples_per_prompt, settings))
     async with contextlib.aclosing(run) as groups:  # leaving early cancels what still runs
         async for group in groups:
@@ -245,3 +209,43 @@ async def remote_sandbox(urls: Sequence[str], *, token: str | None = None,
     async with HttpSandboxClient(list(urls), token=token,
                                  call_timeout_s=call_timeout_s) as client:
         yield PythonTool(client, time_limit_s=time_limit_s, max_output_chars=max_output_chars)
+
+
+@contextlib.asynccontextmanager
+async def open_task(source: str, *, options: dict[str, Any] | None = None, seed: int = 0,
+                    split: str = "eval", reward: str = "auto",
+                    tools: Sequence[str] = ("auto",), tokenizer: Any = None,
+                    sandbox_workers: int = 2, time_limit_s: float = 4.0,
+                    max_output_chars: int = 256) -> AsyncIterator[Any]:
+    """A task named as a curriculum names it, ready for `rollouts`: an
+    `asyncrl.adapters.Task` (problems of `split`, tools, reward function).
+
+    `source` is what follows `generator:` in `data.train` (a built-in family such as
+    `tiny_math` or `reasoning_gym`, a plugin `module:attr`, an entry point); `options` are
+    its `data.generator_options`; `reward` and `tools` take the names of `[task] reward` and
+    `[task] tools`. A sandbox pool (for the Python tool) and a function host (for the math
+    check) run while the context is open. `tokenizer`: needed by sources whose reward reads
+    the rollout's turns as messages (verifiers).
+    """
+    from asyncrl.adapters import Task
+    from asyncrl.envs.source import TaskContext, load_source
+    from asyncrl.envs.wiring import build_reward, build_tools
+    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
+    from sandbox import IsolationLevel, LocalSandboxClient, PoolConfig, SandboxPool
+    from sandbox.config import DEFAULT_PRELOAD
+
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    src = load_source(source, options or {}, seed, key="source")
+    host_cfg = PoolConfig(workers=1, isolation=IsolationLevel.AUTO, light_preload=(),
+                          preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
+                          python_paths=host_python_paths())
+    tool_cfg = PoolConfig(workers=sandbox_workers, time_limit_s=time_limit_s)
+    async with SandboxPool(host_cfg) as host, LocalSandboxClient(tool_cfg) as client:
+        ctx = TaskContext(tokenizer=tokenizer, sandbox=client, reward_host=host,
+                          time_limit_s=time_limit_s, max_output_chars=max_output_chars)
+        yield Task(problems=list(src.train if split == "train" else src.eval),
+                   tools=build_tools(tools, src, ctx) if tools else [],
+                   reward_fn=build_reward(reward, src, ctx),
+                   system_prompt=src.system_prompt or None,
+                   env=src.env(ctx) if src.env is not None else None)

@@ -194,7 +194,8 @@ def read_problem_file(path: str | Path) -> LoadResult:
 
 
 def load_problems(source: str, options: dict[str, Any], seed: int, split: Split) -> LoadResult:
-    """Problems of one split from a file path or `generator:NAME`.
+    """Problems of one split from a file path or `generator:NAME` (a task source: a built-in
+    family or a plugin, `asyncrl.envs.source`; the items it dropped are counted as skipped).
 
     A path is the split itself (`data.train` / `data.eval` name different files); `options` and
     `seed` only matter to generators, which return (train, eval) and are asked for `split`.
@@ -205,10 +206,13 @@ def load_problems(source: str, options: dict[str, Any], seed: int, split: Split)
         name = source[len(GENERATOR_PREFIX):]
         if not name:
             raise DataError(f"{source!r}: name a task family after {GENERATOR_PREFIX!r}")
-        from asyncrl import tasks  # lazy: task families pull in their own dependencies
+        # lazy: task sources pull in their own dependencies (asyncrl.envs.source)
+        from asyncrl.envs.source import load_source
 
-        train, eval_ = tasks.generate(name, options, seed)
-        return LoadResult(list(train if split == "train" else eval_))
+        src = load_source(name, options, seed, key=f"data.{split}")
+        dropped = src.dropped if split == "train" else src.dropped_eval
+        return LoadResult(list(src.train if split == "train" else src.eval),
+                          dict(sorted(dropped.items())))
     return read_problem_file(source)
 
 

@@ -93,7 +93,8 @@ class ToolCall(_Rec, kw_only=True):
 
 class Turn(_Rec, kw_only=True):
     role: str
-    """`assistant` (model tokens, mask 1) or `tool` (tool output, mask 0)."""
+    """`assistant` (model tokens, mask 1), `tool` (tool output, mask 0) or `environment` (a
+    text environment's observation, a user turn, mask 0)."""
     start: int
     """Offset of the turn's first token in `response_ids`."""
     end: int
@@ -131,6 +132,11 @@ class Rollout(_Rec, kw_only=True):
     reward: float = 0.0
     reward_status: str = ""
     """`ok`, `no_answer`, `reward_timeout`, `reward_error`, or empty before rewarding."""
+    reward_detail: dict[str, float] = {}
+    """The reward's named parts when it has some (a verifiers task's rewards and metrics)."""
+    reward_errors: list[str] = []
+    """Why a reward function raised: the whole reward's error (`reward_error`), or each part
+    that raised and scored 0 while the others counted (the status stays `ok`)."""
     status: RolloutStatus = RolloutStatus.COMPLETED
     stop_reason: StopReason = StopReason.NO_TOOL_CALL
     error: str = ""
@@ -198,6 +204,10 @@ class RewardResult(_Rec, kw_only=True):
     status: str
     """`ok`, `no_answer`, `reward_timeout` or `reward_error`."""
     answer: str | None = None
+    detail: dict[str, float] = {}
+    """Named parts of the reward (recorded on the rollout as `reward_detail`)."""
+    errors: list[str] = []
+    """Parts that raised and scored 0 (recorded as `reward_errors`)."""
 
 
 class Group(_Rec, kw_only=True):

@@ -62,6 +62,7 @@ class FunctionHost(Protocol):
 # ----------------------------------------------------------------------- the worker side
 _INT = r"\d{1,3}(?:,\d{3})+|\d+"
 _NUMBER = re.compile(rf"^([+-]?)((?:{_INT})(?:\.\d+)?|\.\d+)$")
+_SCI = re.compile(r"^([+-]?)(\d+(?:\.\d+)?|\.\d+)[eE]([+-]?\d{1,3})$")
 _SLASH = re.compile(r"^([+-]?)(\d+)/(\d+)$")
 _FRAC = re.compile(r"^([+-]?)\\[dt]?frac(?:\{([+-]?\d+)\}\{(\d+)\}|(\d)(\d))$")
 _ANY_SPACE = re.compile(r"\s")
@@ -73,9 +74,10 @@ def plain_number(text: str) -> Fraction | None:
 
     Accepted: integers (with optional thousands commas, `1,234,567`, or `{,}`), decimals,
     `a/b`, `\\frac{a}{b}` / `\\dfrac` / `\\tfrac` (also `\\frac12`), a sign, surrounding `$`,
-    whitespace and LaTeX spacing. No exponents: the value stays cheap to build whatever the
-    input. Not accepted, so left to math-verify: whitespace inside the number (`1 2`, `3 1/2`,
-    `2, 500` are not 12, 31/2 and 2500) and parentheses (`(2,500)` is a pair, not 2500).
+    whitespace and LaTeX spacing, and e-notation with at most three exponent digits
+    (`9.36e-18`): the value stays cheap to build whatever the input. Not accepted, so left to
+    math-verify: whitespace inside the number (`1 2`, `3 1/2`, `2, 500` are not 12, 31/2 and
+    2500) and parentheses (`(2,500)` is a pair, not 2500).
     """
     if len(text) > _MAX_PLAIN_CHARS:
         return None
@@ -84,6 +86,9 @@ def plain_number(text: str) -> Fraction | None:
         return None
     if m := _NUMBER.match(s):
         value = Fraction(m.group(2).replace(",", ""))
+        return -value if m.group(1) == "-" else value
+    if m := _SCI.match(s):  # math-verify would read the `e` as Euler's number
+        value = Fraction(m.group(2)) * Fraction(10) ** int(m.group(3))
         return -value if m.group(1) == "-" else value
     if m := _SLASH.match(s):
         num, den, sign = int(m.group(2)), int(m.group(3)), m.group(1)
@@ -102,7 +107,8 @@ def plain_number(text: str) -> Fraction | None:
 def numeric_verdict(pred: str, gold: str) -> bool | None:
     """A verdict without math-verify when one is certain, else None.
 
-    True when both are plain numbers (see `plain_number`) with the same exact value. False when
+    True when both are plain numbers (see `plain_number`) with the same exact value; when
+    either is in e-notation, True within a relative 1e-6, else False. False when
     both are plain *integers* that differ (math-verify's rounding tolerance only matters for
     non-integers, which are left to it). None otherwise.
     """
@@ -111,10 +117,17 @@ def numeric_verdict(pred: str, gold: str) -> bool | None:
         return None
     if a == b:
         return True
+    if _SCI_MARK.search(pred) or _SCI_MARK.search(gold):
+        # e-notation: math-verify would misread it, and its 6-decimal rounding is meaningless
+        # at 1e-18; equal to a relative 1e-6 instead
+        return abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))
     if a.denominator == 1 and b.denominator == 1 and _is_integer_text(pred) \
             and _is_integer_text(gold):
         return False
     return None
+
+
+_SCI_MARK = re.compile(r"\d[eE][+-]?\d")
 
 
 def _is_integer_text(text: str) -> bool:

@@ -22,8 +22,7 @@ from asyncrl.log import get_logger
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import Engine
-    from asyncrl.reward import MathReward
-    from asyncrl.rollout import RolloutRunner, Tool
+    from asyncrl.rollout import RewardFn, RolloutRunner, Tool
     from asyncrl.trainer.base import Trainer
     from asyncrl.weightsync.group import WeightGroup
 
@@ -44,7 +43,8 @@ class Runtime:
     engines: list[Engine]
     runner: RolloutRunner
     tools: list[Tool]
-    reward: MathReward
+    reward: RewardFn
+    """`[task] reward` built (`asyncrl.envs.wiring.build_reward`)."""
     fmt: formats.ToolFormat
     sandbox_isolation: str
     weight_group: WeightGroup | None = None
@@ -84,15 +84,32 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
 
 
 def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
+    from asyncrl.tasks import TASK_FAMILIES
+
     src = cfg.data.train
-    if src.startswith("generator:"):
+    if src.startswith("generator:") and src.split(":", 1)[1] in TASK_FAMILIES:
         from asyncrl.sft.coldstart import corpus
 
         return list(corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
     from asyncrl.data import load_problems
 
     probs = load_problems(src, cfg.data.generator_options, cfg.run.seed, "train").problems
-    return [p.question for p in probs] + [p.answer for p in probs]
+    return [p.question for p in probs] + [p.answer for p in probs] + _source_texts(cfg)
+
+
+def _source_texts(cfg: RunConfig) -> list[str]:
+    """Whole prompts of a plugin task source (its system text and tool schemas included):
+    text the model reads on every problem, so the tokenizer should have words for it."""
+    from asyncrl.envs.source import TaskContext
+    from asyncrl.envs.wiring import run_source, system_text
+
+    source = run_source(cfg)
+    if source is None or source.tools is None or not cfg.rollout.tools:
+        return []
+    schemas = [t.schema for t in source.tools(TaskContext())] or None
+    fmt = formats.get_format(cfg.rollout.tool_format)
+    system = system_text(cfg.data.system_prompt, source, fmt, schemas)
+    return [formats.render_prompt(p.question, fmt, schemas, system) for p in source.train[:64]]
 
 
 @contextlib.asynccontextmanager
@@ -163,8 +180,9 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     """Build every component; close them all on exit (also on error or cancellation).
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
     from asyncrl.engine.registry import build_engines
-    from asyncrl.reward import MathReward
-    from asyncrl.rollout import PythonTool, RolloutRunner
+    from asyncrl.envs.source import TaskContext
+    from asyncrl.envs.wiring import build_reward, build_tools, run_source, system_text
+    from asyncrl.rollout import RolloutRunner
     from asyncrl.trainer import TRAINER_KINDS
 
     tok, model = build_tokenizer_and_model(cfg, run_dir)
@@ -194,14 +212,19 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         if with_trainer and getattr(cfg.engine, "weight_sync", "") == "distributed":
             weight_group = await stack.enter_async_context(
                 _weight_group(cfg.engine, getattr(trainer, "device", None)))
-        tools: list[Tool] = []
-        if cfg.rollout.tools:
-            time_limit = getattr(cfg.sandbox, "time_limit_s", 4.0)
-            tools = [PythonTool(client, time_limit_s=time_limit,
-                                max_output_chars=cfg.rollout.tool_output_max_chars)]
-        reward = MathReward(reward_host)
-        runner = RolloutRunner(engines, tok, tools, reward,
-                               system_prompt=cfg.data.system_prompt)
+        # The task's reward and tools come from `[task]` (built-in or plugins) and the task
+        # source `data.train` names (a verifiers taskset brings its own: asyncrl.envs).
+        ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
+                          time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
+                          max_output_chars=cfg.rollout.tool_output_max_chars)
+        source = run_source(cfg)
+        tools: list[Tool] = (build_tools(cfg.task.tools, source, ctx) if cfg.rollout.tools
+                             else [])
+        reward = build_reward(cfg.task.reward, source, ctx)
+        system = system_text(cfg.data.system_prompt, source, fmt,
+                             [t.schema for t in tools] or None)
+        env = source.env(ctx) if source is not None and source.env is not None else None
+        runner = RolloutRunner(engines, tok, tools, reward, system_prompt=system, env=env)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

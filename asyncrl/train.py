@@ -453,10 +453,11 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
         instrument(rt.runner, progress)
         tools = [t.schema for t in rt.tools] or None
         d = cfg.data
+        system = rt.runner.system_prompt  # data.system_prompt, or the task source's
         train = load_split(d.train, d.generator_options, cfg.run.seed, "train", rt.tokenizer,
-                           rt.fmt, tools, d.max_prompt_tokens, d.system_prompt)
+                           rt.fmt, tools, d.max_prompt_tokens, system)
         evals = (load_split(d.eval, d.generator_options, cfg.run.seed, "eval", rt.tokenizer,
-                            rt.fmt, tools, d.max_prompt_tokens, d.system_prompt)
+                            rt.fmt, tools, d.max_prompt_tokens, system)
                  if d.eval else None)
         train_p, eval_p = train.problems, (evals.problems if evals is not None else [])
         n_long = (train.skipped.get("overlong_prompt", 0)

@@ -1,6 +1,6 @@
 """A task written for another RL project runs in asyncrl's loop: plain functions become tools
-with OpenAI schemas, and a verifiers-style environment (dataset, rubric, tools, system prompt)
-becomes problems, tools and one reward."""
+with OpenAI schemas, a real verifiers 0.4 taskset becomes problems, tools and verifiers' own
+scoring, and plain reward functions become one reward, each isolated."""
 
 from __future__ import annotations
 
@@ -34,57 +34,45 @@ async def test_a_plain_function_becomes_a_tool_with_an_openai_schema() -> None:
         await tool({"town": "Paris"})
 
 
-class _Rubric:  # verifiers.Rubric's shape: funcs and weights
-    def __init__(self, funcs, weights) -> None:
-        self.funcs, self.weights = funcs, weights
+async def test_a_verifiers_taskset_runs_in_the_rollout_loop(tiny_tokenizer) -> None:
+    """A real verifiers 0.4 taskset (the example under examples/), not a look-alike: its
+    tool is offered and called, and verifiers' own scoring gives the reward."""
+    from examples.verifiers_arith.arith_env import ArithConfig, ArithTaskset
 
-
-class _Env:  # verifiers.ToolEnv's shape: dataset, rubric, tools, system_prompt
-    def __init__(self) -> None:
-        def correct(completion, answer) -> float:
-            return 1.0 if answer in completion[-1]["content"] else 0.0
-
-        async def used_tool(state, **kwargs) -> float:
-            return 1.0 if state["rollout"].tool_calls else 0.0
-
-        self.dataset = [{"prompt": [{"role": "system", "content": "ignored"},
-                                    {"role": "user", "content": "How many people live in Paris?"}],
-                         "answer": "2148000", "task": "geo"}]
-        self.rubric = _Rubric([correct, used_tool], [1.0, 0.5])
-        self.tools = [lookup_population]
-        self.system_prompt = "Use the tools."
-
-
-async def test_a_verifiers_style_environment_runs_in_the_rollout_loop(tiny_tokenizer,
-                                                                       caplog) -> None:
     tok = tiny_tokenizer
-    task = from_environment(_Env())
-    assert task.problems == [Problem(id="row-0", question="How many people live in Paris?",
-                                     answer="2148000", source="geo")]
-    assert [t.name for t in task.tools] == ["lookup_population"]
-    call = ("<tool_call>" + json.dumps({"name": "lookup_population",
-                                        "arguments": {"city": "Paris"}}) + "</tool_call>")
-    eng = ScriptedEngine([tok.encode(call), tok.encode("<answer>2148000</answer><|im_end|>")],
-                         tok)
-    settings = RolloutSettings(max_response_tokens=200)
-    (ro,) = [r async for r in rollouts(task.problems, engines=[eng], tokenizer=tok,
-                                       tools=task.tools, reward_fn=task.reward_fn,
-                                       settings=settings)]
-    assert [c.status.value for c in ro.tool_calls] == ["ok"]
-    assert "2148000" in ro.response_text
-    assert (ro.reward, ro.reward_status) == (1.5, "ok")
-    assert "lookup_population" in tok.decode(eng.requests[0].input_ids)  # its schema is offered
-    # the environment's own system text replaces the built-in one, tool list included: said
-    eng = ScriptedEngine([tok.encode("<answer>2148000</answer><|im_end|>")], tok)
-    from asyncrl.log import use_host_logging
+    task = from_environment(ArithTaskset(ArithConfig(size=3)), tokenizer=tok)
+    assert len(task.problems) == 3 and task.system_prompt.startswith("Multiply.")
+    assert [t.name for t in task.tools] == ["multiply"]
+    p = next(p for p in task.problems if p.id == "mul-0")
+    a, b = (int(x) for x in p.question.removeprefix("What is ").rstrip("?").split(" times "))
+    call = ("<tool_call>" + json.dumps({"name": "multiply", "arguments": {"a": a, "b": b}})
+            + "</tool_call>")
+    eng = ScriptedEngine([tok.encode(call), tok.encode(f"\\boxed{{{a * b}}}<|im_end|>")], tok)
+    (ro,) = [r async for r in rollouts([p], engines=[eng], tokenizer=tok, tools=task.tools,
+                                       reward_fn=task.reward_fn,
+                                       settings=RolloutSettings(max_response_tokens=200))]
+    assert [(c.name, c.status.value) for c in ro.tool_calls] == [("multiply", "ok")]
+    assert (ro.reward, ro.reward_detail) == (1.0, {"correct": 1.0, "used_calculator": 1.0})
+    assert "multiply" in tok.decode(eng.requests[0].input_ids)  # its schema is offered
 
-    use_host_logging()  # embedded logging, whatever an earlier test configured
-    with caplog.at_level("WARNING", logger="asyncrl"):
-        (ro,) = [r async for r in rollouts(task.problems, engines=[eng], tokenizer=tok,
-                                           tools=task.tools, reward_fn=task.reward_fn,
-                                           system_prompt=task.system_prompt, settings=settings)]
-    assert tok.decode(eng.requests[0].input_ids).startswith("<|im_start|>system\nUse the tools.")
-    assert any("tools_not_in_system_prompt" in r.getMessage() for r in caplog.records)
+
+async def test_rubric_functions_are_isolated_one_raising_scores_zero(tiny_tokenizer) -> None:
+    def correct(completion, answer) -> float:
+        return 1.0 if answer in completion[-1]["content"] else 0.0
+
+    async def used_tool(state, **kwargs) -> float:
+        return 1.0 if state["rollout"].tool_calls else 0.0
+
+    def needs_trajectory(state) -> float:  # a verifiers monitor metric: no such key here
+        return float(len(state["trajectory"]))
+
+    reward = rubric_reward([correct, used_tool, needs_trajectory], [1.0, 0.5, 0.0])
+    ro = Rollout(rollout_id="r", prompt_id="p", group_id="g", policy_version=0, prompt_ids=[],
+                 response_text="<answer>2148000</answer>")
+    res = await reward(Problem(id="p", question="Paris?", answer="2148000"), ro)
+    assert (res.reward, res.status) == (1.0, "ok")
+    assert res.detail == {"correct": 1.0, "used_tool": 0.0, "needs_trajectory": 0.0}
+    assert res.errors == ["needs_trajectory: KeyError: 'trajectory'"]
 
 
 async def test_a_rubric_needs_as_many_weights_as_functions() -> None:

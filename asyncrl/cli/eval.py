@@ -45,7 +45,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
         tools = [t.schema for t in rt.tools] or None
         loaded = load_split(data, cfg.data.generator_options, cfg.run.seed, "eval", rt.tokenizer,
-                            rt.fmt, tools, cfg.data.max_prompt_tokens, cfg.data.system_prompt)
+                            rt.fmt, tools, cfg.data.max_prompt_tokens, rt.runner.system_prompt)
         problems = loaded.problems[:max_problems] if max_problems else loaded.problems
         r = cfg.rollout
         settings = RolloutSettings(

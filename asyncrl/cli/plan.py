@@ -7,6 +7,7 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig
 from asyncrl.engine.registry import ENGINE_KINDS
+from asyncrl.envs.wiring import check_task
 from asyncrl.errors import ConfigError
 from asyncrl.preflight import check_run
 from asyncrl.stages import stage_budget, stage_lr
@@ -47,6 +48,7 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
         raise ConfigError("trainer.kind", f"trainer {cfg.trainer.kind!r} is not available here")
     lines.append(f"engine: {cfg.engine.kind}; trainer: {cfg.trainer.kind}; "
                  f"sandbox: {cfg.sandbox.kind}")
+    lines += check_task(cfg)  # plugins imported, the task source built: errors name the key
     r = cfg.rollout
     lines.append(f"rollout: {r.prompts_per_step} prompts x {r.samples_per_prompt} samples -> "
                  f"{r.group_size} kept (roc={cfg.roc.kind}/{cfg.roc.positive}), "

@@ -50,6 +50,7 @@ from asyncrl.config.schema import (
     RunSection,
     SFTChatSection,
     StageSection,
+    TaskSection,
     TokenizerSection,
 )
 
@@ -80,6 +81,7 @@ __all__ = [
     "SGLangEngineConfig",
     "SandboxConfig",
     "StageSection",
+    "TaskSection",
     "TokenizerSection",
     "TorchTrainerConfig",
     "TrainerConfig",

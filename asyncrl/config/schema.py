@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from msgspec import Meta
 
 from asyncrl.config.base import (
@@ -82,11 +83,14 @@ class TokenizerSection(_Section, frozen=True, kw_only=True):
 # -------------------------------------------------------------------------------------- data
 class DataSection(_Section, frozen=True, kw_only=True):
     train: str = ""
-    """Training problems: a JSONL/parquet path, or `generator:NAME` for a built-in task family."""
+    """Training problems: a JSONL/parquet path, or `generator:NAME` for a task source: a
+    built-in task family (`tiny_math`, `reasoning_gym`), a plugin `module:attr` or an
+    installed entry point of group `asyncrl.tasks` (see `[task]`)."""
     eval: str = ""
     """Held-out problems for evaluation (same forms as `train`); empty disables eval."""
     generator_options: dict[str, Any] = {}
-    """Options passed to a `generator:` task family (sizes, difficulty levels, seed offset)."""
+    """Options passed to a `generator:` task source (sizes, difficulty levels, seed offset; a
+    plugin's own options)."""
     shuffle: bool = True
     """Shuffle training problems each epoch (seeded by `run.seed`)."""
     max_prompt_tokens: PosInt = 2048
@@ -105,6 +109,35 @@ class DataSection(_Section, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not self.train:
             raise _bad("train", "a training data source is required")
+
+
+# -------------------------------------------------------------------------------------- task
+class TaskSection(_Section, frozen=True, kw_only=True):
+    """What the policy is rewarded for and what it may call. The problems come from
+    `data.train` / `data.eval`: a file, or `generator:NAME` where NAME is a built-in task
+    family (`tiny_math`, `reasoning_gym`), a plugin `module:attr` or an installed entry point
+    of group `asyncrl.tasks` (a verifiers taskset or environment, a text environment, a
+    `TaskSource`; see docs/recipe.md, "Your own tasks")."""
+
+    reward: str = "auto"
+    """`auto`: the task source's own answer check when it has one (a verifiers taskset's
+    rubric, reasoning-gym's per-generator check), else `math`. `math`: the final `\\boxed{}`
+    answer equal to the problem's (exact for plain numbers, math-verify otherwise).
+    `exact_match`: equal after normalising. `source`: the source's own (an error when it has
+    none). Else a plugin `module:attr` or an entry point of group `asyncrl.rewards`: an async
+    `(problem, rollout) -> RewardResult | float`, or a factory `(ctx) -> that`."""
+    tools: list[str] = msgspec.field(default_factory=lambda: ["auto"])
+    """The tools offered to the model, in order. `auto`: the task source's own tools when it
+    has some, else `python`. `python`: the Python tool over the sandbox. `source`: the
+    source's own. Else a plugin `module:attr` or an entry point of group `asyncrl.tools`: a
+    `Tool`, a plain function (its schema from its signature) or a list of those.
+    `rollout.tools = false` offers none at all."""
+
+    def __post_init__(self) -> None:
+        if not self.tools:
+            raise _bad("tools", "name at least one tool (or set rollout.tools = false)")
+        if len(set(self.tools)) != len(self.tools):
+            raise _bad("tools", f"each tool at most once, got {self.tools}")
 
 
 # ----------------------------------------------------------------------------------- rollout
@@ -382,6 +415,7 @@ class RunConfig(_Section, frozen=True, kw_only=True):
     model: ModelSection
     tokenizer: TokenizerSection = TokenizerSection()
     data: DataSection
+    task: TaskSection = TaskSection()
     rollout: RolloutSection = RolloutSection()
     roc: RocSection = RocSection()
     algorithm: AlgorithmSection = AlgorithmSection()

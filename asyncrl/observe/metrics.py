@@ -61,9 +61,29 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
         # the reward check raised or its host failed twice (`asyncrl.reward.MathReward`)
         f"{prefix}/reward_error_count": float(
             sum(r.reward_status == "reward_error" for r in rs)),
+        # a part of the reward raised and scored 0 while the others counted (a verifiers
+        # reward function, a rubric function: `Rollout.reward_errors`)
+        f"{prefix}/reward_part_error_count": float(
+            sum(bool(r.reward_errors) and r.reward_status != "reward_error" for r in rs)),
+        # a text environment raised: the rollout failed (`asyncrl.envs.textenv`)
+        f"{prefix}/env_error_count": float(
+            sum(r.status == RolloutStatus.FAILED and r.error.startswith("environment:")
+                for r in rs)),
+        f"{prefix}/failed_count": float(sum(r.status == RolloutStatus.FAILED for r in rs)),
         f"{prefix}/tool_wait_s_mean": _mean([r.timing.tool_wait_s for r in rs]),
         f"{prefix}/generation_s_mean": _mean([r.timing.generation_s for r in rs]),
+        **_reward_parts(rs, prefix),
     }
+
+
+def _reward_parts(rs: list[Rollout], prefix: str) -> dict[str, float]:
+    """The mean of each named reward part (`Rollout.reward_detail`: a verifiers task's
+    rewards and metrics, a text environment's steps) over the rollouts that have it."""
+    parts: dict[str, list[float]] = {}
+    for r in rs:
+        for name, value in r.reward_detail.items():
+            parts.setdefault(name, []).append(value)
+    return {f"{prefix}/reward_part/{name}": _mean(v) for name, v in sorted(parts.items())}
 
 
 def numeric(m: dict[str, Any], prefix: str = "") -> dict[str, float]:

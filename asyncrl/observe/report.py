@@ -43,6 +43,13 @@ FINAL_KEYS = (
     "rollout/tool_error_ratio", "rollout/tool_error_ratio_pos", "roc/rollouts_kept",
     "roc/groups_trained", "train/pg_loss", "train/clip_frac", "timing/step_s",
 )
+FAILURE_KEYS = (
+    ("rollout/failed_count", "rollouts failed (engine, environment)"),
+    ("rollout/env_error_count", "of them: a text environment raised"),
+    ("rollout/reward_error_count", "rewards that raised (rollout scored 0)"),
+    ("rollout/reward_part_error_count", "reward parts that raised (that part scored 0)"),
+    ("rollout/reward_timeout_count", "reward checks past their deadline"),
+)
 STACKED_TIMES = (("timing/rollout_s", "rollout"), ("timing/update_s", "update"),
                  ("timing/sync_s", "weight sync"))
 
@@ -175,6 +182,8 @@ class Summary:
     """Key -> (value at the last RL step, mean over the last 5 RL steps)."""
     last_rl_step: int | None = None
     evals: int = 0
+    failures: dict[str, float] = field(default_factory=dict)
+    """`FAILURE_KEYS` summed over the RL steps, and `rollout/count` the rollouts they cover."""
 
 
 def summarize(rows: Sequence[Row]) -> Summary:
@@ -221,10 +230,12 @@ def summarize(rows: Sequence[Row]) -> Summary:
             tail = vals[-5:]
             final[key] = (vals[-1], sum(tail) / len(tail))
     last_step = rl[-1].get("step") if rl else None
+    failures = {k: sum(_number(r.get(k)) or 0.0 for r in rl)
+                for k in ("rollout/count", *(k for k, _ in FAILURE_KEYS))}
     return Summary(rows=len(rows), wall_time_s=max(times) if times else None, before=before,
                    after=after, stages=list(stages.values()), final=final,
                    last_rl_step=last_step if isinstance(last_step, int) else None,
-                   evals=len(evals))
+                   evals=len(evals), failures=failures)
 
 
 def _pct(v: Any) -> str:
@@ -298,6 +309,7 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
              else "n/a")
         out.append(f"| {st.name} | {st.kind or '-'} | {st.steps} | {span} | {t} |")
 
+    out += _failures(s)
     if s.final:
         out += ["", "## Final figures", "", "| metric | last step | mean of last 5 |",
                 "| --- | --- | --- |"]
@@ -305,6 +317,21 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     out += ["", "## Plots", ""]
     out += [f"![{p.removesuffix('.png')}]({p})" for p in plots] or ["(no data to plot)"]
     return "\n".join(out) + "\n"
+
+
+
+
+def _failures(s: Summary) -> list[str]:
+    """What went wrong over the RL steps' rollouts, summed (built-in and plugin tasks alike);
+    nothing when nothing did."""
+    totals = s.failures
+    if not any(totals.get(k) for k, _ in FAILURE_KEYS):
+        return []
+    out = ["", "## Failures", "", f"Over {totals.get('rollout/count', 0):.0f} training "
+           "rollouts:", "",
+           "| what | rollouts |", "| --- | --- |"]
+    out += [f"| {label} | {totals[k]:.0f} |" for k, label in FAILURE_KEYS]
+    return out
 
 
 def _level_table(s: Summary, avg: str, maj: str) -> list[str]:

@@ -148,6 +148,7 @@ def rollout_view(group: Group, index: int, *, trained: bool, decode: Decoder | N
         "status": ro.status.value, "stop_reason": ro.stop_reason.value, "error": ro.error,
         "policy_version": ro.policy_version, "tokens": len(ro.response_ids),
         "turns": _turns(ro, decode), "calls": calls, "roc": decision, "roc_why": why,
+        "reward_detail": dict(ro.reward_detail), "reward_errors": list(ro.reward_errors),
     }
 
 

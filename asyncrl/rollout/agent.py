@@ -31,7 +31,7 @@ import asyncio
 import itertools
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -81,6 +81,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 ProgressHook = Callable[[Rollout], None]
 
+EnvHook = Callable[[Rollout, str], Awaitable["str | None"]]
+"""A text environment's turn (`asyncrl.envs.textenv`): `await env(rollout, turn_text)` after
+each assistant turn that ends without a tool call; the observation to append as the next user
+turn, or None when the episode is over. The environment keeps its own reward."""
+
 
 _PARSE_WINDOWS = (64, 512)
 """Without a single-token opener: the closing call is parsed from the turn's last 64 tokens
@@ -112,8 +117,10 @@ class AgentLoop:
     Stateless across rollouts (safe to share between thousands of concurrent rollouts).
     """
 
-    def __init__(self, tokenizer: Any, tools: Sequence[Tool], settings: RolloutSettings) -> None:
+    def __init__(self, tokenizer: Any, tools: Sequence[Tool], settings: RolloutSettings,
+                 env: EnvHook | None = None) -> None:
         self.tokenizer = tokenizer
+        self.env = env
         self.settings = settings
         self.tools = {t.name: t for t in tools}
         self.fmt = settings.tool_format
@@ -185,15 +192,15 @@ class AgentLoop:
             return self.finish(ro, RolloutStatus.ABORTED, StopReason.ABORTED,
                                error="engine aborted the request", text=text)
         if end > start and ro.response_ids[-1] in self._eos:
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.EOS, text=text)
+            return await self._done(ro, n_turn, start, StopReason.EOS, text)
         if finish == "length" or end >= st.max_response_tokens:
             # the budget, or an engine-side length limit (context window) that hit first
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET, text=text)
         if not self.tools or finish != "stop":
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL, text=text)
+            return await self._done(ro, n_turn, start, StopReason.NO_TOOL_CALL, text)
         call = self._parse(ro.response_ids, start, opener_at)
         if call is None:
-            return self.finish(ro, RolloutStatus.COMPLETED, StopReason.NO_TOOL_CALL, text=text)
+            return await self._done(ro, n_turn, start, StopReason.NO_TOOL_CALL, text)
         if n_turn + 1 >= st.max_turns:
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS, text=text)
         closed_at = time.perf_counter()
@@ -222,6 +229,46 @@ class AgentLoop:
             text.append(self._codec.bytes_of(tool_ids))  # type: ignore[misc]
         ro.turns.append(Turn(role="tool", start=start, end=start + len(tool_ids),
                              tool_call=len(ro.tool_calls) - 1))
+        return True
+
+    async def _done(self, ro: Rollout, n_turn: int, start: int, reason: StopReason,
+                    text: Text | None) -> bool:
+        """An assistant turn ended without a tool call: the rollout is complete, unless a text
+        environment answers the turn with an observation (appended as a user turn, mask 0;
+        the rollout goes on). An environment that raises fails this rollout only."""
+        if self.env is None:
+            return self.finish(ro, RolloutStatus.COMPLETED, reason, text=text)
+        end = len(ro.response_ids)
+        if end > start and ro.response_ids[-1] in self._eos:
+            end -= 1  # the action is the turn's text, not its end-of-turn token
+        turn_text = self._decode(ro.response_ids[start:end])
+        try:
+            async with asyncio.timeout(self.settings.tool_timeout_s):
+                obs = await self.env(ro, turn_text)
+        except Exception as e:  # the environment's bug (or its deadline) fails this rollout only
+            log.warning("environment_raised", rollout_id=ro.rollout_id, error=repr(e)[:300])
+            return self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR,
+                               error=f"environment: {e!r}"[:500], text=text)
+        if obs is None:
+            return self.finish(ro, RolloutStatus.COMPLETED, reason, text=text)
+        if n_turn + 1 >= self.settings.max_turns:
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS, text=text)
+        closed = bool(ro.response_ids) and ro.response_ids[-1] in self._eos
+        wrapped = (("" if closed else formats.IM_END) + f"\n{formats.IM_START}user\n{obs}"
+                   f"{formats.IM_END}\n{formats.IM_START}assistant\n")
+        obs_ids = await self._codec.aencode(wrapped)
+        if len(ro.response_ids) + len(obs_ids) >= self.settings.max_response_tokens:
+            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW,
+                               text=text)
+        at = len(ro.response_ids)
+        ro.response_ids.extend(obs_ids)
+        ro.loss_mask.extend([0] * len(obs_ids))
+        ro.logprobs.extend([0.0] * len(obs_ids))
+        last = ro.token_versions[-1] if ro.token_versions else ro.policy_version
+        ro.token_versions.extend([last] * len(obs_ids))
+        if text is not None:
+            text.append(self._codec.bytes_of(obs_ids))  # type: ignore[misc]
+        ro.turns.append(Turn(role="environment", start=at, end=at + len(obs_ids)))
         return True
 
     def _parse(self, ids: list[int], start: int, opener_at: int

@@ -26,7 +26,7 @@ from asyncrl.errors import EngineUnavailable
 from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
-from asyncrl.rollout.agent import AgentLoop, RolloutSettings
+from asyncrl.rollout.agent import AgentLoop, EnvHook, RolloutSettings
 from asyncrl.rollout.codec import Codec
 from asyncrl.rollout.eventloop import quiet_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
@@ -72,6 +72,8 @@ class RolloutRunner:
       `reward_error`, the deadline `reward_timeout_s` gives `reward_timeout`.
     - `policy`: admission policy name (`"kv"`, `"least_requests"`, `"static"`) or instance;
       `policy_options` go to its constructor.
+    - `env`: a text environment's turn hook (`agent.EnvHook`): it answers each assistant turn
+      that ends without a tool call with an observation, or ends the episode.
     - `quiet_gc`: no routine automatic garbage collections while `run` is in flight, only a
       memory backstop (see `eventloop.quiet_gc`: with thousands of rollouts, a full
       collection stalls the loop for up to a second and young ones for tens of ms); one full
@@ -83,7 +85,7 @@ class RolloutRunner:
                  max_requeues: int = 3, reward_timeout_s: float = 60.0,
                  load_timeout_s: float = 10.0, system_prompt: str = "",
                  policy_options: dict[str, Any] | None = None,
-                 quiet_gc: bool = True) -> None:
+                 quiet_gc: bool = True, env: EnvHook | None = None) -> None:
         if not engines:
             raise ValueError("RolloutRunner needs at least one engine")
         self.engines = list(engines)
@@ -98,6 +100,7 @@ class RolloutRunner:
         self.load_timeout_s = load_timeout_s
         self.system_prompt = system_prompt
         self.quiet_gc = quiet_gc
+        self.env = env
         self._groups = itertools.count()
         self._carry: dict[str, Any] = {}
         self.last_scheduler: Scheduler | None = None
@@ -142,7 +145,7 @@ class RolloutRunner:
                    settings: RolloutSettings, policy_version: int,
                    options: dict[str, Any],
                    on_rollout: OnRollout | None) -> AsyncGenerator[Group, None]:
-        agent = AgentLoop(self.tokenizer, self.tools, settings)
+        agent = AgentLoop(self.tokenizer, self.tools, settings, env=self.env)
         # Bounded by construction: at most one item per problem (or one crash) is ever put.
         done: asyncio.Queue[Group | BaseException] = asyncio.Queue()
         # An explicit task set rather than a TaskGroup: this is an async generator, and a
@@ -267,8 +270,11 @@ class RolloutRunner:
             async with asyncio.timeout(self.reward_timeout_s):
                 res = await self.reward_fn(problem, ro)
             ro.reward, ro.reward_status, ro.answer = float(res.reward), res.status, res.answer
+            if res.detail or res.errors:
+                ro.reward_detail, ro.reward_errors = dict(res.detail), list(res.errors)
         except TimeoutError:
             ro.reward, ro.reward_status = 0.0, "reward_timeout"
         except Exception as e:  # a broken reward scores 0 and is recorded; the group goes on
             log.warning("reward_error", rollout_id=ro.rollout_id, error=repr(e))
             ro.reward, ro.reward_status = 0.0, "reward_error"
+            ro.reward_errors = [repr(e)[:300]]

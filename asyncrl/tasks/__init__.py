@@ -1,4 +1,5 @@
-"""Built-in task families, chosen by name (`data.train = "generator:NAME"`).
+"""Built-in task families, chosen by name (`data.train = "generator:NAME"`): `tiny_math`,
+`reasoning_gym` (the reasoning-gym package's generators).
 
 Owns: the registry `TASK_FAMILIES` and the three things a run asks of a family — `generate`
 its (train, eval) problems and the `solution_code` of a problem (for SFT transcripts). Does not
@@ -14,12 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from asyncrl.records import Problem
-from asyncrl.tasks import tiny_math
+from asyncrl.tasks import rgym, tiny_math
 from asyncrl.tasks.base import TaskFamily
 
 __all__ = ["TASK_FAMILIES", "TaskFamily", "corpus", "generate", "get_family", "solution_code"]
 
-TASK_FAMILIES: dict[str, TaskFamily] = {tiny_math.FAMILY.name: tiny_math.FAMILY}
+TASK_FAMILIES: dict[str, TaskFamily] = {tiny_math.FAMILY.name: tiny_math.FAMILY,
+                                         rgym.FAMILY.name: rgym.FAMILY}
 
 
 def get_family(name: str) -> TaskFamily:
@@ -42,5 +44,6 @@ def generate(name: str, options: Mapping[str, Any],
 
 
 def solution_code(problem: Problem) -> str:
-    """A Python program whose stdout is `problem.answer`; the family is `problem.source`."""
-    return get_family(problem.source).solution_code(problem)
+    """A Python program whose stdout is `problem.answer`; the family is `problem.source` up to
+    its first `/` (`reasoning_gym/chain_sum` is the `reasoning_gym` family's)."""
+    return get_family(problem.source.split("/", 1)[0]).solution_code(problem)

@@ -71,6 +71,10 @@ class TaskFamily:
     solution_code: Callable[[Problem], str]
     check: Callable[[dict[str, Any]], None] = lambda opts: None
     """Family-specific value checks (after the type checks); raises ValueError naming the option."""
+    reward: Callable[[Any], Any] | None = None
+    """The family's own answer check, `reward(ctx) -> async (problem, rollout) -> RewardResult`
+    given an `asyncrl.envs.source.TaskContext` (what `[task] reward = "auto"` uses); None: the
+    math reward is right for its answers."""
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """Defaults overlaid with `options`; unknown names and wrongly typed values raise

@@ -42,9 +42,14 @@ def test_the_names_the_doc_documents_are_exported() -> None:
     for name in ("load_policy", "Policy", "rollouts", "rollout_groups", "local_sandbox",
                  "remote_sandbox", "exact_match_reward", "RewardResult", "Rollout", "Problem",
                  "RolloutSettings", "FunctionTool", "PythonTool", "function_tool",
-                 "from_environment", "BudgetError", "ModelError", "run_loop"):
+                 "from_environment", "BudgetError", "ModelError", "run_loop",
+                 "rubric_reward", "Task", "open_task"):
         assert f"`{name}" in text, name
         assert getattr(asyncrl, name) is not None
+    import asyncrl.api
+
+    for name in ("open_task", "exact_match_reward", "rollouts"):  # and from asyncrl.api
+        assert getattr(asyncrl.api, name) is not None
     from asyncrl.rollout import RolloutSettings
 
     for field in RolloutSettings.__struct_fields__:  # every setting has its row

@@ -1,0 +1,219 @@
+"""The `reasoning_gym` task family: procedurally generated reasoning tasks from the reasoning-gym package.
+
+Owns turning named reasoning-gym generators into asyncrl problems:
+- `generators` (list of names, each a `reasoning_gym.create_dataset` name) with per-generator
+  options in `generator_config` (`{ chain_sum = { min_terms = 2, max_digits = 3 } }`);
+- training and held-out sets from **distant** seeds: reasoning-gym draws item i from
+  `Random(seed + i)`, so adjacent seeds repeat each other shifted by one item; the held-out
+  set is drawn at `seed + eval_seed_offset` (default 10^6), then deduplicated by question text
+  against the training set (and each set within itself);
+- unanswerable items dropped and counted (`simple_equations`' `0 = 0`, empty answers), and
+  items whose answer is not the value of the expression they show (`wrong_answer`: reasoning-gym
+  0.1.25's `basic_arithmetic` without parentheses answers `983 + 374 * 296` with the value of
+  `(983 + 374) * 296`);
+- a problem's `source` is `reasoning_gym/<generator>` and its `difficulty` the generator's
+  position in `generators` (1, 2, ...), so per-level metrics are per generator;
+- the family's own answer check (`asyncrl.tasks.gym_checks`), right for each generator's
+  answer format, used by `[task] reward = "auto"`;
+- `solution_code` for the generators whose question carries the expression to evaluate
+  (`basic_arithmetic`, `chain_sum`, `products`): SFT transcripts can be generated for those.
+
+Options: `generators`, `generator_config`, `train_size`, `eval_size` (totals, split evenly over
+the generators), `eval_seed_offset`, `seed_offset` (added to the run seed).
+Does not own: reasoning-gym itself (imported when a source is built), the answer checks.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections import Counter
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+from asyncrl.records import Problem
+from asyncrl.tasks import gym_checks
+from asyncrl.tasks.base import TaskFamily
+
+NAME = "reasoning_gym"
+
+DEFAULTS: dict[str, Any] = {
+    "generators": ["basic_arithmetic"],
+    "generator_config": {},
+    "train_size": 2000,
+    "eval_size": 128,
+    "eval_seed_offset": 1_000_000,
+    "seed_offset": 0,
+}
+
+_EXPRESSION = {
+    "basic_arithmetic": re.compile(r"^Calculate (?P<e>[-+*/() 0-9]+)\.$"),
+    "chain_sum": re.compile(r"^State the final answer to the following arithmetic problem: "
+                            r"(?P<e>[-+ 0-9]+) =$"),
+    "products": re.compile(r"^Solve the following multiplication: (?P<e>[-* 0-9]+)\. Give only "
+                           r"the result as your final answer\.$"),
+}
+"""Generators whose question holds a Python expression whose value is the answer."""
+
+
+class ProblemList(list[Problem]):
+    """A split, with what was dropped from it by reason (read by `asyncrl.envs.source`)."""
+
+    dropped: dict[str, int]
+
+
+_OPS: dict[type, Callable[[Any, Any], Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+        ast.Div: Fraction}
+
+
+def _value(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        v = _value(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Div):
+            return left / right
+        return Fraction(_OPS[type(node.op)](left, right))
+    raise ValueError("not plain arithmetic")
+
+
+def expression_value(name: str, question: str) -> Fraction | None:
+    """The exact value of the expression an expression generator's question holds (Python's
+    precedence), or None for other generators and questions."""
+    pattern = _EXPRESSION.get(name)
+    m = pattern.match(question) if pattern is not None else None
+    if m is None or len(m.group("e")) > 200:
+        return None
+    try:
+        return _value(ast.parse(m.group("e").strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _wrong_gold(name: str, entry: dict[str, Any]) -> bool:
+    """The item's answer is not its expression's value. reasoning-gym 0.1.25's
+    basic_arithmetic without parentheses writes `983 + 374 * 296` but answers 401672, the
+    value of `(983 + 374) * 296`: such items would teach the wrong arithmetic."""
+    value = expression_value(name, str(entry["question"]).strip())
+    return value is not None and str(value) != str(entry["answer"]).strip()
+
+
+def _unanswerable(name: str, entry: dict[str, Any]) -> bool:
+    if not str(entry.get("answer", "")).strip():
+        return True
+    meta = entry.get("metadata") or {}
+    return name == "simple_equations" and str(meta.get("equation", "")).replace(" ", "") == "0=0"
+
+
+def _check(opts: dict[str, Any]) -> None:
+    if not opts["generators"]:
+        raise ValueError(f"{NAME}: option 'generators' must name at least one generator")
+    if len(set(opts["generators"])) != len(opts["generators"]):
+        raise ValueError(f"{NAME}: option 'generators' names a generator twice")
+    extra = sorted(set(opts["generator_config"]) - set(opts["generators"]))
+    if extra:
+        raise ValueError(f"{NAME}: generator_config names {extra[0]!r}, which is not in "
+                         "'generators'")
+    if opts["eval_seed_offset"] < max(opts["train_size"], opts["eval_size"]) * 4:
+        raise ValueError(f"{NAME}: option 'eval_seed_offset' must be far above the split sizes "
+                         "(items are drawn from Random(seed + index): nearby seeds repeat "
+                         "items)")
+
+
+def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
+          taken: set[str], dropped: Counter[str], level: int) -> list[Problem]:
+    import difflib
+
+    import reasoning_gym
+
+    known = sorted(reasoning_gym.factory.DATASETS)
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"{NAME}: unknown generator {name!r}{hint}")
+    if n == 0:
+        return []
+    size = n * 3 + 16  # room for duplicates and dropped items
+    try:
+        ds = reasoning_gym.create_dataset(name, seed=seed, size=size, **config)
+    except Exception as e:  # reasoning-gym validates its own config with asserts / TypeErrors
+        raise ValueError(f"{NAME}: generator_config.{name}: {type(e).__name__}: {e}") from None
+    out: list[Problem] = []
+    for idx in range(size):
+        entry = ds[idx]
+        question = str(entry["question"]).strip()
+        if _unanswerable(name, entry):
+            dropped["unanswerable"] += 1
+            continue
+        if _wrong_gold(name, entry):
+            dropped["wrong_answer"] += 1
+            continue
+        if question in taken:
+            dropped["duplicate_question"] += 1
+            continue
+        taken.add(question)
+        gym_checks.ENTRIES[(name, question)] = dict(entry)
+        out.append(Problem(id=f"rg-{name}-{split}-{idx:06d}", question=question,
+                           answer=str(entry["answer"]).strip(), source=f"{NAME}/{name}",
+                           difficulty=float(level)))
+        if len(out) == n:
+            return out
+    raise ValueError(f"{NAME}: {name} gave only {len(out)} distinct answerable {split} "
+                     f"questions of {n}: ask for fewer, or widen its generator_config")
+
+
+def _split_sizes(total: int, k: int) -> list[int]:
+    return [total // k + (1 if i < total % k else 0) for i in range(k)]
+
+
+def make(opts: dict[str, Any], seed: int) -> tuple[ProblemList, ProblemList]:
+    """(train, eval): eval drawn first at the distant seed, train never repeats its questions."""
+    gens: list[str] = opts["generators"]
+    base = seed + opts["seed_offset"]
+    train, eval_ = ProblemList(), ProblemList()
+    d_train: Counter[str] = Counter()
+    d_eval: Counter[str] = Counter()
+    taken: set[str] = set()
+    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["eval_size"], len(gens)),
+                                          strict=True), start=1):
+        eval_ += _draw(name, dict(opts["generator_config"].get(name, {})),
+                       base + opts["eval_seed_offset"], n, "eval", taken, d_eval, level)
+    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["train_size"], len(gens)),
+                                          strict=True), start=1):
+        train += _draw(name, dict(opts["generator_config"].get(name, {})), base, n, "train",
+                       taken, d_train, level)
+    train.dropped, eval_.dropped = dict(d_train), dict(d_eval)
+    return train, eval_
+
+
+def solution_code(problem: Problem) -> str:
+    """`print(<the question's expression>)` for the expression generators (an integer result:
+    reasoning-gym's `basic_arithmetic` divides exactly)."""
+    gen = problem.source.split("/", 1)[-1]
+    pattern = _EXPRESSION.get(gen)
+    m = pattern.match(problem.question) if pattern is not None else None
+    if m is None:
+        raise ValueError(f"{NAME}: no solution program for {problem.source} problem "
+                         f"{problem.id} (only {', '.join(sorted(_EXPRESSION))} have one)")
+    expr = " ".join(m.group("e").split())
+    return f"print({expr})" if "/" not in expr else f"print(round({expr}))"
+
+
+def _reward(ctx: Any) -> Any:
+    return gym_checks.GymReward(ctx.reward_host)
+
+
+FAMILY = TaskFamily(
+    name=NAME,
+    description="reasoning-gym generators: distant-seed held-out sets, per-generator checks",
+    defaults=DEFAULTS,
+    make=make,
+    solution_code=solution_code,
+    check=_check,
+    reward=_reward,
+)

@@ -1,0 +1,142 @@
+"""A curriculum names its task source, reward and tools: built-ins by name, plugins by
+`module:attr`; a wrong name is a config error naming the key, with "did you mean"."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from fakes.scripted_engine import ScriptedEngine
+from micro_config import MICRO_MODEL, ROOT
+
+from asyncrl import config
+from asyncrl.api import RolloutSettings, rollouts
+from asyncrl.envs.source import TaskContext, clear_cache, load_source
+from asyncrl.envs.wiring import build_reward, build_tools, check_task
+from asyncrl.errors import ConfigError
+
+PLUGIN = '''
+from asyncrl.records import Problem, RewardResult
+
+def make(options, seed):
+    n = options.get("n", 3)
+    rows = [Problem(id=f"p{i}", question=f"Spell {w}", answer=w, source="spell")
+            for i, w in enumerate(["cat", "dog", "owl", "emu", "yak"][:n])]
+    return rows[1:], rows[:1]
+
+async def spelled(problem, rollout):
+    return 1.0 if problem.answer in rollout.response_text else 0.0
+
+def letters(word: str) -> str:
+    """The letters of a word, dash-separated."""
+    return "-".join(word)
+'''
+
+
+def _curriculum(tmp_path: Path, task: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(MICRO_MODEL + textwrap.dedent(f"""
+        [data]
+        train = "generator:myplug:make"
+        eval = "generator:myplug:make"
+        [data.generator_options]
+        n = 4
+        [task]
+        {task}
+        [[stages]]
+        name = "rl"
+        steps = 1
+        """))
+    return p
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "myplug.py").write_text(PLUGIN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    clear_cache()
+    yield tmp_path
+    clear_cache()
+    sys.modules.pop("myplug", None)
+
+
+def test_config_check_builds_the_plugin_source_and_names_its_reward(plugin_dir: Path) -> None:
+    cfg = config.load(_curriculum(plugin_dir, 'reward = "myplug:spelled"\n'
+                                  'tools = ["python", "myplug:letters"]'))
+    lines = check_task(cfg)
+    assert lines[0].startswith("task source generator:myplug:make: 3 train problems")
+    assert "'Spell dog' -> 'dog'" in lines[0]
+    assert lines[1].startswith("task source generator:myplug:make: 1 eval problems")
+    assert "reward: myplug:spelled" in lines
+
+
+@pytest.mark.parametrize(("task", "key", "hint"), [
+    ('reward = "mathh"', "task.reward", "did you mean 'math'?"),
+    ('reward = "myplug:speled"', "task.reward", "did you mean 'spelled'?"),
+    ('tools = ["pyhton"]', "task.tools", "did you mean 'python'?"),
+    ('reward = "nosuchmod:f"', "task.reward", "cannot import module 'nosuchmod'"),
+])
+def test_a_wrong_name_is_an_error_naming_the_key(plugin_dir: Path, task: str, key: str,
+                                                  hint: str) -> None:
+    cfg = config.load(_curriculum(plugin_dir, task))
+    with pytest.raises(ConfigError) as e:
+        check_task(cfg)
+    assert e.value.key == key and hint in str(e.value)
+
+
+def test_a_wrong_source_name_fails_config_check_with_a_hint(plugin_dir: Path) -> None:
+    p = _curriculum(plugin_dir, "")
+    p.write_text(p.read_text().replace("generator:myplug:make", "generator:tiny_mth", 1))
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "config", "check", str(p)],
+                          cwd=plugin_dir, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert "data.train: unknown task 'tiny_mth'; did you mean 'tiny_math'?" in proc.stderr
+
+
+async def test_plugin_reward_and_tools_run_in_the_rollout_loop(plugin_dir: Path,
+                                                             tiny_tokenizer) -> None:
+    tok = tiny_tokenizer
+    src = load_source("myplug:make", {"n": 2}, 0)
+    ctx = TaskContext(tokenizer=tok)
+    reward = build_reward("myplug:spelled", src, ctx)
+    (tool,) = build_tools(["myplug:letters"], src, ctx)
+    assert tool.name == "letters"
+    call = "<tool_call>" + json.dumps({"name": "letters", "arguments": {"word": "dog"}}) + \
+        "</tool_call>"
+    eng = ScriptedEngine([tok.encode(call), tok.encode("<answer>dog</answer><|im_end|>")], tok)
+    (ro,) = [r async for r in rollouts(src.train[:1], engines=[eng], tokenizer=tok,
+                                       tools=[tool], reward_fn=reward,
+                                       settings=RolloutSettings(max_response_tokens=200))]
+    assert [(c.name, c.output) for c in ro.tool_calls] == [("letters", "d-o-g")]
+    assert (ro.reward, ro.reward_status) == (1.0, "ok")
+
+
+def test_the_default_task_is_the_math_reward_and_the_python_tool() -> None:
+    cfg = config.load(ROOT / "curricula" / "tiny.toml")
+    assert (cfg.task.reward, cfg.task.tools) == ("auto", ["auto"])
+    assert "reward: auto (math)" in check_task(cfg)
+
+
+async def test_open_task_takes_the_names_a_curriculum_takes(plugin_dir: Path,
+                                                            tiny_tokenizer) -> None:
+    from asyncrl.api import open_task
+
+    async with open_task("myplug:make", options={"n": 3}, split="train",
+                         reward="myplug:spelled", tools=("python", "myplug:letters"),
+                         tokenizer=tiny_tokenizer) as task:
+        assert [p.answer for p in task.problems] == ["dog", "owl"]
+        assert [t.name for t in task.tools] == ["python_code_with_standard_io", "letters"]
+        out = await task.tools[0]({"code": "print(6 * 7)"})
+        assert (out.status.value, out.stdout.strip()) == ("ok", "42")
+        eng = ScriptedEngine([tiny_tokenizer.encode("owl<|im_end|>")], tiny_tokenizer)
+        (ro,) = [r async for r in rollouts(task.problems[1:], engines=[eng],
+                                           tokenizer=tiny_tokenizer, tools=task.tools,
+                                           reward_fn=task.reward_fn,
+                                           settings=RolloutSettings(max_response_tokens=50))]
+        assert ro.reward == 1.0

@@ -1,0 +1,151 @@
+"""Text environments in the agent loop: a real skyrl-gym multi-turn environment answers the
+model's turns with observations and ends the episode with its reward; one that raises fails
+its rollout only; `asyncrl train` runs RL steps on it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import skyrl_gym  # the dev extra installs it (test-envs): never skipped
+from fakes.scripted_engine import ScriptedEngine
+from micro_config import MICRO_MODEL, ROOT, RUN_ENV, metric_rows
+
+from asyncrl.api import RolloutSettings, rollouts
+from asyncrl.envs.source import TaskContext, adapt
+from asyncrl.envs.textenv import skyrl_source, text_env_source
+from asyncrl.envs.wiring import build_reward
+from asyncrl.errors import ConfigError
+from asyncrl.records import Problem
+
+ROWS = [{"id": f"g{i}", "question": f"Tom has {a} apples and buys {b} more. How many now?",
+         "answer": str(a + b)} for i, (a, b) in enumerate([(3, 4), (10, 5), (7, 8), (2, 9),
+                                                            (6, 6), (12, 1)])]
+
+
+def _file(tmp_path: Path, rows: list[dict]) -> str:
+    p = tmp_path / "gsm.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(p)
+
+
+async def _run(tok, src, script, settings=None):
+    reward = build_reward("auto", src, TaskContext(tokenizer=tok))
+    env = src.env(TaskContext(tokenizer=tok))
+    eng = ScriptedEngine([tok.encode(t) for t in script], tok)
+    (ro,) = [r async for r in rollouts(src.train[:1], engines=[eng], tokenizer=tok,
+                                       reward_fn=reward, env=env,
+                                       settings=settings or RolloutSettings(
+                                           max_response_tokens=300, max_turns=5))]
+    return ro, eng
+
+
+async def test_a_skyrl_gym_multi_turn_env_answers_turns_and_rewards(tmp_path, tiny_tokenizer
+                                                                   ) -> None:
+    tok = tiny_tokenizer
+    src = skyrl_source({"env": "gsm8k_multi_turn", "train_file": _file(tmp_path, ROWS),
+                        "extras": {"max_turns": 3}}, 0)
+    assert src.name == "skyrl_gym/gsm8k_multi_turn" and len(src.train) == 6
+    ro, eng = await _run(tok, src, ["I think #### 6<|im_end|>", "#### 7<|im_end|>"])
+    assert [t.role for t in ro.turns] == ["assistant", "environment", "assistant"]
+    obs = ro.turns[1]
+    assert set(ro.loss_mask[obs.start:obs.end]) == {0}  # observations are not trained on
+    assert "#### ANSWER" in tok.decode(ro.response_ids[obs.start:obs.end])
+    assert "#### ANSWER" in tok.decode(eng.requests[1].input_ids)  # the model saw it
+    # skyrl-gym's own per-turn rewards: format credit 0.2/3 for a wrong answer, 1.0 correct
+    assert ro.reward_detail == pytest.approx({"step_1": 0.2 / 3, "step_2": 1.0})
+    assert (ro.status.value, ro.reward) == ("completed", pytest.approx(1.0 + 0.2 / 3))
+
+
+async def test_an_env_that_raises_fails_its_rollout_only(tiny_tokenizer) -> None:
+    class Broken:
+        def step(self, action: str) -> dict:
+            raise RuntimeError("env bug")
+
+    probs = [Problem(id="p", question="Say hi", answer="hi")]
+    src = text_env_source("broken", probs, [], lambda p: Broken())
+    ro, _ = await _run(tiny_tokenizer, src, ["hi<|im_end|>"])
+    assert (ro.status.value, ro.stop_reason.value) == ("failed", "error")
+    assert ro.error.startswith("environment: RuntimeError('env bug')")
+    assert (ro.reward, ro.reward_status) == (0.0, "no_answer")
+
+
+def test_a_wrong_skyrl_env_id_says_did_you_mean(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="did you mean 'gsm8k_multi_turn'"):
+        skyrl_source({"env": "gsm8k_multiturn", "train_file": _file(tmp_path, ROWS)}, 0)
+    assert adapt(skyrl_source, "skyrl_gym", {"env": "gsm8k", "train_file": _file(
+        tmp_path, ROWS)}, 0).env is not None
+    assert skyrl_gym.__name__ == "skyrl_gym"
+
+
+def test_asyncrl_train_runs_rl_steps_on_a_skyrl_gym_env(tmp_path) -> None:
+    train = _file(tmp_path, ROWS)
+    cfg = tmp_path / "skyrl.toml"
+    cfg.write_text(MICRO_MODEL + f"""
+[data]
+train = "generator:skyrl_gym"
+eval = "generator:skyrl_gym"
+max_prompt_tokens = 256
+[data.generator_options]
+env = "gsm8k_multi_turn"
+train_file = "{train}"
+eval_file = "{train}"
+extras = {{ max_turns = 2 }}
+[rollout]
+prompts_per_step = 2
+samples_per_prompt = 4
+group_size = 2
+max_turns = 2
+max_response_tokens = 24
+tools = false
+[roc]
+kind = "grpo_all"
+reject_equal_reward = false
+[engine]
+kv_token_budget = 8192
+[sandbox]
+workers = 1
+[[stages]]
+name = "rl"
+steps = 2
+[eval]
+every_steps = 2
+max_problems = 2
+[checkpoint]
+every_steps = 0
+[logging]
+console = "json"
+rollouts_every = 1
+""")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg),
+                           "--run-dir", str(run_dir)], cwd=ROOT, env=RUN_ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    steps = metric_rows(run_dir, "rl_step")
+    assert [r["step"] for r in steps] == [1, 2]
+    assert steps[-1]["train/optimizer_step"] == 2.0
+    rolls = [r for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
+             for g in f.read_text().splitlines() for r in json.loads(g)["rollouts"]]
+    assert len(rolls) == 16
+    for r in rolls:  # each rollout stepped the environment: its rewards are skyrl-gym's
+        assert r["reward_detail"] and set(r["reward_detail"]) <= {"step_1", "step_2"}
+        assert r["reward"] == pytest.approx(sum(r["reward_detail"].values()))
+    assert metric_rows(run_dir, "eval")
+    assert all("rollout/reward_part/step_1" in r for r in steps)
+    assert all(r["rollout/env_error_count"] == 0.0 for r in steps)
+
+
+def test_skyrl_dataset_rows_in_skyrls_own_layout_are_read(tmp_path) -> None:
+    rows = [{"prompt": [{"role": "system", "content": "Think."},
+                        {"role": "user", "content": "What is 2 + 2?"}],
+             "env_class": "gsm8k_multi_turn", "reward_spec": {"method": "rule",
+                                                              "ground_truth": "4"},
+             "extra_info": {"max_turns": 2}},
+            {"prompt": [{"role": "user", "content": "no answer here"}]}]
+    src = skyrl_source({"env": "gsm8k_multi_turn", "train_file": _file(tmp_path, rows)}, 0)
+    assert [(p.question, p.answer) for p in src.train] == [("What is 2 + 2?", "4")]
+    assert src.dropped == {"missing_field": 1}

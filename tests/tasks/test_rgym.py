@@ -1,0 +1,95 @@
+"""The reasoning_gym task family against the real reasoning-gym package: held-out from a
+distant seed with no shared question, unanswerable and wrongly answered items dropped and
+counted, solution programs that print the answer, and an answer check right for each
+generator's format where reasoning-gym's own scorer and math-verify are wrong."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import reasoning_gym  # the dev extra installs it (test-envs): never skipped
+
+from asyncrl.records import Problem, Rollout
+from asyncrl.reward import numeric_verdict
+from asyncrl.tasks import generate, solution_code
+from asyncrl.tasks.gym_checks import GymReward, check
+
+OPTS = {"generators": ["chain_sum", "products", "simple_equations", "basic_arithmetic"],
+        "train_size": 400, "eval_size": 40,
+        "generator_config": {"basic_arithmetic": {"min_terms": 3, "max_terms": 3,
+                                                  "allow_parentheses": False}}}
+
+
+def test_held_out_is_from_a_distant_seed_and_shares_no_question() -> None:
+    train, eval_ = generate("reasoning_gym", OPTS, 0)
+    assert (len(train), len(eval_)) == (400, 40)
+    assert not {p.question for p in train} & {p.question for p in eval_}
+    assert len({p.question for p in train}) == 400
+    # the held-out items are reasoning-gym's items at seed 10^6, not seed 1 (which would
+    # repeat seed 0 shifted by one item)
+    ds = reasoning_gym.create_dataset("chain_sum", seed=1_000_000, size=20)
+    assert eval_[0].question == ds[0]["question"]
+    assert [p.difficulty for p in eval_[::10]] == [1.0, 2.0, 3.0, 4.0]
+    assert eval_[0].source == "reasoning_gym/chain_sum"
+
+
+def test_unanswerable_and_wrongly_answered_items_are_dropped_and_counted() -> None:
+    train, _ = generate("reasoning_gym", OPTS, 0)
+    # simple_equations item 13 at seed 0 is "0 = 0"; basic_arithmetic without parentheses
+    # answers `a + b * c` with the value of `(a + b) * c` in reasoning-gym 0.1.25
+    assert train.dropped["unanswerable"] >= 1 and train.dropped["wrong_answer"] >= 1
+    assert not any("0 = 0" in p.question for p in train)
+
+
+def test_solution_programs_print_the_answer() -> None:
+    train, _ = generate("reasoning_gym", OPTS, 0)
+    for p in [q for q in train if "simple_equations" not in q.source][::40]:
+        out = subprocess.run([sys.executable, "-c", solution_code(p)], capture_output=True,
+                             text=True, timeout=30).stdout.strip()
+        assert out == p.answer, (p.question, solution_code(p))
+    with pytest.raises(ValueError, match="no solution program"):
+        solution_code(next(q for q in train if "simple_equations" in q.source))
+
+
+@pytest.mark.parametrize(("gen", "pred", "gold", "ok"), [
+    ("gsm_symbolic", "-28080", "28080", False),  # reasoning-gym gives this full credit
+    ("gsm_symbolic", "28,080", "28080", True),  # ... and this 0.01
+    ("basic_arithmetic", "627", "62", False),  # ... and this partial credit
+    ("power_function", "9.36e-18", "9.360000138304076e-18", True),  # math-verify: 0
+    ("power_function", "9.36 \\times 10^{-18}", "9.360000138304076e-18", True),
+    ("power_function", "9.37e-18", "9.360000138304076e-18", False),
+    ("fraction_simplification", "158/346", "$\\dfrac{79}{173}$", False),  # math-verify: 1
+    ("fraction_simplification", "0.456647", "79/173", False),  # math-verify: 1
+    ("fraction_simplification", "\\frac{79}{173}", "$\\dfrac{79}{173}$", True),
+    ("prime_factorization", "866", "2 × 433", False),  # math-verify: 1
+    ("prime_factorization", "4 \\times 5 \\times 49", "2 × 2 × 5 × 7 × 7", False),
+    ("prime_factorization", "2^{2} \\times 5 \\times 7^2", "2 × 2 × 5 × 7 × 7", True),
+])
+def test_the_answer_check_is_right_for_each_generators_format(gen, pred, gold, ok) -> None:
+    assert check(gen, pred, gold) is ok
+
+
+def test_the_math_reward_reads_e_notation_as_a_number() -> None:
+    assert numeric_verdict("9.36e-18", "9.360000138304076e-18") is True
+    assert numeric_verdict("9.4e-18", "9.360000138304076e-18") is False
+    assert numeric_verdict("2.5e3", "2500") is True
+
+
+async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
+    ds = reasoning_gym.create_dataset("bitwise_arithmetic", seed=0, size=1)
+    from asyncrl.tasks.gym_checks import ENTRIES
+
+    ENTRIES[("bitwise_arithmetic", ds[0]["question"])] = dict(ds[0])
+    p = Problem(id="b", question=ds[0]["question"], answer=ds[0]["answer"],
+                source="reasoning_gym/bitwise_arithmetic")
+    reward = GymReward(None)
+
+    async def score(answer: str) -> float:
+        ro = Rollout(rollout_id="r", prompt_id="b", group_id="g", policy_version=0,
+                     prompt_ids=[], response_text=f"<answer>\\boxed{{{answer}}}</answer>")
+        return (await reward(p, ro)).reward
+
+    assert await score(ds[0]["answer"]) == 1.0
+    assert await score(str(int(ds[0]["answer"], 16))) == 0.0  # decimal for a hex question
