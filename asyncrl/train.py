@@ -42,6 +42,7 @@ from asyncrl.stages import (
     stage_lr,
 )
 from asyncrl.stopping import StopRequest, signal_handlers
+from asyncrl.templates import end_of_sequence_ids
 
 if TYPE_CHECKING:
     from asyncrl.rollout.producer import RolloutProducer
@@ -106,7 +107,7 @@ class StageRunner:
         return RolloutSettings(
             max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
             tool_format=self.rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
-            stop_token_ids=(self.rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+            stop_token_ids=end_of_sequence_ids(self.rt.tokenizer),
             seed=(zlib.crc32(f"{self.cfg.run.seed}:{seed_key}".encode()) & 0x7FFFFFFF
                   if r.seed_requests else None),
         )

@@ -97,10 +97,12 @@ class DataSection(_Section, frozen=True, kw_only=True):
     list after it; with the built-in text it replaces the whole system text, tools included."""
     chat_template: Literal["auto", "model", "builtin"] = "auto"
     """Where prompts, tool responses and SFT chats get their text: `model` = the tokenizer's
-    own chat template (Hermes tool format, ChatML templates such as Qwen2.5 / Qwen3; an error
-    when it cannot be used), `builtin` = the format's own ChatML text, `auto` = the template
-    when the format is Hermes and the template renders Hermes calls, else built-in (see
-    docs/recipe.md, "Token-exact templates")."""
+    own chat template (Hermes tool format, ChatML templates such as Qwen2.5 / Qwen3; with the
+    markdown format, any template: the prompt and the turns are the model's, the Python fence
+    ends its turn and the output comes back in a message the template renders, as for
+    SmolLM2; an error when it cannot be used), `builtin` = the format's own ChatML text,
+    `auto` = the template when the format is Hermes and the template renders Hermes calls,
+    else built-in (see docs/recipe.md, "Token-exact templates")."""
 
     def __post_init__(self) -> None:
         if not self.train:

@@ -154,7 +154,7 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                                           system_prompt), False)]
     answer = f"<answer>\\boxed{{{problem.answer}}}</answer>"
     if kind == "direct":
-        return [*segs, Segment(REASON_DIRECT + answer, True), Segment(formats.IM_END, True)]
+        return [*segs, Segment(REASON_DIRECT + answer, True), Segment(fmt.end_of_turn, True)]
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
     if code is None:
@@ -174,7 +174,7 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
         raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
                          f"expected {problem.answer!r}")
     return [*segs, Segment(reason + fmt.render_call(code), True), Segment(response, False),
-            Segment(answer, True), Segment(formats.IM_END, True)]
+            Segment(answer, True), Segment(fmt.end_of_turn, True)]
 
 
 def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
