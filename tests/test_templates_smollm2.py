@@ -131,3 +131,33 @@ def test_a_gemma_like_template_stops_at_its_end_of_turn() -> None:
     assert eot in end_of_sequence_ids(tok)
     fmt = bind_format(formats.MARKDOWN, tok, "model")
     assert fmt.tool_response("X").startswith("<end_of_turn>\n<start_of_turn>tool\n```output\nX")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_natural_cold_start_with_real_sandbox_outputs(tok, fmt, client) -> None:
+    """The real model's cold start: tiny_math problems in natural sentences, every program
+    (the failing first tries included) run once in the real sandbox, its output and measured
+    time in the transcript; the replay makes the recording pass's draws (kinds, broken
+    programs), and each transcript is still the template's rendering."""
+    from asyncrl import tasks
+    from asyncrl.sft.coldstart import SandboxOutputs, build_sft_examples
+
+    problems = tasks.generate("tiny_math", {"train_size": 24, "eval_size": 4,
+                                            "levels": [1, 2, 3]}, 0)[0]
+    args = {"tool_fraction": 0.8, "fail_fix_fraction": 0.5, "system_prompt": SYSTEM,
+            "style": "natural"}
+    outputs = SandboxOutputs()
+    recorded = build_sft_examples(problems, fmt, tok, random.Random(1), execute=outputs.record,
+                                  **args)
+    await outputs.run(PythonTool(client))
+    real = build_sft_examples(problems, fmt, tok, random.Random(1), execute=outputs.replay,
+                              **args)
+    assert [e.kind for e in real] == [e.kind for e in recorded]
+    assert {"tool", "fail_fix", "direct"} <= {e.kind for e in real}
+    assert all(v is not None and v[0] in ("ok", "error") for v in outputs.programs.values())
+    fixed = next(e for e in real if e.kind == "fail_fix")
+    text = tok.decode(fixed.input_ids)
+    assert "Execution failed (error)." in text and 'File "<string>", line 1' in text
+    assert "<reason>" not in text and "the answer is <answer>\\boxed{" in text.lower()
+    for e in real:
+        assert e.input_ids == _ids(tok, tok.decode(e.input_ids))  # one rendering, one tokenization

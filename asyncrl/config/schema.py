@@ -300,6 +300,12 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """SFT: share of tool transcripts whose first call fails and is then fixed."""
     fail_fix_by_level: dict[str, Fraction] = {}
     """SFT: `fail_fix_fraction` for the problems of one level (`{ "4" = 0.7 }`); others keep it."""
+    transcript_style: Literal["markup", "natural"] = "markup"
+    """SFT: how generated transcripts word their reasoning: `markup` (the tiny model's terse
+    `<reason>` lines) or `natural` (sentences, for a pretrained instruction-tuned model)."""
+    sandbox_outputs: bool = False
+    """SFT: the generated transcripts' tool outputs come from the run's sandbox (its
+    tracebacks and measured times) instead of running the programs in process."""
     chat: SFTChatSection | None = None
     """SFT: train on chat files (`[stages.chat]`) instead of generated transcripts."""
 

@@ -109,9 +109,30 @@ class SFTPlan:
 Pair = tuple[list[int], list[int]]
 
 
+async def sandboxed_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
+                          problems: Sequence[Problem]) -> list[Pair]:
+    """`generator_pairs` with every program's output from the run's sandbox
+    (`stage.sandbox_outputs`): one pass records the programs, the sandbox runs each once, a
+    second pass over the same draws renders its outputs."""
+    from asyncrl import formats
+    from asyncrl.sft.coldstart import SandboxOutputs
+
+    tool = next((t for t in rt.tools if t.name == formats.PYTHON_TOOL), None)
+    if tool is None:
+        raise DataError(f"stage {stage.name!r}: sandbox_outputs needs the Python tool "
+                        "(rollout.tools)")
+    outputs = SandboxOutputs()
+    generator_pairs(stage, cfg, rt, problems, execute=outputs.record)
+    await outputs.run(tool)
+    log.info("sft_sandbox_outputs", programs=len(outputs.programs))
+    return generator_pairs(stage, cfg, rt, problems, execute=outputs.replay)
+
+
 def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
-                    problems: Sequence[Problem]) -> list[Pair]:
-    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation order."""
+                    problems: Sequence[Problem], execute: Any = None) -> list[Pair]:
+    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation
+    order, in the stage's `transcript_style`; `execute` runs their programs (default: in
+    process, `coldstart.run_trusted`)."""
     from asyncrl.sft.coldstart import build_sft_examples
 
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
@@ -122,7 +143,8 @@ def generator_pairs(stage: StageSection, cfg: RunConfig, rt: Runtime,
         fail_fix_by_level={int(k): v for k, v in stage.fail_fix_by_level.items()},
         tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
         tools=[t.schema for t in rt.tools] or None, system_prompt=cfg.data.system_prompt,
-        max_chars=cfg.rollout.tool_output_max_chars)
+        max_chars=cfg.rollout.tool_output_max_chars, style=stage.transcript_style,
+        execute=execute)
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 
@@ -138,7 +160,8 @@ async def run_sft(stage: StageSection, cfg: RunConfig, rt: Runtime, state: Train
     trainer = rt.need_trainer()
     valid: list[Pair] = []
     if stage.chat is None:
-        pairs = generator_pairs(stage, cfg, rt, problems)
+        pairs = (await sandboxed_pairs(stage, cfg, rt, problems) if stage.sandbox_outputs
+                 else generator_pairs(stage, cfg, rt, problems))
         bs = stage.batch_size or DEFAULT_BATCH
 
         def next_batch() -> list[Pair]:
