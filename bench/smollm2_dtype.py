@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             loss = -(lp * m).sum() / m.sum()
             loss.backward()
             times.append(time.perf_counter() - t0)
-        grads[dtype] = torch.cat([p.grad.float().flatten() for p in model.parameters()])
-        out[dtype] = {"fwd_bwd_s": round(min(times), 2), "loss": round(float(loss), 5)}
+        grads[dtype] = torch.cat([p.grad.double().flatten() for p in model.parameters()])
+        out[dtype] = {"fwd_bwd_s": round(min(times), 2), "loss": round(float(loss.detach()), 5)}
         changed = {}
         for lr in args.lrs:
             snap = [p.detach().clone() for p in model.parameters()]
