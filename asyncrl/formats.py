@@ -82,10 +82,21 @@ class ToolFormat:
     template: Any = field(default=None, repr=False)
     """The model's `templates.ChatTemplate` when the prompt and tool responses come from it
     (`templates.bind_format`); None for the built-in text."""
+    _continues: Any = field(default=None, repr=False)
+    """`(turn_text) -> bool`: the turn stopped on a stop string that is text, not a call."""
+    end_of_turn: str = IM_END
+    """The text that ends an assistant message (SFT transcripts train it): ChatML's
+    `<|im_end|>`, or the model template's own end-of-turn token (`templates.bind_format`)."""
 
     def parse(self, turn_text: str) -> Call | Malformed | None:
         """The call that ends `turn_text` (text of one assistant turn), if any."""
         return self._parse(turn_text)
+
+    def continues(self, turn_text: str) -> bool:
+        """True when `turn_text` (a turn that stopped on a stop string and parses to no call)
+        ended on text that only looks like a call's end: the agent loop keeps generating the
+        same turn. Markdown: a bare opening fence or a closed non-Python block."""
+        return bool(self._continues(turn_text)) if self._continues is not None else False
 
     def tool_response(self, text: str) -> str:
         """Text appended after a call (mask 0); the model continues right after it."""
@@ -169,7 +180,10 @@ _MD_SYSTEM = (
     "will be shown in an ```output block. {answer}"
 )
 _MD_OPEN = "```python\n"
-_MD_CALL = re.compile(r"```python\n(.*?)```\n?$", re.S)
+# The closing fence may share its token with more whitespace ("```" + "\n\n" in SmolLM2's
+# BPE): the engine stops inside that token, so the turn can end with more than one newline.
+_MD_CALL = re.compile(r"```python\n(.*?)```[ \t]*(?:\n\s*)?$", re.S)
+_MD_FENCE_END = re.compile(r"```[^`\n]*[ \t]*\n\s*$")
 
 
 def _md_parse(text: str) -> Call | Malformed | None:
@@ -182,6 +196,12 @@ def _md_parse(text: str) -> Call | Malformed | None:
     return Call(PYTHON_TOOL, {"code": code, "input": ""}, m.group(0))
 
 
+def _md_continues(text: str) -> bool:
+    # Only reached when the turn parses to no Python call: whatever fence ended it (an opening
+    # ``` or ```js, the close of a non-Python block) is prose to go on from, not a call.
+    return _MD_FENCE_END.search(text) is not None
+
+
 def _md_response(text: str) -> str:
     return f"```output\n{text}\n```\n"
 
@@ -191,7 +211,8 @@ def _md_render(code: str, stdin: str) -> str:
     return f"{_MD_OPEN}{code.rstrip()}\n```\n"
 
 
-MARKDOWN = ToolFormat("markdown", ("```\n",), _MD_SYSTEM, _md_parse, _md_response, _md_render)
+MARKDOWN = ToolFormat("markdown", ("```\n",), _MD_SYSTEM, _md_parse, _md_response, _md_render,
+                      _continues=_md_continues)
 
 FORMATS: dict[str, ToolFormat] = {"hermes": HERMES, "markdown": MARKDOWN}
 

@@ -41,19 +41,10 @@ DEFAULT_MAX_PROMPT_TOKENS = 512
 
 
 def stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    """The tokenizer's end-of-sequence ids: `eos_token_id` and ChatML's `<|im_end|>` when it
-    has one. Emitting any of them ends a rollout."""
-    ids: list[int] = []
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.append(eos)
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    if convert is not None:
-        im_end = convert(formats.IM_END)
-        unk = getattr(tokenizer, "unk_token_id", None)
-        if isinstance(im_end, int) and im_end != unk and im_end not in ids:
-            ids.append(im_end)
-    return tuple(ids)
+    """The tokenizer's end-of-sequence ids: its EOS, its chat template's end-of-turn token and
+    ChatML's `<|im_end|>` when it has them (`templates.end_of_sequence_ids`). Emitting any of
+    them ends a rollout."""
+    return templates.end_of_sequence_ids(tokenizer)
 
 
 def with_stops(settings: RolloutSettings, tokenizer: Any) -> RolloutSettings:

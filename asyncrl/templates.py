@@ -41,6 +41,7 @@ log = get_logger(__name__)
 
 SENTINEL = "\ue000asyncrl-probe\ue001"
 """Private-use characters that no real text contains: marks where content lands in a probe."""
+SENTINEL2 = "\ue002asyncrl-probe\ue003"
 ASSISTANT_HEADER = f"{formats.IM_START}assistant\n"
 CALL_CLOSE = "</tool_call>"
 
@@ -65,6 +66,7 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.template = tpl
         self._wrapper: tuple[str, str] | None = None
+        self._turn: tuple[str, str, str] | None = None
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
                *, add_generation_prompt: bool = False) -> str:
@@ -113,6 +115,40 @@ class ChatTemplate:
         head, tail = self.tool_wrapper()
         return head + output + tail
 
+    def turn_wrapper(self) -> tuple[str, str, str]:
+        """(head, tail, role) for a template without tool calls: after the model's turn ends on
+        a call (a markdown fence), the loop appends `head + output + tail` — the end of the
+        assistant message, a message of `role` holding the output, the next generation
+        prompt — which is the template's rendering of `[..., assistant, role]`. `role` is
+        `tool` when the template renders that role with its content, else `user`."""
+        if self._turn is None:
+            for role in ("tool", "user"):
+                probe: list[Message] = [{"role": "user", "content": "q"},
+                                        {"role": "assistant", "content": SENTINEL},
+                                        {"role": role, "content": SENTINEL2}]
+                text = self.render(probe, add_generation_prompt=True)
+                if text.count(SENTINEL) == 1 and text.count(SENTINEL2) == 1:
+                    head, tail = text.split(SENTINEL, 1)[1].split(SENTINEL2)
+                    break
+            else:
+                raise TemplateError("the chat template drops an assistant's or a tool's "
+                                    "message content")
+            if not tail or not head:
+                raise TemplateError("the chat template puts nothing between messages")
+            self._turn = (head, tail, role)
+        return self._turn
+
+    def end_of_turn(self) -> str:
+        """The special token the template ends an assistant message with (ChatML's
+        `<|im_end|>`, Gemma's `<end_of_turn>`): the text right after the message's content."""
+        head = self.turn_wrapper()[0]
+        specials = sorted(special_tokens(self.tokenizer), key=len, reverse=True)
+        for tok in specials:
+            if head.startswith(tok):
+                return tok
+        raise TemplateError("the chat template ends an assistant message with "
+                            f"{head[:20]!r}, not a special token of the tokenizer")
+
 
 def bind_format(fmt: formats.ToolFormat, tokenizer: Any, mode: Mode = "auto"
                 ) -> formats.ToolFormat:
@@ -127,8 +163,7 @@ def bind_format(fmt: formats.ToolFormat, tokenizer: Any, mode: Mode = "auto"
         return fmt
     if fmt.name != "hermes":
         if mode == "model":
-            raise ConfigError("data.chat_template", f"the {fmt.name!r} tool format has no "
-                              "chat-template form; use rollout.tool_format = \"hermes\"")
+            return _bind_markdown(fmt, tokenizer)
         return fmt
     try:
         tpl = ChatTemplate(tokenizer)
@@ -143,3 +178,59 @@ def bind_format(fmt: formats.ToolFormat, tokenizer: Any, mode: Mode = "auto"
         return tpl.prompt(question, tools, formats.template_system_text(fmt, tools, system_prompt))
 
     return dataclasses.replace(fmt, _response=tpl.tool_response, _prompt=prompt, template=tpl)
+
+
+def _bind_markdown(fmt: formats.ToolFormat, tokenizer: Any) -> formats.ToolFormat:
+    """The markdown format on top of the model's own turns (a template with no tool support,
+    e.g. SmolLM2's ChatML): the prompt is the template's `[system, user]` rendering with the
+    format's system text (no tool list: the template would not render it, or would render it
+    the Hermes way), a Python fence ends the assistant message, and the output comes back as
+    an ```output block in a message the template renders (`ChatTemplate.turn_wrapper`)."""
+    try:
+        tpl = ChatTemplate(tokenizer)
+        head, tail, _ = tpl.turn_wrapper()
+        eot = tpl.end_of_turn()
+    except TemplateError as e:
+        raise ConfigError("data.chat_template", str(e)) from None
+
+    def prompt(question: str, tools: list[dict[str, Any]] | None, system_prompt: str) -> str:
+        return tpl.prompt(question, None, system_prompt or fmt.system_prompt(tools))
+
+    def response(text: str) -> str:
+        return head + fmt.tool_response(text).rstrip("\n") + tail
+
+    return dataclasses.replace(fmt, _response=response, _prompt=prompt, template=tpl,
+                               end_of_turn=eot)
+
+
+def special_tokens(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens, its added special tokens included (`<|im_end|>`,
+    `<end_of_turn>`)."""
+    out = set(getattr(tokenizer, "all_special_tokens", None) or ())
+    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(tok, "special", False):
+            out.add(str(tok.content))
+    return sorted(out)
+
+
+def end_of_sequence_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a rollout: the tokenizer's EOS, the token its chat template ends an
+    assistant message with (when it has a template that can say), and ChatML's `<|im_end|>`
+    when the vocabulary has it (the built-in formats write it). Never the unknown token."""
+    ids: list[int] = []
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+    unk = getattr(tokenizer, "unk_token_id", None)
+
+    def add(i: Any) -> None:
+        if isinstance(i, int) and i >= 0 and i != unk and i not in ids:
+            ids.append(i)
+
+    eos = getattr(tokenizer, "eos_token_id", None)
+    add(eos)
+    if convert is not None:
+        try:
+            add(convert(ChatTemplate(tokenizer).end_of_turn()))
+        except TemplateError:
+            pass  # no template, or one that cannot say: EOS (and <|im_end|>) only
+        add(convert(formats.IM_END))
+    return tuple(ids)

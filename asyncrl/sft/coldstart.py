@@ -60,6 +60,23 @@ tied its copy of the output to that string. One such tiny model copied outputs a
 0.16s alike; another miscopied 9 in 10 level-2 answers at 0.16s (docs/evidence.md, "The
 tool's clock")."""
 DEFAULT_TOOLS: tuple[dict[str, Any], ...] = (formats.PYTHON_TOOL_SCHEMA,)
+STYLES = ("markup", "natural")
+"""`markup`: the tiny model's terse `<reason>...</reason>` lines. `natural`: sentences a real
+instruction-tuned model writes (drawn from a few phrasings), the same calls and answers."""
+_NATURAL = {
+    "direct": ("This is small enough to work out directly.\n",
+               "I can answer this without running code.\n"),
+    "tool": ("Let me compute this with Python.\n", "I'll work it out in Python.\n",
+             "I will calculate it with a short Python program.\n"),
+    "fix": ("The code failed. Let me fix it and run it again.\n",
+            "That raised an error; here is the corrected program.\n"),
+    "answer": ("The program printed {a}, so the answer is ", "The result is {a}. The answer is "),
+}
+
+Executor = Callable[[str], "tuple[str, str, str, float | None]"]
+"""`execute(code) -> (status, stdout, stderr, duration_s or None)`: how a transcript's programs
+run. The default is `run_trusted` with the time drawn from the transcript's rng (None);
+`sandbox_executor` replays what the run's real sandbox printed, with its own time."""
 
 
 class SFTExample(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,13 +142,18 @@ def tool_duration(rng: random.Random) -> float:
     return lo * (hi / lo) ** rng.random()
 
 
+def _trusted(code: str) -> tuple[str, str, str, float | None]:
+    return (*run_trusted(code), None)
+
+
 def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int, rng: random.Random,
-                 duration_s: float | None = None) -> tuple[str, str, str]:
+                 duration_s: float | None = None, execute: Executor | None = None
+                 ) -> tuple[str, str, str]:
     """(text appended after the call, status, stdout) for running `code`; the time shown is
-    `duration_s`, or drawn (`tool_duration`)."""
-    status, stdout, stderr = run_trusted(code)
+    `duration_s`, else the executor's, else drawn (`tool_duration`)."""
+    status, stdout, stderr, took = (execute or _trusted)(code)
     if duration_s is None:
-        duration_s = tool_duration(rng)
+        duration_s = took if took is not None else tool_duration(rng)
     result = formats.render_tool_result(status, stdout, stderr, duration_s, max_chars)
     return fmt.tool_response(result), status, stdout
 
@@ -141,40 +163,52 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                       code: str | None = None,
                       tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                       system_prompt: str = "", max_chars: int = 256,
-                      duration_s: float | None = None) -> list[Segment]:
+                      duration_s: float | None = None, style: str = "markup",
+                      execute: Executor | None = None) -> list[Segment]:
     """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
 
     `code` is the solution program (default: the task family's, from `problem.source`). Each
-    tool output shows the execution time `duration_s`, or one drawn from `rng` per call
-    (`tool_duration`). Raises ValueError when the program does not print the problem's answer.
+    tool output shows the execution time `duration_s`, or the executor's, or one drawn from
+    `rng` per call (`tool_duration`). `style` is one of `STYLES`; `execute` runs the programs
+    (default `run_trusted`). Raises ValueError when the program does not print the problem's
+    answer.
     """
+    if style not in STYLES:
+        raise ValueError(f"unknown transcript style {style!r}; expected one of {STYLES}")
+    natural = style == "natural"
     if kind not in KINDS:
         raise ValueError(f"unknown transcript kind {kind!r}; expected one of {KINDS}")
     segs = [Segment(formats.render_prompt(problem.question, fmt, list(tools) if tools else None,
                                           system_prompt), False)]
     answer = f"<answer>\\boxed{{{problem.answer}}}</answer>"
+
+    def say(what: str, fallback: str) -> str:
+        return rng.choice(_NATURAL[what]) if natural else fallback
+
     if kind == "direct":
-        return [*segs, Segment(REASON_DIRECT + answer, True), Segment(formats.IM_END, True)]
+        return [*segs, Segment(say("direct", REASON_DIRECT) + answer, True),
+                Segment(fmt.end_of_turn, True)]
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
     if code is None:
         from asyncrl.tasks import solution_code
 
         code = solution_code(problem)
-    reason = REASON_TOOL
+    reason = say("tool", REASON_TOOL)
     if kind == "fail_fix":
         broken = break_code(code, rng)
-        response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s)
+        response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s, execute)
         if status == "ok":
             raise ValueError(f"problem {problem.id}: broken program {broken!r} did not fail")
         segs += [Segment(reason + fmt.render_call(broken), True), Segment(response, False)]
-        reason = REASON_FIX
-    response, status, stdout = _tool_output(fmt, code, max_chars, rng, duration_s)
+        reason = say("fix", REASON_FIX)
+    response, status, stdout = _tool_output(fmt, code, max_chars, rng, duration_s, execute)
     if status != "ok" or stdout.strip() != problem.answer:
         raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
                          f"expected {problem.answer!r}")
+    lead = say("answer", "").format(a=problem.answer)
     return [*segs, Segment(reason + fmt.render_call(code), True), Segment(response, False),
-            Segment(answer, True), Segment(formats.IM_END, True)]
+            Segment(lead + answer, True), Segment(fmt.end_of_turn, True)]
 
 
 def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
@@ -302,6 +336,7 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        code_for: Callable[[Problem], str] | None = None,
                        fail_fix_by_level: Mapping[int, float] | None = None,
                        tool_fraction_by_level: Mapping[int, float] | None = None,
+                       style: str = "markup", execute: Executor | None = None,
                        ) -> list[SFTExample]:
     """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
 
@@ -310,7 +345,8 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     lists. `tools`, `system_prompt` and
     `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
     `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
-    program (default: its task family's). Deterministic for the same `rng` state.
+    program (default: its task family's). `style` and `execute` as in `render_transcript`.
+    Deterministic for the same `rng` state (and the same executor's answers).
     """
     checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
                *((f"fail_fix_by_level[{lv}]", v) for lv, v in (fail_fix_by_level or {}).items()),
@@ -329,7 +365,8 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
         code = code_for(p) if code_for is not None and kind != "direct" else None
         kinds.append(kind)
         rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,
-                                          system_prompt=system_prompt, max_chars=max_chars))
+                                          system_prompt=system_prompt, max_chars=max_chars,
+                                          style=style, execute=execute))
     return [SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id)
             for p, kind, (ids, mask) in zip(problems, kinds, tokenize_many(rendered, tokenizer),
                                             strict=True)]
@@ -361,3 +398,43 @@ def corpus(name: str, options: Mapping[str, Any], seed: int, *,
     fmts = [formats.get_format(f) for f in tool_formats]
     rng = random.Random(f"{name}/corpus/{seed}")
     yield from corpus_texts(train[:max_transcripts], fmts, rng)
+
+
+# --------------------------------------------------------------------- real sandbox outputs
+class SandboxOutputs:
+    """Transcript programs run in the run's real sandbox, so SFT shows the model what RL will:
+    the sandbox's tracebacks and its measured times. Two passes over the same rng draws:
+    `record` (as the executor) notes each program and answers with `run_trusted` (no rng draw
+    for the time, as in the replay), `await run(tool)` executes every distinct program once
+    in the sandbox, and `replay` (as the executor) gives the sandbox's results."""
+
+    def __init__(self) -> None:
+        self.programs: dict[str, tuple[str, str, str, float | None] | None] = {}
+
+    def record(self, code: str) -> tuple[str, str, str, float | None]:
+        self.programs.setdefault(code, None)
+        status, stdout, stderr = run_trusted(code)
+        return status, stdout, stderr, 0.0
+
+    async def run(self, tool: Any, concurrency: int = 8) -> None:
+        """Execute each recorded program with `tool` (a `PythonTool`): its `ToolOutcome`'s
+        status, stdout, stderr and duration are what the transcripts show."""
+        import asyncio
+
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(code: str) -> None:
+            async with sem:
+                out = await tool({"code": code, "input": ""})
+            self.programs[code] = (str(out.status.value), out.stdout, out.stderr,
+                                   float(out.duration_s))
+
+        async with asyncio.TaskGroup() as tg:
+            for code in self.programs:
+                tg.create_task(one(code))
+
+    def replay(self, code: str) -> tuple[str, str, str, float | None]:
+        got = self.programs.get(code)
+        if got is None:
+            raise ValueError(f"program {code!r} was not run in the sandbox")
+        return got

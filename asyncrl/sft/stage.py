@@ -31,6 +31,7 @@ from asyncrl.stages import TrainState, stage_lr
 from asyncrl.stopping import StopRequest
 
 if TYPE_CHECKING:
+    from asyncrl.rollout.tools import Tool
     from asyncrl.trainer.base import Trainer
 
 log = get_logger(__name__)
@@ -134,11 +135,32 @@ class SFTSetup:
     """`rollout.tool_output_max_chars`: generated tool outputs are cut as rollouts' are."""
     checkpoint_every: int
     """`checkpoint.sft_every_steps` (0: only at the stage's end, by the caller)."""
+    python_tool: Tool | None = None
+    """The run's Python tool: runs the generated programs of a stage with `sandbox_outputs`."""
+
+
+async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
+                          problems: Sequence[Problem]) -> list[Pair]:
+    """`generator_pairs` with every program's output from the run's sandbox
+    (`stage.sandbox_outputs`): one pass records the programs, the sandbox runs each once, a
+    second pass over the same draws renders its outputs."""
+    from asyncrl.sft.coldstart import SandboxOutputs
+
+    if setup.python_tool is None:
+        raise DataError(f"stage {stage.name!r}: sandbox_outputs needs the Python tool "
+                        "(rollout.tools)")
+    outputs = SandboxOutputs()
+    generator_pairs(stage, setup, problems, execute=outputs.record)
+    await outputs.run(setup.python_tool)
+    log.info("sft_sandbox_outputs", programs=len(outputs.programs))
+    return generator_pairs(stage, setup, problems, execute=outputs.replay)
 
 
 def generator_pairs(stage: StageSection, setup: SFTSetup,
-                    problems: Sequence[Problem]) -> list[Pair]:
-    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation order."""
+                    problems: Sequence[Problem], execute: Any = None) -> list[Pair]:
+    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation
+    order, in the stage's `transcript_style`; `execute` runs their programs (default: in
+    process, `coldstart.run_trusted`)."""
     from asyncrl.sft.coldstart import build_sft_examples
 
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
@@ -149,7 +171,8 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
         fail_fix_by_level={int(k): v for k, v in stage.fail_fix_by_level.items()},
         tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
         tools=setup.tools, system_prompt=setup.system_prompt,
-        max_chars=setup.tool_output_max_chars)
+        max_chars=setup.tool_output_max_chars, style=stage.transcript_style,
+        execute=execute)
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 
@@ -166,7 +189,8 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: TrainState,
     trainer = setup.trainer
     valid: list[Pair] = []
     if stage.chat is None:
-        pairs = generator_pairs(stage, setup, problems)
+        pairs = (await sandboxed_pairs(stage, setup, problems) if stage.sandbox_outputs
+                 else generator_pairs(stage, setup, problems))
         bs = stage.batch_size or DEFAULT_BATCH
 
         def next_batch() -> list[Pair]:

@@ -58,8 +58,10 @@ class ScriptedEngine:
         self._turn_of: dict[str, int] = {}
         self._active: dict[str, int] = {}
         self._aborted: set[str] = set()
+        self._served: dict[tuple[str, int], tuple[int, int]] = {}
+        """(rollout, turn) -> (context length before the turn, turn tokens generated)."""
 
-    def _turn_for(self, request: GenerateRequest) -> list[int]:
+    def _turn_for(self, request: GenerateRequest) -> tuple[list[int], tuple[str, int], int]:
         """The scripted turn this request asks for: the agent loop names the turn index in the
         request id (`rollout/t<n>/...`), so a rollout resumed on another engine replays the
         right turn; other ids count requests per rollout."""
@@ -71,7 +73,13 @@ class ScriptedEngine:
             n = self._turn_of.get(rid, 0)
             self._turn_of[rid] = n + 1
         turns = self._script(rid)
-        return list(turns[n]) if n < len(turns) else []
+        turn = list(turns[n]) if n < len(turns) else []
+        # A request whose context is the last request of the same turn plus all it generated
+        # continues that turn (the agent loop goes on past a stop string that is text), as a
+        # real engine continues from its context; any other request starts the turn over.
+        prev = self._served.get((rid, n))
+        start = prev[1] if prev is not None and len(request.input_ids) == sum(prev) else 0
+        return turn[start:], (rid, n), len(request.input_ids) - start
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[TokenDelta]:
         if self.dead:
@@ -81,7 +89,7 @@ class ScriptedEngine:
         self.requests.append(request)
         self.request_times.append(time.perf_counter())
         sp = request.sampling
-        turn = self._turn_for(request)
+        turn, key, base = self._turn_for(request)
         out: list[int] = []
         finish = "stop"
         limit = sp.max_new_tokens
@@ -102,6 +110,8 @@ class ScriptedEngine:
             if len(out) >= limit:
                 finish = "length"
         self._active[request.request_id] = len(request.input_ids)
+        done = len(request.input_ids) - base
+        self._served[key] = (base, done + len(out))
         try:
             for i in range(0, max(len(out), 1), self.chunk):
                 part = out[i:i + self.chunk]

@@ -210,6 +210,34 @@ async def test_markdown_format(tiny_tokenizer) -> None:
     assert ro.status == RolloutStatus.COMPLETED
 
 
+async def test_markdown_fences_that_are_not_python_calls_continue_the_turn(tiny_tokenizer) -> None:
+    """A bare opening fence and a closed non-Python block stop the engine (the stop string is
+    the fence's end) but are text: the turn goes on in a new request with the whole context,
+    and only the Python block is run. An engine lost during such a continuation takes the
+    whole turn back, as for one request."""
+    tok = tiny_tokenizer
+    md_prompt = formats.render_prompt("What is 6*7?", formats.MARKDOWN, [formats.PYTHON_TOOL_SCHEMA])
+    first = "Say:\n```\nhi\n```\nNow:\n```python\nprint(6*7)\n```\n"
+    eng = ScriptedEngine(_ids(tok, first, ANSWER), tok)
+    tool = EvalTool()
+    ro = await run_rollout(eng, tok, [tool], _settings(tok, tool_format=formats.MARKDOWN), md_prompt)
+    assert tool.calls == [{"code": "print(6*7)\n", "input": ""}]
+    assert ro.status == RolloutStatus.COMPLETED and ro.stop_reason == StopReason.EOS
+    assert [t.role for t in ro.turns] == ["assistant", "tool", "assistant"]
+    assert tok.decode(ro.response_ids[:ro.turns[0].end]) == first
+    assert len(eng.requests) == 4  # the bare fence's open and close, the call, the answer
+    assert eng.requests[1].input_ids == ro.prompt_ids + tok.encode("Say:\n```\n")
+    ro.check()
+
+    lost = ScriptedEngine(_ids(tok, first, ANSWER), tok, fail_after_tokens=len(tok.encode(
+        "Say:\n```\nhi\n")))
+    agent = AgentLoop(tok, [EvalTool()], _settings(tok, tool_format=formats.MARKDOWN))
+    ro = agent.new_rollout(md_prompt, rollout_id="r8")
+    with pytest.raises(EngineUnavailable):
+        await agent.advance(ro, lost)
+    assert ro.response_ids == [] and ro.turns == [] and ro.loss_mask == []
+
+
 async def test_engine_error_is_recorded_not_raised(tiny_tokenizer) -> None:
     tok = tiny_tokenizer
     eng = ScriptedEngine(_ids(tok, "x" * 30 + CALL, ANSWER), tok, error_after_tokens=5)
