@@ -19,6 +19,7 @@ Slow: `python -m pytest -m slow tests/slurm/test_slurm_faults.py`.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -90,8 +91,8 @@ def test_preempted_job_stops_safely_requeues_and_resumes_step_for_step(slurm, un
     elif how == "usr1_time_limit":
         assert "USR1: the time limit is near" in first and "requeueing" in first
     else:
-        assert "stopped on a signal (exit 1) and saved its last completed step; requeueing" \
-            in first
+        assert re.search(r"stopped on a signal \(exit \d+\) and saved its last completed step; "
+                         "requeueing", first), first
     stop_saved = [r for r in log_lines(out, "checkpoint_saved") if r.get("stage") == "rl"]
     metrics = [r for r in rows(run_dir, "rl_step")]
     (resumed,) = rows(run_dir, "resumed")
@@ -164,8 +165,9 @@ def test_the_sandbox_step_lost_fails_calls_clearly_then_comes_back(slurm, prepar
     assert "the sandbox step ended" in text and "starting it again" in text
     assert [r["step"] for r in rows(run_dir, "rl_step")] == list(range(1, SANDBOX_RL_STEPS + 1))
     statuses = {s: tool_statuses(run_dir, s) for s in range(1, SANDBOX_RL_STEPS + 1)}
-    every = [x for v in statuses.values() for x in v]
-    assert "sandbox_failure" in every, statuses     # calls made while it was gone
-    last = statuses[SANDBOX_RL_STEPS - 1] + statuses[SANDBOX_RL_STEPS]
-    assert {"ok", "error"} & set(last), statuses    # and answered once it is back
-    print(f"sandbox step lost: statuses by step {statuses}; job wall {wall:.0f}s")
+    failed = [s for s, v in statuses.items() if "sandbox_failure" in v]
+    assert failed, statuses                          # calls made while it was gone
+    answered = [s for s, v in statuses.items() if s > max(failed) and {"ok", "error"} & set(v)]
+    assert answered, statuses                        # and answered once it was back
+    print(f"sandbox step lost: calls failed in RL steps {min(failed)}-{max(failed)}, answered "
+          f"again from step {min(answered)}; job wall {wall:.0f}s")
