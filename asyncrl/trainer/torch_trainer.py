@@ -343,7 +343,12 @@ class TorchTrainer:
         n, was = self._tuner.threads(), self._tuner.current
         torch.set_num_threads(n)  # this thread's OpenMP team (the engine's is its own)
         t0 = time.perf_counter()
-        out = step.sft_step(self, examples)
+        try:
+            out = step.sft_step(self, examples)
+        finally:
+            # torch also keeps the count as the one a new thread starts with (the engine's,
+            # the first time it computes): leave it at the default between steps
+            torch.set_num_threads(self._tuner.most)
         self._tuner.record(n, time.perf_counter() - t0)
         if self._tuner.current != was:
             log.info("torch_threads", threads=self._tuner.current, was=was,
