@@ -86,7 +86,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides += [f'model.path="{ckpt}"']
         # the checkpoint's own tokenizer; a LoRA run's final/merged (or final/base) written
         # before the tokenizer went there too has it one level up, in final/
-        tok = next((d for d in (ckpt, ckpt.parent) if modeling.has_tokenizer(d)), None)
+        lora_final = ckpt.name in ("merged", "base") and (
+            ckpt.parent / "adapter_config.json").exists()
+        tok = next((d for d in (ckpt, *([ckpt.parent] if lora_final else []))
+                    if modeling.has_tokenizer(d)), None)
         if tok is not None and not any(o.startswith("tokenizer.path") for o in overrides):
             overrides += [f'tokenizer.path="{tok}"']
     cfg = config_mod.load(args.config, overrides)

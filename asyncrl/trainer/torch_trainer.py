@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ class TorchTrainer:
             raise TrainerError("algorithm.lr_schedule = cosine needs total_steps")
         self.world_size, self.rank = _init_distributed(cfg)
         self.device = _device(cfg.device)
+        self._tuner: Any = None  # asyncrl.cpu.ThreadTuner of the SFT steps, made at the first
         if self.world_size > 1 and cfg.parallel == "none":
             raise TrainerError(f"trainer.parallel is 'none' but the world size is "
                                f"{self.world_size}; use 'ddp' or 'fsdp2' under torchrun")
@@ -335,8 +337,30 @@ class TorchTrainer:
                             lr_scale=lr_scale)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
-        """One optimizer step of masked cross-entropy, token-mean over all examples."""
-        return step.sft_step(self, examples)
+        """One optimizer step of masked cross-entropy, token-mean over all examples. On a CPU
+        with `threads = 0`, the thread count of each step is chosen by timing the steps
+        (`asyncrl.cpu.ThreadTuner`: all of torch's threads on an idle machine, fewer when other
+        programs want the cores); each change is logged (`torch_threads`)."""
+        if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
+            return step.sft_step(self, examples)
+        if self._tuner is None:
+            from asyncrl.cpu import ThreadTuner
+
+            self._tuner = ThreadTuner(most=torch.get_num_threads())
+        n, was = self._tuner.threads(), self._tuner.current
+        torch.set_num_threads(n)  # this thread's OpenMP team (the engine's is its own)
+        t0 = time.perf_counter()
+        try:
+            out = step.sft_step(self, examples)
+        finally:
+            # torch also keeps the count as the one a new thread starts with (the engine's,
+            # the first time it computes): leave it at the default between steps
+            torch.set_num_threads(self._tuner.most)
+        self._tuner.record(n, time.perf_counter() - t0)
+        if self._tuner.current != was:
+            log.info("torch_threads", threads=self._tuner.current, was=was,
+                     seconds_per_step=round(time.perf_counter() - t0, 3))
+        return out
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """Masked cross-entropy of `examples` under the current weights, without an update
