@@ -11,13 +11,13 @@ from fakes.scripted_engine import ScriptedEngine
 
 pytest.importorskip("openenv.core.env_server.interfaces")
 
-from openenv.core.env_server.interfaces import Environment  # noqa: E402
-from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
 
-from asyncrl.api import RolloutSettings, rollouts  # noqa: E402
-from asyncrl.envs.openenv import openenv_source  # noqa: E402
-from asyncrl.envs.source import TaskContext  # noqa: E402
-from asyncrl.envs.wiring import build_reward  # noqa: E402
+from asyncrl.api import RolloutSettings, rollouts
+from asyncrl.envs.openenv import openenv_source
+from asyncrl.envs.source import TaskContext
+from asyncrl.envs.wiring import build_reward
 
 
 class GuessAction(Action):
