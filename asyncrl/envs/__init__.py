@@ -7,7 +7,8 @@ Owns how a curriculum names what it trains on beyond the built-in math task:
   held-out problems, and optionally the source's own reward and tools);
 - `wiring`: `[task] reward` and `[task] tools` built into live objects for a run;
 - the adapters of outside packages: `verifiers_v1` (verifiers >= 0.4, `verifiers.v1`) and
-  `textenv` (environments that answer a turn with an observation: skyrl-gym, or your own);
+  `textenv` (environments that answer a turn with an observation: skyrl-gym, or your own)
+  and `openenv` (openenv `Environment` classes in-process, on `textenv`);
   reasoning-gym is a built-in task family (`asyncrl.tasks.rgym`, `asyncrl.tasks.gym_checks`);
 - `functions` (`function_tool`) and `exact` (`exact_match_reward`), re-exported by
   `asyncrl.adapters` and `asyncrl.api`.

@@ -44,7 +44,13 @@ def builtin_sources() -> dict[str, Callable[[], Any]]:
     def family(name: str) -> Callable[[], Any]:
         return lambda: tasks.TASK_FAMILIES[name]
 
-    return {"skyrl_gym": skyrl, **{name: family(name) for name in tasks.TASK_FAMILIES}}
+    def openenv() -> Any:
+        from asyncrl.envs.openenv import openenv_source
+
+        return openenv_source
+
+    return {"skyrl_gym": skyrl, "openenv": openenv,
+            **{name: family(name) for name in tasks.TASK_FAMILIES}}
 
 
 _CACHE: dict[tuple[str, str, int], TaskSource] = {}

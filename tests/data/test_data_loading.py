@@ -57,21 +57,26 @@ def test_unreadable_sources_raise_clear_errors(tmp_path: Path) -> None:
 
 
 def test_generator_source_delegates_to_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from asyncrl import tasks
+    from asyncrl.envs.source import clear_cache
+    from asyncrl.tasks.base import TaskFamily
 
     calls = []
 
-    def generate(name, options, seed):
-        calls.append((name, options, seed))
+    def make(options, seed):
+        calls.append((options, seed))
         return [Problem(id="t", question="q", answer="1")], [Problem(id="e", question="q", answer="2")]
 
-    monkeypatch.setitem(sys.modules, "asyncrl.tasks", types.SimpleNamespace(generate=generate))
-    monkeypatch.setattr(sys.modules["asyncrl"], "tasks", sys.modules["asyncrl.tasks"],
-                        raising=False)
-    assert data.load_problems("generator:arith", {"n": 3}, 7, "eval").problems[0].id == "e"
-    assert data.load_problems("generator:arith", {"n": 3}, 7, "train").problems[0].id == "t"
-    assert calls == [("arith", {"n": 3}, 7)] * 2
+    family = TaskFamily(name="arith", description="", defaults={"n": 1}, make=make,
+                        solution_code=lambda p: "")
+    monkeypatch.setitem(tasks.TASK_FAMILIES, "arith", family)
+    clear_cache()
+    try:
+        assert data.load_problems("generator:arith", {"n": 3}, 7, "eval").problems[0].id == "e"
+        assert data.load_problems("generator:arith", {"n": 3}, 7, "train").problems[0].id == "t"
+    finally:
+        clear_cache()
+    assert calls == [({"n": 3}, 7)]  # one source per (name, options, seed): both splits of it
 
 
 def test_overlong_prompts_skipped_and_counted(tiny_tokenizer) -> None:
