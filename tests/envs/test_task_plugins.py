@@ -140,3 +140,23 @@ async def test_open_task_takes_the_names_a_curriculum_takes(plugin_dir: Path,
                                            reward_fn=task.reward_fn,
                                            settings=RolloutSettings(max_response_tokens=50))]
         assert ro.reward == 1.0
+
+
+def test_an_installed_entry_point_is_a_plugin_name(plugin_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # an installed distribution as pip leaves it: a dist-info with entry_points.txt on the path
+    info = plugin_dir / "myplug-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[asyncrl.rewards]\nspelled = myplug:spelled\n\n"
+                                           "[asyncrl.tasks]\nspelling = myplug:make\n")
+    cfg = config.load(_curriculum(plugin_dir, 'reward = "spelled"'))
+    cfg = config.from_dict({**config.to_dict(cfg), "data": {
+        **config.to_dict(cfg)["data"], "train": "generator:spelling",
+        "eval": "generator:spelling"}})
+    lines = check_task(cfg)
+    assert lines[0].startswith("task source generator:spelling: 3 train problems")
+    assert "reward: spelled" in lines
+    bad = config.from_dict({**config.to_dict(cfg), "task": {"reward": "speled"}})
+    with pytest.raises(ConfigError, match="did you mean 'spelled'"):
+        check_task(bad)
