@@ -29,7 +29,7 @@ from slurmrun import config, log_lines, per_step, submit, wait_for_rl_step
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 RL_STEPS = 6
-SANDBOX_RL_STEPS = 30  # long enough for the sandbox step to come back before the end
+SANDBOX_RL_STEPS = 60  # long enough for the sandbox step to come back before the end
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY"}
 
 
