@@ -51,6 +51,7 @@ name = "lora-base"
 seed = 5
 """ + MICRO_MODEL + DATA + """[rollout]
 tool_format = "markdown"
+max_response_tokens = 32
 [engine]
 kv_token_budget = 8192
 [sandbox]
