@@ -62,7 +62,7 @@ def _setup(tmp_path: Path, steps: int) -> config.RunConfig:
         "data": {"train": "generator:tiny_math", "chat_template": "model",
                  "generator_options": {"train_size": 8, "eval_size": 2, "levels": [1]}},
         "rollout": {"tool_format": "hermes", "prompts_per_step": 1, "samples_per_prompt": 2,
-                    "group_size": 2},
+                    "group_size": 2, "max_response_tokens": 64},
         "engine": {"kv_token_budget": 4096},
         "sandbox": {"workers": 1},
         "stages": [{"name": "cold", "kind": "sft", "steps": steps, "batch_size": 8,
