@@ -134,6 +134,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--lrs", type=float, nargs="+", default=[1e-6, 1e-5, 1e-4])
     args = ap.parse_args()
+    # Before torch loads: OpenMP reads it once, and the local engine's and trainer's worker
+    # threads get their pool size from it, not from torch.set_num_threads on this thread (with
+    # more OpenMP threads than free cores, libgomp's waits cost several times the work).
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     r = run(args)
     print(table(r))
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -106,6 +106,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--engines", nargs="+", default=["local", "vllm"])
     args = ap.parse_args()
+    # Before torch loads: OpenMP reads it once, and the local engine's and trainer's worker
+    # threads get their pool size from it, not from torch.set_num_threads on this thread (with
+    # more OpenMP threads than free cores, libgomp's waits cost several times the work).
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
 
     import torch
 

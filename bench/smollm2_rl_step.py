@@ -118,6 +118,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="+", default=["asyncrl", "trl"])
     args = ap.parse_args()
+    # Before torch loads: OpenMP reads it once, and the local engine's and trainer's worker
+    # threads get their pool size from it, not from torch.set_num_threads on this thread (with
+    # more OpenMP threads than free cores, libgomp's waits cost several times the work).
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     out = RESULTS / "smollm2_rl_step_runs"
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"prompts": args.prompts, "group": args.group, "new": args.new,
