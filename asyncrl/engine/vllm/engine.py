@@ -88,7 +88,10 @@ to seven versions old (keep `rollout.max_staleness` + 2 below it); host memory i
 Attached servers need the flag from whoever starts them."""
 
 
-def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
+def completion_body(request: GenerateRequest, model: str, *,
+                    send_seed: bool = True) -> dict[str, Any]:
+    """The `/v1/completions` body of `request`; its seed only with `send_seed` (vLLM's CPU
+    build kills its server on a seeded request: "CPU Generator does not use offset")."""
     s = request.sampling
     body: dict[str, Any] = {
         "model": model, "prompt": list(request.input_ids), "stream": True,
@@ -97,9 +100,15 @@ def completion_body(request: GenerateRequest, model: str) -> dict[str, Any]:
         "include_stop_str_in_output": True, "skip_special_tokens": False,
         "logprobs": 0, "return_token_ids": True, "request_id": request.request_id,
     }
-    if s.seed is not None:
+    if s.seed is not None and send_seed:
         body["seed"] = s.seed
     return body
+
+
+def cpu_build(env: dict[str, str]) -> bool:
+    """Whether a server started with `env` is vLLM's CPU build (it is configured by
+    `VLLM_CPU_*` variables, e.g. `VLLM_CPU_KVCACHE_SPACE`)."""
+    return any(k.startswith("VLLM_CPU_") for k in env)
 
 
 def lora_cache_args(extra_args: list[str]) -> list[str]:
@@ -174,6 +183,8 @@ class VLLMEngine(ServerEngine):
                          model_path=model_path, options=options)
         self.cfg: VLLMEngineConfig = cfg
         self.model = SERVED_NAME
+        self._send_seed = not cpu_build(self.options.env)
+        """Per-request seeds are sent except to vLLM's CPU build, which dies of them."""
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
@@ -214,7 +225,8 @@ class VLLMEngine(ServerEngine):
     # -------------------------------------------------------------------------- stream
     def _request(self, request: GenerateRequest) -> tuple[str, dict[str, Any]]:
         adapter = self.adapters.send(request.request_id)
-        return "/v1/completions", completion_body(request, adapter or self.model)
+        return "/v1/completions", completion_body(request, adapter or self.model,
+                                                  send_seed=self._send_seed)
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
         delta = decode_chunk(event, self.name)
