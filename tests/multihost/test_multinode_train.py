@@ -35,8 +35,10 @@ def per_step(run_dir) -> list[dict[str, float]]:
 
 
 def step_rollouts(run_dir: Path, step: int) -> list[dict]:
+    """The step's rollouts by id (a wave's groups are saved in the order they finished)."""
     lines = (run_dir / "rollouts" / f"step_{step:06d}.jsonl").read_text().splitlines()
-    return [r for g in map(json.loads, lines) for r in g["rollouts"]]
+    return sorted((r for g in map(json.loads, lines) for r in g["rollouts"]),
+                  key=lambda r: r["rollout_id"])
 
 
 def test_two_host_run_equals_one_host_run(hosts, prepared_model, tmp_path):
