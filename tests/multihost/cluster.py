@@ -127,6 +127,8 @@ time_limit_s = 2.0
 call_timeout_s = 10.0
 [eval]
 every_steps = 0
+[logging]
+rollouts_every = 1
 [[stages]]
 name = "sft"
 kind = "sft"
