@@ -214,19 +214,25 @@ class AgentLoop:
             error=outcome.error))
         ro.turns[-1].tool_call = len(ro.tool_calls) - 1
         tool_ids = await self._codec.aencode(self.fmt.tool_response(outcome.output))
-        if len(ro.response_ids) + len(tool_ids) >= st.max_response_tokens:
+        return self._append_context(ro, tool_ids, text, "tool", len(ro.tool_calls) - 1)
+
+    def _append_context(self, ro: Rollout, ids: list[int], text: Text | None, role: str,
+                        tool_call: int | None = None) -> bool:
+        """Tokens the model did not write (a tool's output, an environment's observation) as
+        the rollout's next turn: mask 0, log-prob 0, the last token's version. When they would
+        not fit the response budget the rollout ends truncated (False)."""
+        if len(ro.response_ids) + len(ids) >= self.settings.max_response_tokens:
             return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW,
                                text=text)
         start = len(ro.response_ids)
-        ro.response_ids.extend(tool_ids)
-        ro.loss_mask.extend([0] * len(tool_ids))
-        ro.logprobs.extend([0.0] * len(tool_ids))
+        ro.response_ids.extend(ids)
+        ro.loss_mask.extend([0] * len(ids))
+        ro.logprobs.extend([0.0] * len(ids))
         last = ro.token_versions[-1] if ro.token_versions else ro.policy_version
-        ro.token_versions.extend([last] * len(tool_ids))
+        ro.token_versions.extend([last] * len(ids))
         if text is not None:
-            text.append(self._codec.bytes_of(tool_ids))  # type: ignore[misc]
-        ro.turns.append(Turn(role="tool", start=start, end=start + len(tool_ids),
-                             tool_call=len(ro.tool_calls) - 1))
+            text.append(self._codec.bytes_of(ids))  # type: ignore[misc]
+        ro.turns.append(Turn(role=role, start=start, end=start + len(ids), tool_call=tool_call))
         return True
 
     async def _done(self, ro: Rollout, n_turn: int, start: int, reason: StopReason,
@@ -255,19 +261,7 @@ class AgentLoop:
         wrapped = (("" if closed else formats.IM_END) + f"\n{formats.IM_START}user\n{obs}"
                    f"{formats.IM_END}\n{formats.IM_START}assistant\n")
         obs_ids = await self._codec.aencode(wrapped)
-        if len(ro.response_ids) + len(obs_ids) >= self.settings.max_response_tokens:
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW,
-                               text=text)
-        at = len(ro.response_ids)
-        ro.response_ids.extend(obs_ids)
-        ro.loss_mask.extend([0] * len(obs_ids))
-        ro.logprobs.extend([0.0] * len(obs_ids))
-        last = ro.token_versions[-1] if ro.token_versions else ro.policy_version
-        ro.token_versions.extend([last] * len(obs_ids))
-        if text is not None:
-            text.append(self._codec.bytes_of(obs_ids))  # type: ignore[misc]
-        ro.turns.append(Turn(role="environment", start=at, end=at + len(obs_ids)))
-        return True
+        return self._append_context(ro, obs_ids, text, "environment")
 
     def _parse(self, ids: list[int], start: int, opener_at: int
                ) -> formats.Call | formats.Malformed | None:
