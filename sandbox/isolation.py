@@ -328,12 +328,14 @@ def jail_command(kind: str, binary: str, spec: JailSpec, env: dict[str, str],
                "--hostname", "sandbox", "--uid", "0", "--gid", "0"]
         for k, v in env.items():
             cmd += ["--setenv", k, v]
+        # bwrap mounts in argument order: the tmpfs on /tmp first, so a bind below /tmp (a
+        # virtualenv's interpreter made there, as CI's is) stays visible on top of it
+        cmd += ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"]
         for src, dst in spec.ro_binds:
             cmd += ["--ro-bind", src, dst]
         for target, link in spec.symlinks:
             cmd += ["--symlink", target, link]
-        cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(spec.tmp_bytes),
-                "--tmpfs", "/tmp", "--chdir", "/tmp"]
+        cmd += ["--dev", "/dev", "--proc", "/proc", "--chdir", "/tmp"]
         return [*cmd, "--", *inner]
     raise ValueError(f"unknown jail kind {kind!r}")
 
