@@ -273,16 +273,21 @@ def _check_nobody_reads(paths: Iterable[str]) -> None:
                 f"(chmod -R o+rX {p}) or run the pool as an ordinary user")
 
 
+_IMPORTABLE = (".py", ".pyc", ".so", ".pyd", ".pth")
+
+
 def _unreadable_inside(root: str) -> tuple[str, int, int] | None:
-    """The first entry under ``root`` that others cannot read (a directory: list and enter),
-    with its mode and how many more there are; None when all can be read. Hidden entries
-    (a name starting with a dot) are skipped: no import reaches them."""
+    """The first entry under ``root`` that others cannot read and an import could need (a
+    directory: list and enter), with its mode and how many more there are; None when all can
+    be read. Only what an import reaches counts: directories named like a package and module
+    files (``.py``, ``.pyc``, extension modules, ``.pth``). A model's 0600 weights in a
+    ``models/smollm2-135m`` folder, a ``.git`` or a ``.hypothesis`` cache beside the code are
+    no reason to refuse, and the walk does not enter them."""
     first: tuple[str, int] | None = None
     more = 0
     for dirpath, dirs, files in os.walk(root):
-        # a name that starts with a dot is never imported (.git, .hypothesis, a .venv)
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        files = [f for f in files if not f.startswith(".")]
+        dirs[:] = [d for d in dirs if d.isidentifier()]  # never .git, .venv, my-models
+        files = [f for f in files if f.endswith(_IMPORTABLE) and not f.startswith(".")]
         for name, want in [(d, 0o005) for d in dirs] + [(f, 0o004) for f in files]:
             path = os.path.join(dirpath, name)
             try:

@@ -3,9 +3,10 @@
 Owns: the order of work inside a step and the metrics it reports. RL (`rl_step`): flatten the
 batch, split it into `algorithm.optimizer_steps_per_rl_step` mini-batches, recompute the old
 (proximal) log-probs of every micro-batch under the current weights (with the trainer/sampler
-mismatch metrics) and, with `algorithm.kl_coef`, under the frozen reference policy, then per
-mini-batch accumulate `grpo_loss` with its off-policy correction (plus the weighted
-`kl_penalty`) over the micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
+mismatch metrics; with one mini-batch they come from the training forward itself) and, with
+`algorithm.kl_coef`, under the frozen reference policy, then per mini-batch accumulate
+`grpo_loss` with its off-policy correction (plus the weighted `kl_penalty`) over the
+micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
 cross-entropy, token-mean over all examples, with and without one optimizer step.
 
 Does not own: the model, optimizer, parallelism or checkpoint I/O (the trainer, behind
@@ -121,9 +122,13 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     stats = StepStats()
 
     # Old (proximal) logprobs under the weights that will be updated; the engine's
-    # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`.
+    # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`. With one
+    # mini-batch the weights do not move before its only optimizer step, so each micro-batch's
+    # training forward gives its old logprobs too (detached): no separate pass (TRL's
+    # `num_iterations = 1` does the same). With several, they are computed first.
     quant = offpolicy.RatioQuantiles()
-    olds: list[list[torch.Tensor]] = []
+    fused = len(minis) == 1
+    olds: list[list[torch.Tensor | None]] = []
     refs: list[list[torch.Tensor | None]] = []
     kl = algo.kl_coef > 0
     with torch.no_grad():
@@ -131,13 +136,12 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
             olds.append([])
             refs.append([])
             for mb in plan:
-                t = backend.tensors(mb)
-                old = backend.logprobs(t, temperature)
-                olds[-1].append(old)
+                t = backend.tensors(mb) if kl or not fused else {}
                 refs[-1].append(backend.reference_logprobs(t, temperature) if kl else None)
-                stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"],
-                                                   t["lag"]))
-                quant.add(old, t["sampling_logprobs"], t["mask"])
+                old = None if fused else backend.logprobs(t, temperature)
+                if old is not None:
+                    _mismatch(stats, quant, old, t)
+                olds[-1].append(old)
 
     norms, lr = [], 0.0
     for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
@@ -146,6 +150,9 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
             t = backend.tensors(mb)
             with backend.accumulate(i, len(plan)):
                 lp, ent = backend.logprobs_and_entropy(t, temperature)
+                if old is None:
+                    old = lp.detach()
+                    _mismatch(stats, quant, old, t)
                 coef, cm = offpolicy.correction_for(algo, old, t["sampling_logprobs"],
                                                     t["mask"])
                 loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], algo.eps_low,
@@ -176,6 +183,13 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
         "train/optimizer_step": float(backend.optimizer_step),
     })
     return out
+
+
+def _mismatch(stats: StepStats, quant: offpolicy.RatioQuantiles, old: torch.Tensor,
+              t: Tensors) -> None:
+    """The trainer/sampler mismatch of one micro-batch, into the step's sums and quantiles."""
+    stats.add(offpolicy.mismatch_stats(old, t["sampling_logprobs"], t["mask"], t["lag"]))
+    quant.add(old, t["sampling_logprobs"], t["mask"])
 
 
 def sft_step(backend: StepBackend, examples: SftExamples) -> dict[str, float]:

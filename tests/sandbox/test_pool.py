@@ -244,6 +244,20 @@ async def test_every_file_and_directory_of_a_python_path_is_checked_for_others(t
     (tmp_path / ".secret").write_text("")
     (tmp_path / ".secret").chmod(0o600)
     assert _unreadable_inside(str(tmp_path)) is None
+    # nor is what no import reads: an imported model's 0600 weights (save_pretrained writes
+    # them so), a private folder whose name is no package, run outputs
+    (tmp_path / "models" / "smollm2-135m").mkdir(parents=True)
+    (tmp_path / "models" / "smollm2-135m" / "model.safetensors").write_text("")
+    (tmp_path / "models" / "smollm2-135m" / "model.safetensors").chmod(0o600)
+    (tmp_path / "models" / "smollm2-135m" / "bad.py").write_text("")
+    (tmp_path / "models" / "smollm2-135m" / "bad.py").chmod(0o600)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "notes.txt").write_text("")
+    (tmp_path / "runs" / "notes.txt").chmod(0o600)
+    assert _unreadable_inside(str(tmp_path)) is None
+    (tmp_path / "runs" / "mod.so").write_text("")
+    (tmp_path / "runs" / "mod.so").chmod(0o600)
+    assert _unreadable_inside(str(tmp_path))[0] == str(tmp_path / "runs" / "mod.so")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is for pools run as root")

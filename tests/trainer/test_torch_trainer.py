@@ -127,6 +127,45 @@ def test_rl_steps_change_parameters_and_lower_the_loss_on_a_fixed_batch():
     assert m["train/ratio_max"] == pytest.approx(1.0) == m["train/ratio_min"]
 
 
+def count_forwards(model) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.parametrize("minis", [1, 2])
+def test_one_mini_batch_takes_its_old_logprobs_from_the_training_forward(minis):
+    """On-policy with one optimizer step, the old log-probs are the training forward's own
+    (detached): one forward per micro-batch, not two; with mini-batches, a separate pass."""
+    tr = make(budget=24, optimizer_steps_per_rl_step=minis)
+    calls = count_forwards(tr.model)
+    m = tr.train_step(rl_batch(2))
+    assert m["train/micro_batches"] > 3
+    assert calls[0] == m["train/micro_batches"] * (1 if minis == 1 else 2)
+    assert m["train/mismatch_abs"] > 0 and "train/mismatch_ratio_p50" in m
+
+
+def test_fused_step_applies_the_gradient_of_the_loss_at_ratio_one():
+    """The one-pass step's gradient is that of `grpo_loss(lp, lp.detach())` over the batch."""
+    batch = rl_batch(2)
+    tr = make(budget=24)
+    ref = copy.deepcopy(tr.model)
+    got = capture_grads(tr)
+    tr.train_step(batch)
+    seqs = batching.sequences_from_batch(batch)
+    n = float(sum(s.num_loss_tokens for s in seqs))
+    for s in seqs:
+        ids = torch.tensor([s.input_ids])
+        lp = token_logprobs(ref(input_ids=ids, use_cache=False).logits, ids)[0]
+        loss, _ = grpo_loss(lp, lp.detach(), torch.full((s.num_tokens,), s.advantage),
+                            torch.tensor(s.loss_mask, dtype=torch.float32), 0.2, 0.28, 3.0,
+                            normalizer=n)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(ref.parameters()), tr.algo.grad_clip)
+    want = {k: p.grad for k, p in ref.named_parameters()}
+    assert_grads_close(got, [want])
+
+
 def test_mini_batches_take_several_optimizer_steps_with_ratio_moving_off_one():
     tr = make(optimizer_steps_per_rl_step=3)
     m = tr.train_step(rl_batch(0))
