@@ -36,6 +36,10 @@ class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_fie
     """torch device for generation ("cpu", "cuda", "cuda:1")."""
     threads: NonNegInt = 0
     """torch intra-op threads for the forward thread (0 = leave torch's default)."""
+    packed_linears: bool = True
+    """On a CPU, run the fp32 linear layers on oneDNN with weights packed once for its kernel
+    (re-packed after each update; a second copy of those weights in memory). False: PyTorch's
+    plain product."""
     weight_sync: str = "tensor"
     """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
     the engine's model in-process) or "disk" (an HF directory the engine loads). There is no

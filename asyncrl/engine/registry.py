@@ -32,7 +32,7 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
     opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve")})
     return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
                         max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,
-                        **opts)]
+                        packed=cfg.packed_linears, **opts)]
 
 
 def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:

@@ -21,7 +21,8 @@ tool output and the rollout goes on.
 
 Failures are data. An engine error ends the rollout as `failed` with `error` set; a tool-side
 failure is a tool call with status `sandbox_failure`. The one exception is an engine that is
-unavailable (it raised `EngineUnavailable`, or no token arrived for `stall_timeout_s`): the
+unavailable (it raised `EngineUnavailable`, or sent no token for `stall_timeout_s` to any of
+the streams waiting on it, so a request queued behind a full batch does not count as a stall): the
 rollout is rolled back to the end of its last completed turn and `EngineUnavailable` is raised
 so the caller can resume it on another engine with `advance` again.
 """
@@ -69,8 +70,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     """Base sampling seed; request seeds derive from it and the rollout id. None = engine RNG."""
     stall_timeout_s: float = 300.0
-    """An engine that sends no token for this long is treated as unavailable (approximate:
-    the deadline fires between 0.75x and 1x this after the last token)."""
+    """An engine that sends no token for this long, to any stream of this process waiting on
+    it, is treated as unavailable (approximate: the deadline fires between 0.75x and 1x this
+    after the engine's last token). A request still queued in a busy engine is not a stall."""
     tool_timeout_s: float = 120.0
     """Outer deadline on one tool call (tools also have their own, tighter ones)."""
 
@@ -81,6 +83,28 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ProgressHook = Callable[[Rollout], None]
+
+
+class _EngineWatch:
+    """The streams of one engine waiting for tokens, each with its stall deadline: a token on
+    any of them moves every deadline (at most once per quarter of the shortest stall), so a
+    request queued behind a full batch lives as long as the engine answers someone."""
+
+    def __init__(self) -> None:
+        self.deadlines: dict[asyncio.Timeout, float] = {}
+        self.armed = 0.0
+
+    def heard(self, now: float, stall: float) -> None:
+        if now - self.armed <= stall / 4:
+            return
+        self.armed = now
+        for deadline, own in self.deadlines.items():
+            if not deadline.expired():
+                deadline.reschedule(now + own)
+
+
+_WATCHES: dict[int, _EngineWatch] = {}
+"""By `id(engine)`; an entry lives while a stream of that engine is open."""
 
 EnvHook = Callable[[Rollout, str], Awaitable["str | None"]]
 """A text environment's turn (`asyncrl.envs.textenv`): `await env(rollout, turn_text)` after
@@ -345,9 +369,11 @@ class AgentLoop:
         t0 = time.perf_counter()
         agen = engine.stream(req)
         del req  # the engine holds what it needs; a context list kept here costs GC time
+        watch = _WATCHES.setdefault(id(engine), _EngineWatch())
+        deadline: asyncio.Timeout | None = None
         try:
             async with asyncio.timeout(stall) as deadline:
-                armed = loop.time()
+                watch.deadlines[deadline] = stall
                 async for d in agen:
                     toks = d.token_ids
                     if scan and opener in toks:
@@ -368,10 +394,7 @@ class AgentLoop:
                     # Drop the delta before waiting for the next: with thousands of rollouts, a
                     # delta kept alive per waiting rollout is what young collections traverse.
                     d = toks = None  # type: ignore[assignment]
-                    now = loop.time()
-                    if now - armed > stall / 4:  # re-arm lazily: one timer update per stall/4
-                        deadline.reschedule(now + stall)
-                        armed = now
+                    watch.heard(loop.time(), stall)  # re-arms lazily: every stream of the engine
             if finish is None:
                 raise EngineUnavailable(f"{engine.name}: stream ended without a finish reason")
             if len(ids) != len(lps):
@@ -383,6 +406,9 @@ class AgentLoop:
             self._undo(ro, mark, text, parts)
             raise
         finally:
+            watch.deadlines.pop(deadline, None)
+            if not watch.deadlines:
+                _WATCHES.pop(id(engine), None)
             aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
             if aclose is not None:
                 await aclose()

@@ -311,3 +311,25 @@ async def test_a_call_closing_a_long_turn_is_parsed(tiny_tokenizer) -> None:
     eng = ScriptedEngine(_ids(tok, stray, ANSWER), tok)
     ro = await run_rollout(eng, tok, [tool], _settings(tok, max_response_tokens=4096), PROMPT)
     assert ro.tool_calls[0].status == ToolStatus.MALFORMED
+
+
+async def test_a_request_queued_behind_a_full_batch_is_not_a_stall(tiny_tokenizer,
+                                                                  tiny_model_factory) -> None:
+    """A real local engine running one request at a time: the last of six waits several stall
+    timeouts in its queue while the engine answers the others, and still completes."""
+    from asyncrl.engine.local import LocalEngine
+
+    tok = tiny_tokenizer
+    st = _settings(tok, stall_timeout_s=0.3, max_response_tokens=400, max_turns=1)
+    async with LocalEngine(tiny_model_factory(0), tok, kv_token_budget=8192,
+                           max_running=1) as eng:
+        async def one(i: int) -> Rollout:
+            await asyncio.sleep(0.01 * i)  # arrival order: a queue of five behind the first
+            return await run_rollout(eng, tok, [], st, PROMPT, rollout_id=f"r{i}")
+
+        t0 = asyncio.get_running_loop().time()
+        ros = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(6))), 60)
+        waited = asyncio.get_running_loop().time() - t0
+    assert waited > 2 * st.stall_timeout_s  # the last one sat queued longer than a stall
+    assert [r.error for r in ros] == [""] * 6  # before: the queued ones "no token for 0s"
+    assert all(r.status != RolloutStatus.FAILED and len(r.response_ids) == 400 for r in ros)

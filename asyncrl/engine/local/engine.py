@@ -132,15 +132,17 @@ class LocalEngine:
     `device`, put in eval mode): pass a copy if a trainer keeps training the original.
     `threads > 0` sets torch's intra-op thread count (process-wide) from the worker thread.
     `admit_reserve`: growth tokens a request must have room for beyond its first token to be
-    admitted (fewer preemptions right after admission).
+    admitted (fewer preemptions right after admission). `packed`: on a CPU, run the fp32
+    linear layers on oneDNN with pre-packed weights (`packed.pack_linears`).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, kv_token_budget: int, max_running: int,
                  name: str = "local-0", device: str = "cpu", threads: int = 0,
-                 admit_reserve: int = 16, seed: int = 0) -> None:
+                 admit_reserve: int = 16, seed: int = 0, packed: bool = True) -> None:
         import torch
 
         from asyncrl.engine.local.kvcache import growing_cache
+        from asyncrl.engine.local.packed import pack_linears
 
         if kv_token_budget < 2 or max_running < 1:
             raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
@@ -155,6 +157,7 @@ class LocalEngine:
         self._new_cache = growing_cache
         self._device = torch.device(device)
         self._model = model.to(self._device).eval()
+        self._packed = pack_linears(self._model, self._device) if packed else None
         self._merger: Any = None  # engine.adapter.AdapterMerger, made at the first update
         self._tokenizer = tokenizer
         self._threads = threads
@@ -494,6 +497,13 @@ class LocalEngine:
         return False
 
     def _load_weights(self, update: WeightUpdate) -> None:
+        try:
+            self._change_weights(update)
+        finally:  # the packed copies follow the weights, even those of a half-done load
+            if self._packed is not None:
+                self._packed.repack()
+
+    def _change_weights(self, update: WeightUpdate) -> None:
         from asyncrl.engine.local.lora_merge import AdapterMerger, read_adapter_dir
 
         if not (update.has_base or update.has_adapter):

@@ -1,0 +1,51 @@
+"""A lenient second score for saved evaluation answers: the last number a response writes.
+
+The run's reward asks for `<answer>\\boxed{N}</answer>`. A model that never saw that format (an
+instruction-tuned model as shipped) answers "The final answer is 4." and scores 0 by format
+alone. This score takes the last number of the response's own text (tool outputs left out)
+and compares its value with the gold answer, so a baseline is judged on its arithmetic, not
+on a format it was never taught. Pure text work over the eval JSONL files a run writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from fractions import Fraction
+from pathlib import Path
+
+from asyncrl.reward import plain_number
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+_OUTPUT_BLOCK = re.compile(r"```output\b.*?(?:```|$)", re.S)
+
+
+def last_number(text: str) -> Fraction | None:
+    """The value of the last number in `text` outside ```` ```output ```` blocks (what the
+    sandbox printed is not the model's answer), or None."""
+    own = _OUTPUT_BLOCK.sub(" ", text)
+    for m in reversed(list(_NUMBER.finditer(own))):
+        value = plain_number(m.group().rstrip(","))
+        if value is not None:
+            return value
+    return None
+
+
+def rescore(rows: Iterable[dict]) -> dict[str, float]:
+    """Strict (the run's reward) and lenient (`last_number` equals the gold value) accuracy
+    over every answer of the eval groups `rows`, and the answer count."""
+    n = strict = lenient = 0
+    for group in rows:
+        gold = plain_number(str(group["problem"]["answer"]))
+        for r in group["rollouts"]:
+            n += 1
+            strict += r.get("reward", 0.0) >= 1.0
+            got = last_number(r.get("response_text", ""))
+            lenient += got is not None and got == gold
+    return {"answers": float(n), "strict": strict / max(n, 1), "lenient": lenient / max(n, 1)}
+
+
+def rescore_file(path: str | Path) -> dict[str, float]:
+    with Path(path).open(encoding="utf-8") as fp:
+        return rescore(json.loads(line) for line in fp if line.strip())
