@@ -406,7 +406,8 @@ class AgentLoop:
             self._undo(ro, mark, text, parts)
             raise
         finally:
-            watch.deadlines.pop(deadline, None)
+            if deadline is not None:
+                watch.deadlines.pop(deadline, None)
             if not watch.deadlines:
                 _WATCHES.pop(id(engine), None)
             aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
