@@ -15,6 +15,7 @@ The first step of each is a warm-up and is reported apart.
 
     python bench/smollm2_rl_step.py --model models/smollm2-135m-instruct [--prompts 4]
         [--group 8] [--new 128] [--steps 3] [--threads 2] [--only asyncrl trl]
+        [--micro-batch-tokens 2048]
 
 Prints a table and writes `bench/results/smollm2_rl_step.json`.
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,24 +48,27 @@ def curriculum_data_options() -> dict[str, Any]:
 
 
 def run_asyncrl(args: argparse.Namespace, out: Path) -> list[float]:
-    sets = [f"model.path={Path(args.model).resolve()}", "rollout.tools=false", f"rollout.prompts_per_step={args.prompts}",
+    sets = [f"model.path={Path(args.model).resolve()}", "rollout.tools=false",
+            f"rollout.prompts_per_step={args.prompts}",
             f"rollout.samples_per_prompt={args.group}", f"rollout.group_size={args.group}",
             f"rollout.max_response_tokens={args.new}", "roc.kind=grpo_all",
             "roc.reject_equal_reward=false", f"trainer.threads={args.threads}",
-            "trainer.micro_batch_tokens=16384", "eval.every_steps=0", "eval.max_problems=1",
-            "eval.k=1", "eval.greedy=false", "checkpoint.every_steps=0",
+            f"trainer.micro_batch_tokens={args.micro_batch_tokens}", "eval.every_steps=0",
+            "eval.max_problems=1", "eval.k=1", "eval.greedy=false", "checkpoint.every_steps=0",
             f"run.output_dir={out}", "run.name=asyncrl-rl-step", "algorithm.warmup_steps=0"]
     cfg = out / "rl_step.toml"
     text = (ROOT / "curricula" / "smollm2.toml").read_text()
     head = text[:text.index("[[stages]]")]
     cfg.write_text(head + f'[[stages]]\nname = "rl"\nsteps = {args.steps}\n'
                    f"max_response_tokens = {args.new}\n\n" + text[text.index("[eval]"):])
-    cmd = [sys.executable, "-m", "asyncrl", "train", str(cfg)]
+    run_dir = out / "asyncrl-rl-step"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a run left there would be renamed around
+    cmd = [sys.executable, "-m", "asyncrl", "train", str(cfg), "--run-dir", str(run_dir)]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (out / "asyncrl-rl-step" / "metrics.jsonl").open()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return [r["timing/step_s"] for r in rows if "timing/step_s" in r]
 
 
@@ -123,6 +128,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="+", default=["asyncrl", "trl"])
+    ap.add_argument("--micro-batch-tokens", type=int, default=2048,
+                    help="asyncrl's trainer.micro_batch_tokens (the curriculum's: 2048)")
     args = ap.parse_args()
     # Before torch loads: OpenMP reads it once, and the local engine's and trainer's worker
     # threads get their pool size from it, not from torch.set_num_threads on this thread (with
@@ -132,6 +139,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {"prompts": args.prompts, "group": args.group, "new": args.new,
                            "steps": args.steps, "threads": args.threads,
+                           "micro_batch_tokens": args.micro_batch_tokens,
                            "loadavg_start": os.getloadavg()}
     for name in args.only:
         fn = run_asyncrl if name == "asyncrl" else run_trl
