@@ -1,7 +1,8 @@
 """The micro curriculum's shared TOML sections, for the tests that run `asyncrl train` end to
 end in seconds: a one-layer Qwen3 with a tokenizer trained on the task, and tiny_math data.
-Each test adds its own `[run]`, `[rollout]`, stages and the rest. Also how those tests run a
-command from the repository root (`run_ok`) and read a run's metric rows (`metric_rows`)."""
+Each test adds its own `[run]`, `[rollout]`, stages and the rest (`MICRO_RL_TAIL`: two RL steps
+that save every rollout). Also how those tests run a command (`run_ok`) and read a run's metric
+rows (`metric_rows`) and saved rollouts (`saved_rollouts`)."""
 
 from __future__ import annotations
 
@@ -40,16 +41,38 @@ levels = [1, 2]
 """
 
 
+MICRO_RL_TAIL = """\
+[engine]
+kv_token_budget = 8192
+[sandbox]
+workers = 1
+[[stages]]
+name = "rl"
+steps = 2
+[eval]
+every_steps = 2
+max_problems = 2
+[checkpoint]
+every_steps = 0
+[logging]
+console = "json"
+rollouts_every = 1
+"""
+"""After a test's `[rollout]` and `[roc]`: two RL steps, an evaluation at the second, no
+checkpoints, JSON logs, every step's rollouts saved (`saved_rollouts`)."""
+
+
 RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 """The environment the tests start runs in: one intra-op thread (two runs may share the
 machine's cores), output unbuffered (a test reads it while the run goes on)."""
 
 
-def run_ok(cmd: list[str]) -> str:
-    """Run `cmd` from the repository root in `RUN_ENV`; its output, asserting it exited 0 (the
-    output's tail in the failure)."""
-    proc = subprocess.run(cmd, cwd=ROOT, env=RUN_ENV, capture_output=True, text=True,
-                          timeout=600)
+def run_ok(cmd: list[str], cwd: Path = ROOT, python_path: str = "") -> str:
+    """Run `cmd` in `cwd` (the repository root) in `RUN_ENV`, with `python_path` on
+    `PYTHONPATH` if given; its output, asserting it exited 0 (the output's tail in the
+    failure)."""
+    env = {**RUN_ENV, "PYTHONPATH": python_path} if python_path else RUN_ENV
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout + proc.stderr
 
@@ -59,3 +82,9 @@ def metric_rows(run_dir: Path, kind: str) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
     return [r for r in rows if r["kind"] == kind]
+
+
+def saved_rollouts(run_dir: Path) -> list[dict]:
+    """Every rollout a run saved (`logging.rollouts_every`), in step order."""
+    return [r for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
+            for g in f.read_text().splitlines() for r in json.loads(g)["rollouts"]]

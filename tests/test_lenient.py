@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from fractions import Fraction
 
 from asyncrl.observe.lenient import last_number, rescore_file
+from asyncrl.records import Group, Problem, Rollout, save_jsonl
 
 
 def test_last_number_is_the_models_own_not_the_tools():
@@ -19,11 +19,12 @@ def test_last_number_is_the_models_own_not_the_tools():
 
 
 def test_rescore_counts_strict_and_lenient_per_answer(tmp_path):
-    rows = [{"problem": {"answer": "-2"}, "rollouts": [
-        {"response_text": "The final answer is -2.", "reward": 0.0},
-        {"response_text": "<answer>\\boxed{-2}</answer>", "reward": 1.0},
-        {"response_text": "It is 3", "reward": 0.0},
-        {"response_text": "", "reward": 0.0}]}]
-    f = tmp_path / "e.jsonl"
-    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    texts = [("The final answer is -2.", 0.0), ("<answer>\\boxed{-2}</answer>", 1.0),
+             ("It is 3", 0.0), ("", 0.0)]
+    group = Group(group_id="g", problem=Problem(id="p", question="0 - 2 =", answer="-2"),
+                  rollouts=[Rollout(rollout_id=f"r{i}", prompt_id="p", group_id="g",
+                                    policy_version=0, prompt_ids=[1], response_text=t,
+                                    reward=w) for i, (t, w) in enumerate(texts)])
+    f = tmp_path / "eval" / "000000-final.jsonl"
+    save_jsonl(f, [group])  # as a run writes its eval groups
     assert rescore_file(f) == {"answers": 4.0, "strict": 0.25, "lenient": 0.5}

@@ -9,12 +9,12 @@ on a format it was never taught. Pure text work over the eval JSONL files a run 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 
+from asyncrl.records import Group, read_jsonl
 from asyncrl.reward import plain_number
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
@@ -32,20 +32,20 @@ def last_number(text: str) -> Fraction | None:
     return None
 
 
-def rescore(rows: Iterable[dict]) -> dict[str, float]:
+def rescore(groups: Iterable[Group]) -> dict[str, float]:
     """Strict (the run's reward) and lenient (`last_number` equals the gold value) accuracy
-    over every answer of the eval groups `rows`, and the answer count."""
+    over every answer of the eval `groups`, and the answer count."""
     n = strict = lenient = 0
-    for group in rows:
-        gold = plain_number(str(group["problem"]["answer"]))
-        for r in group["rollouts"]:
+    for group in groups:
+        gold = plain_number(group.problem.answer)
+        for r in group.rollouts:
             n += 1
-            strict += r.get("reward", 0.0) >= 1.0
-            got = last_number(r.get("response_text", ""))
+            strict += r.reward >= 1.0
+            got = last_number(r.response_text)
             lenient += got is not None and got == gold
     return {"answers": float(n), "strict": strict / max(n, 1), "lenient": lenient / max(n, 1)}
 
 
 def rescore_file(path: str | Path) -> dict[str, float]:
-    with Path(path).open(encoding="utf-8") as fp:
-        return rescore(json.loads(line) for line in fp if line.strip())
+    """`rescore` of one eval file a run writes (`eval/*.jsonl`, `eval_groups*.jsonl`)."""
+    return rescore(read_jsonl(Path(path), Group))

@@ -22,8 +22,8 @@ tool output and the rollout goes on.
 Failures are data. An engine error ends the rollout as `failed` with `error` set; a tool-side
 failure is a tool call with status `sandbox_failure`. The one exception is an engine that is
 unavailable (it raised `EngineUnavailable`, or sent no token for `stall_timeout_s` to any of
-the streams waiting on it, so a request queued behind a full batch does not count as a stall): the
-rollout is rolled back to the end of its last completed turn and `EngineUnavailable` is raised
+the streams waiting on it: a request queued behind a full batch is not a stall): the rollout is
+rolled back to the end of its last completed turn and `EngineUnavailable` is raised
 so the caller can resume it on another engine with `advance` again.
 """
 
@@ -87,16 +87,15 @@ ProgressHook = Callable[[Rollout], None]
 
 class _EngineWatch:
     """The streams of one engine waiting for tokens, each with its stall deadline: a token on
-    any of them moves every deadline (at most once per quarter of the shortest stall), so a
+    any of them moves every deadline (lazily: at most once per quarter of a stall), so a
     request queued behind a full batch lives as long as the engine answers someone."""
 
     def __init__(self) -> None:
         self.deadlines: dict[asyncio.Timeout, float] = {}
         self.armed = 0.0
 
-    def heard(self, now: float, stall: float) -> None:
-        if now - self.armed <= stall / 4:
-            return
+    def rearm(self, now: float) -> None:
+        """A token came at `now`: every waiting stream's deadline is its own stall from now."""
         self.armed = now
         for deadline, own in self.deadlines.items():
             if not deadline.expired():
@@ -394,7 +393,9 @@ class AgentLoop:
                     # Drop the delta before waiting for the next: with thousands of rollouts, a
                     # delta kept alive per waiting rollout is what young collections traverse.
                     d = toks = None  # type: ignore[assignment]
-                    watch.heard(loop.time(), stall)  # re-arms lazily: every stream of the engine
+                    now = loop.time()
+                    if now - watch.armed > stall / 4:  # lazily: one re-arm per stall/4
+                        watch.rearm(now)
             if finish is None:
                 raise EngineUnavailable(f"{engine.name}: stream ended without a finish reason")
             if len(ids) != len(lps):

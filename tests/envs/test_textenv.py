@@ -5,14 +5,13 @@ its rollout only; `asyncrl train` runs RL steps on it."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import skyrl_gym  # the dev extra installs it (test-envs): never skipped
 from fakes.scripted_engine import ScriptedEngine
-from micro_config import MICRO_MODEL, ROOT, RUN_ENV, metric_rows
+from micro_config import MICRO_MODEL, MICRO_RL_TAIL, metric_rows, run_ok, saved_rollouts
 
 from asyncrl.api import RolloutSettings, rollouts
 from asyncrl.envs.source import TaskContext, adapt
@@ -104,32 +103,14 @@ tools = false
 [roc]
 kind = "grpo_all"
 reject_equal_reward = false
-[engine]
-kv_token_budget = 8192
-[sandbox]
-workers = 1
-[[stages]]
-name = "rl"
-steps = 2
-[eval]
-every_steps = 2
-max_problems = 2
-[checkpoint]
-every_steps = 0
-[logging]
-console = "json"
-rollouts_every = 1
-""")
+""" + MICRO_RL_TAIL)
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg),
-                           "--run-dir", str(run_dir)], cwd=ROOT, env=RUN_ENV,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
+            str(run_dir)])
     steps = metric_rows(run_dir, "rl_step")
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[-1]["train/optimizer_step"] == 2.0
-    rolls = [r for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
-             for g in f.read_text().splitlines() for r in json.loads(g)["rollouts"]]
+    rolls = saved_rollouts(run_dir)
     assert len(rolls) == 16
     for r in rolls:  # each rollout stepped the environment: its rewards are skyrl-gym's
         assert r["reward_detail"] and set(r["reward_detail"]) <= {"step_1", "step_2"}

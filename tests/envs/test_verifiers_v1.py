@@ -132,7 +132,9 @@ class MulTaskset(vf.Taskset[MulTask, Config]):
 
 
 def test_asyncrl_train_runs_rl_steps_on_a_verifiers_taskset(tmp_path) -> None:
-    from micro_config import MICRO_MODEL, ROOT, RUN_ENV, metric_rows
+    import sys
+
+    from micro_config import MICRO_MODEL, MICRO_RL_TAIL, ROOT, metric_rows, run_ok, saved_rollouts
 
     (tmp_path / "mul_env.py").write_text(E2E_TASKSET)
     cfg = tmp_path / "vf.toml"
@@ -153,37 +155,14 @@ tool_format = "hermes"
 [roc]
 min_pos = 1
 min_neg = 1
-[engine]
-kv_token_budget = 8192
-[sandbox]
-workers = 1
-[[stages]]
-name = "rl"
-steps = 2
-[eval]
-every_steps = 2
-max_problems = 2
-[checkpoint]
-every_steps = 0
-[logging]
-console = "json"
-rollouts_every = 1
-""")
-    import subprocess
-    import sys
-
+""" + MICRO_RL_TAIL)
     run_dir = tmp_path / "run"
-    env = {**RUN_ENV, "PYTHONPATH": f"{ROOT}:{tmp_path}"}
-    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg),
-                           "--run-dir", str(run_dir)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
+            str(run_dir)], cwd=tmp_path, python_path=f"{ROOT}:{tmp_path}")
     steps = metric_rows(run_dir, "rl_step")
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[-1]["train/optimizer_step"] == 2.0  # both steps updated the policy
-    rolls = [json.loads(line) for f in sorted((run_dir / "rollouts").glob("step_*.jsonl"))
-             for g in f.read_text().splitlines() for line in [json.dumps(r) for r in
-                                                             json.loads(g)["rollouts"]]]
+    rolls = saved_rollouts(run_dir)
     assert len(rolls) == 16
     for r in rolls:  # every reward is verifiers' weighted sum; the raising function counted
         d = r["reward_detail"]

@@ -12,9 +12,10 @@ streams it in the blocks its kernel wants. The figures (SmolLM2-135M's decode, a
 CPU build) are in docs/real-models.md; `bench/smollm2_engines.py` measures them.
 
 Costs: a second copy of every linear weight (the plain one stays: updates, adapters and the
-state dict read it), and a re-pack of about 0.1 s per 100M parameters after each update.
-Numerics: a different summation order than PyTorch's default product (differences of float
-rounding, ~1e-6 relative). Where the ops are missing, or a probe product disagrees with
+state dict read it), and a re-pack after each update (SmolLM2-135M's whole weight sync,
+re-pack included, took 0.2-0.4 s per RL step). Numerics: another summation order than
+PyTorch's default product (in that run the engine's log-probs and the trainer's differed by
+8e-7 per token). Where the ops are missing, or a probe product disagrees with
 `F.linear`, nothing is changed and `pack_linears` returns None.
 """
 
