@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,23 +38,27 @@ def eval_files(run: Path) -> list[Path]:
     return greedy or sorted(run.glob("eval/*.jsonl"))
 
 
+def _answers(path: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(group, rollout) for every answer of one eval file, as plain JSON rows."""
+    for line in path.read_text().splitlines():
+        if line:
+            group = json.loads(line)
+            for r in group["rollouts"]:
+                yield group, r
+
+
 def mass(path: Path, tokenizer: Any) -> dict[str, Any]:
     """Expected departures per greedy answer, per class, over one eval file's answers."""
     totals = dict.fromkeys(CLASSES, 0.0)
     answers = tool = right = 0
-    for line in path.read_text().splitlines():
-        if not line:
-            continue
-        group = json.loads(line)
-        for r in group["rollouts"]:
-            answers += 1
-            tool += bool(r.get("tool_calls"))
-            right += r.get("reward", 0.0) > 0
-            pieces = [tokenizer.decode([t]) for t in r["response_ids"]]
-            for lp, kind, mine in zip(r["logprobs"], classify(pieces), r["loss_mask"],
-                                      strict=True):
-                if mine:
-                    totals[kind] += 1.0 - math.exp(lp)
+    for _, r in _answers(path):
+        answers += 1
+        tool += bool(r.get("tool_calls"))
+        right += r.get("reward", 0.0) > 0
+        pieces = [tokenizer.decode([t]) for t in r["response_ids"]]
+        for lp, kind, mine in zip(r["logprobs"], classify(pieces), r["loss_mask"], strict=True):
+            if mine:
+                totals[kind] += 1.0 - math.exp(lp)
     n = max(answers, 1)
     per = {k: v / n for k, v in totals.items()}
     total = sum(per.values())
@@ -78,15 +83,11 @@ def misses(path: Path) -> dict[str, Any]:
     """Shares of one sampled eval file's answers that are wrong, by why (`miss_kind`)."""
     counts = dict.fromkeys(MISSES, 0)
     answers = 0
-    for line in path.read_text().splitlines():
-        if not line:
-            continue
-        group = json.loads(line)
-        for r in group["rollouts"]:
-            answers += 1
-            kind = miss_kind(r, str(group["problem"]["answer"]))
-            if kind:
-                counts[kind] += 1
+    for group, r in _answers(path):
+        answers += 1
+        kind = miss_kind(r, str(group["problem"]["answer"]))
+        if kind:
+            counts[kind] += 1
     n = max(answers, 1)
     return {"eval": path.stem, "sampled": answers, "right": 1.0 - sum(counts.values()) / n,
             **{k: v / n for k, v in counts.items()}}
