@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import skyrl_gym  # the dev extra installs it (test-envs): never skipped
 from fakes.scripted_engine import ScriptedEngine
 from micro_config import MICRO_MODEL, MICRO_RL_TAIL, metric_rows, run_ok, saved_rollouts
 
@@ -19,6 +18,8 @@ from asyncrl.envs.textenv import skyrl_source, text_env_source
 from asyncrl.envs.wiring import build_reward
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem
+
+skyrl_gym = pytest.importorskip("skyrl_gym")  # installed by dev: tests/test_dev_extras.py
 
 ROWS = [{"id": f"g{i}", "question": f"Tom has {a} apples and buys {b} more. How many now?",
          "answer": str(a + b)} for i, (a, b) in enumerate([(3, 4), (10, 5), (7, 8), (2, 9),

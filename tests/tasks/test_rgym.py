@@ -9,12 +9,13 @@ import subprocess
 import sys
 
 import pytest
-import reasoning_gym  # the dev extra installs it (test-envs): never skipped
 
 from asyncrl.records import Problem, Rollout
 from asyncrl.reward import numeric_verdict
 from asyncrl.tasks import generate, solution_code
 from asyncrl.tasks.gym_checks import GymReward, check
+
+reasoning_gym = pytest.importorskip("reasoning_gym")  # installed by dev: tests/test_dev_extras.py
 
 OPTS = {"generators": ["chain_sum", "products", "simple_equations", "basic_arithmetic"],
         "train_size": 400, "eval_size": 40,
