@@ -302,3 +302,30 @@ async def test_weight_update_from_an_hf_export_with_tied_embeddings(model, tiny_
     async with LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2) as eng:
         await eng.update_weights(WeightUpdate(version=3, path=str(tmp_path)))
         assert eng.policy_version == 3
+
+
+async def test_a_group_with_one_prompt_is_prefilled_once(model, tiny_tokenizer, refs) -> None:
+    """Requests admitted together with the same context (a GRPO group) share one prefill row,
+    both when they are appended and when they move into dead rows; each still decodes on its
+    own: greedy equals `generate`, and seeded samples follow their own seeds."""
+    ids, ref = refs
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0])
+        if kw["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+    try:
+        async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=8) as eng:
+            greedy = [_req(f"g{i}", ids[i // 4]) for i in range(8)]  # two prompts, 4 each
+            outs = await asyncio.gather(*(collect(eng, r) for r in greedy))
+            assert rows == [2] and eng.prefills_shared == 6
+            assert eng._batch.rows == 8  # the dead rows are still there: the next ones fill
+            seeded = [_req(f"s{i}", ids[2], temperature=1.0, seed=i % 2) for i in range(4)]
+            samples = await asyncio.gather(*(collect(eng, r) for r in seeded))
+            assert rows == [2, 1] and eng.prefills_shared == 9
+    finally:
+        hook.remove()
+    for i, o in enumerate(outs):
+        assert o.token_ids == ref[i // 4]
+    assert samples[0].token_ids == samples[2].token_ids  # same seed, same context
+    assert samples[1].token_ids == samples[3].token_ids
+    assert samples[0].token_ids != samples[1].token_ids  # rows sample on their own

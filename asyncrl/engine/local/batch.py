@@ -68,16 +68,17 @@ class BatchCache:
                 layer.values = layer.values[:, :, first:, :]
             self.mask = self.mask[:, first:]
 
-    def fill(self, rows: list[int], cache: Any, lens: list[int]) -> None:
-        """Write the first `len(rows)` rows of a freshly prefilled, left-padded `cache` (real
-        lengths `lens`) into those dead rows, right-aligned with the batch."""
+    def fill(self, rows: list[int], cache: Any, lens: list[int], src: list[int]) -> None:
+        """Write rows `src` of a freshly prefilled, left-padded `cache` (real lengths `lens`)
+        into the dead rows `rows`, right-aligned with the batch (one source row may go to
+        several rows: requests with the same context)."""
         width = self.mask.shape[1]
         if max(lens) > width:
             self._widen(max(lens) - width)
             width = self.mask.shape[1]
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
             n = new.keys.shape[2]
-            for i, (r, ln) in enumerate(zip(rows, lens, strict=True)):
+            for r, i, ln in zip(rows, src, lens, strict=True):
                 old.keys[r, :, width - ln:] = new.keys[i, :, n - ln:]
                 old.values[r, :, width - ln:] = new.values[i, :, n - ln:]
         for r, ln in zip(rows, lens, strict=True):

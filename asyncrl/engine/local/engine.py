@@ -23,8 +23,9 @@ outnumber the live ones, so in steady churn rows leave and join without moving t
 model forward never runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a
 decode step writes its column in place instead of concatenating the whole cache; trimming
 leading padding, and taking trimmed columns back when a longer request moves in, are views.
-Sampling is one batched pass on the model's device (`sampling.sample_rows`); only the step's
-token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they
+Requests admitted together with the same context (a GRPO group's samples) are prefilled once
+and their cache rows copied. Sampling is one batched pass on the model's device
+(`sampling.sample_rows`); only the step's token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they
 land between steps, never during a forward.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
@@ -153,6 +154,7 @@ class LocalEngine:
         self.peak_kv_tokens = 0
         self.steps = 0
         self.preemptions = 0
+        self.prefills_shared = 0  # admitted requests whose context another one prefilled
         self._torch = torch
         self._new_cache = growing_cache
         self._device = torch.device(device)
@@ -442,13 +444,27 @@ class LocalEngine:
 
     def _prefill(self, seqs: list[_Seq], fill: list[int]) -> list[_Out]:
         """Prefill `seqs` together, write the first `len(fill)` into those dead rows, append
-        the rest as new rows."""
+        the rest as new rows.
+
+        Identical contexts (a GRPO group's samples arrive together with one prompt) are
+        computed once: the forward runs on the distinct contexts, and each request gets a copy
+        of its context's cache row and last logits (then samples on its own)."""
         torch = self._torch
         ctxs = [s.input_ids + s.generated for s in seqs]
-        width = max(len(c) for c in ctxs)
-        ids = torch.full((len(seqs), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, c in enumerate(ctxs):
+        first: dict[tuple[int, ...], int] = {}
+        unique: list[list[int]] = []
+        owner = []  # row of the prefill that computes request i's context
+        for c in ctxs:
+            key = tuple(c)
+            if key not in first:
+                first[key] = len(unique)
+                unique.append(c)
+            owner.append(first[key])
+        self.prefills_shared += len(seqs) - len(unique)
+        width = max(len(c) for c in unique)
+        ids = torch.full((len(unique), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, c in enumerate(unique):
             ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
             mask[i, width - len(c):] = 1
         ids, mask = ids.to(self._device), mask.to(self._device)
@@ -456,17 +472,22 @@ class LocalEngine:
         cache: Any = self._new_cache(self._model.config)
         out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
                           past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :]
+        if len(unique) < len(seqs):
+            logits = logits.index_select(0, torch.tensor(owner, device=self._device))
         lens = [len(c) for c in ctxs]
+        n = len(fill)
         if fill:
-            self._batch.fill(fill, cache, lens[:len(fill)])
-            rest = torch.arange(len(fill), len(seqs), device=self._device)
-            for layer in cache.layers:
-                layer.keys = layer.keys.index_select(0, rest)
-                layer.values = layer.values.index_select(0, rest)
-            mask = mask.index_select(0, rest)
-        if len(fill) < len(seqs):
-            self._batch.append(cache, mask, torch.tensor(lens[len(fill):], device=self._device))
-        return self._sample(out.logits[:, -1, :], seqs)
+            self._batch.fill(fill, cache, lens[:n], owner[:n])
+        if n < len(seqs):
+            if owner[n:] != list(range(len(unique))):  # some rows were filled in or shared
+                rows = torch.tensor(owner[n:], device=self._device)
+                for layer in cache.layers:
+                    layer.keys = layer.keys.index_select(0, rows)
+                    layer.values = layer.values.index_select(0, rows)
+                mask = mask.index_select(0, rows)
+            self._batch.append(cache, mask, torch.tensor(lens[n:], device=self._device))
+        return self._sample(logits, seqs)
 
     def _sample(self, logits: Any, seqs: list[_Seq]) -> list[_Out]:
         toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
