@@ -52,7 +52,8 @@ class Check:
     name: str
     what: str
     bar: str
-    estimate_s: float  # on one H100, what the budget is charged
+    estimate_s: float  # what the budget is charged: the wall seconds of the H200 sweep of
+                       # 2026-11-27 (docs/gpu.md), rounded up
     dry_estimate_s: float  # the dry run on 2 quiet CPU cores
     command: Callable[[Ctx], list[str]]
     read: Callable[[Ctx], Reading]
@@ -281,26 +282,27 @@ def async_read(ctx: Ctx) -> Reading:
 
 CHECKS: tuple[Check, ...] = (
     Check("pytest_gpu", "pytest -m gpu", "green: none failed or errored, >= 1 passed",
-          30, 30, pytest_cmd, pytest_read, ok_returncodes=(0, 1), cap_s=150),
+          50, 30, pytest_cmd, pytest_read, ok_returncodes=(0, 1), cap_s=150),
     Check("sandbox", "sandbox on all cores: pool and HTTP capacity, open loop",
           "HTTP >= 90% of pool (W1, 64 in flight); W1 at 50% load p99 <= 10 ms (HTTP)",
-          45, 25, sandbox_cmd, sandbox_read),
+          50, 25, sandbox_cmd, sandbox_read),
     Check("engine_64", "local engine vs model.generate, 0.6B, 64 x 256 tokens",
-          "engine >= 5x generate", 40, 15, engine_cmd(64, 4), engine_read(5.0), cap_s=180),
+          "engine >= 5x generate", 60, 15, engine_cmd(64, 4), engine_read(5.0), cap_s=180),
     Check("engine_256", "local engine vs model.generate, 0.6B, 256 x 256 tokens",
-          "engine >= 3x generate", 50, 15, engine_cmd(256, 8), engine_read(3.0), cap_s=180),
+          "engine >= 3x generate", 70, 15, engine_cmd(256, 8), engine_read(3.0), cap_s=180),
     Check("megatron_0.6b", "Megatron step vs TorchTrainer, 0.6B, 16 x 4096",
-          "MFU >= 25%", 60, 25, megatron_cmd("0.6b"), megatron_read(0.25, None)),
+          "MFU >= 25%", 70, 25, megatron_cmd("0.6b"), megatron_read(0.25, None)),
     Check("megatron_1.7b", "Megatron step vs TorchTrainer, 1.7B, 16 x 4096",
-          "MFU >= 40% and >= 1.5x torch's tokens/s", 75, 25, megatron_cmd("1.7b"),
+          # not yet measured: killed at its 96 s timeout on 2026-11-27, while the 0.6B took 67
+          "MFU >= 40% and >= 1.5x torch's tokens/s", 130, 25, megatron_cmd("1.7b"),
           megatron_read(0.40, 1.5)),
     Check("curriculum_torch", "tiny curriculum (cut), torch trainer",
-          "none of its own (the reference for Megatron's)", 65, 45, curriculum_cmd("torch"),
+          "none of its own (the reference for Megatron's)", 125, 45, curriculum_cmd("torch"),
           curriculum_read("torch")),
     Check("curriculum_megatron", "tiny curriculum (cut), Megatron trainer",
-          "final held-out accuracy within 5 points of torch's", 70, 45,
+          "final held-out accuracy within 5 points of torch's", 145, 45,
           curriculum_cmd("megatron"), curriculum_read("megatron")),
     Check("async", "async N=0 vs N=2, seconds per RL step (from the torch run's model)",
-          "N=2 >= 1.3x N=0 per RL step", 50, 50, async_cmd, async_read,
+          "N=2 >= 1.3x N=0 per RL step", 70, 50, async_cmd, async_read,
           needs=("curriculum_torch",)),
 )

@@ -133,6 +133,12 @@ async def closed_loop(client, req: ExecRequest, calls: int, concurrency: int):
     return latencies, results, time.perf_counter() - t0
 
 
+def wrong_examples(results, expect: str) -> list[str]:
+    """Up to 3 distinct (status: detail) of the results whose status is not `expect`."""
+    return sorted({f"{r.status}: {r.detail or r.stderr[-120:]}"
+                   for r in results if r.status != expect})[:3]
+
+
 def row(mode: str, wid: str, point: dict, expect: str, lat, results, wall) -> dict:
     lat = sorted(lat)
     durs = sorted(r.duration_s for r in results)
@@ -144,8 +150,7 @@ def row(mode: str, wid: str, point: dict, expect: str, lat, results, wall) -> di
         "p50_ms": percentile(lat, 0.50) * 1e3, "p90_ms": percentile(lat, 0.90) * 1e3,
         "p99_ms": percentile(lat, 0.99) * 1e3, "max_ms": lat[-1] * 1e3 if lat else float("nan"),
         "sbx_p99_ms": percentile(durs, 0.99) * 1e3, "wrong": wrong,
-        "wrong_examples": sorted({f"{r.status}: {r.detail or r.stderr[-120:]}"
-                                  for r in results if r.status != expect})[:3],
+        "wrong_examples": wrong_examples(results, expect),
     }
 
 
@@ -236,6 +241,7 @@ async def open_loop_rows(mode: str, client, spec: dict, args) -> list[dict]:
                  "p90_ms": percentile(lat, 0.9) * 1e3, "p99_ms": percentile(lat, 0.99) * 1e3,
                  "max_ms": lat[-1] * 1e3 if lat else float("nan"),
                  "wrong": sum(1 for x in results if x.status != w["expect"]),
+                 "wrong_examples": wrong_examples(results, w["expect"]),
                  "load": os.getloadavg()[0]}
             rows.append(r)
             print_open_row(r)
@@ -252,7 +258,7 @@ def print_open_row(r: dict) -> None:
           f"{r['capacity_calls_per_s']:>8.1f} {r['offered_calls_per_s']:>8.1f} "
           f"{r['served_calls_per_s']:>8.1f} {r['calls']:>6} {r['p50_ms']:>7.1f} "
           f"{r['p90_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} {r['wrong']:>5} "
-          f"{r['load']:>5.1f}", flush=True)
+          f"{r['load']:>5.1f}" + (f"   {r['wrong_examples']}" if r["wrong"] else ""), flush=True)
 
 
 def parse_mode(mode: str) -> tuple[str, int]:

@@ -5,7 +5,11 @@
 # wheels and asyncrl there, runs `bench/gpu_sweep.py`, and leaves in $OUT the sweep's JSON,
 # its console log and a tarball of every check's JSON and log (run directories without weights).
 #
-#   tools/gpu_carry.sh [SWEEP ARGS...]      e.g. tools/gpu_carry.sh --only megatron_1.7b
+#   tools/gpu_carry.sh [--warm] [SWEEP ARGS...]    e.g. tools/gpu_carry.sh --warm --only megatron_1.7b
+#
+# --warm: the command for a second call on the machine the first one left warm (its wheels and
+# asyncrl are installed there already): it skips the install (~30 s) and names its $OUT files
+# with a 2 so they do not overwrite the first call's here.
 #
 # That machine has Python 3.12, torch with CUDA, transformers, numpy, sympy, aiohttp, uvloop,
 # rich, safetensors, tokenizers, pyarrow, matplotlib, pytest, hypothesis and pytest-timeout,
@@ -14,17 +18,19 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+warm=""
+if [ "${1:-}" = "--warm" ]; then warm=2; shift; fi
 for a in "$@"; do
   if [ "$a" = "--out-dir" ] || [ "$a" = "--dry-run" ] || [ "$a" = "--list" ]; then
     echo "gpu_carry: $a is not for the device call (the command collects bench/results/gpu_sweep)" >&2
     exit 2
   fi
 done
-# The sweep keeps to its budget (default 480 s); an outer `timeout` 30 s later is the backstop
+# The sweep keeps to its budget (default 500 s); an outer `timeout` 30 s later is the backstop
 # that leaves time, inside the call's 600 s, for the install before it (~30 s) and for
 # collecting $OUT after it. Its SIGTERM makes the sweep end its running check (10 s of grace)
 # and write its JSON; SIGKILL follows 25 s later only if that hangs.
-budget=480
+budget=500
 prev=""
 for a in "$@"; do
   case "$a" in --budget=*) budget="${a#--budget=}" ;; esac
@@ -73,14 +79,17 @@ fi
 
 sweep_args=""
 if [ $# -gt 0 ]; then sweep_args=" $(printf '%q ' "$@")"; sweep_args="${sweep_args% }"; fi
-cmd='set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; timeout -k 25 '"$outer"' python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/; tar czf $OUT/gpu_sweep.tgz --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
+install='python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; '
+if [ -n "$warm" ]; then install=''; fi
+cmd='set -o pipefail; '"$install"'export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; timeout -k 25 '"$outer"' python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep'"$warm"'.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/sweep'"$warm"'.json; tar czf $OUT/gpu_sweep'"$warm"'.tgz --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
 if [ ${#cmd} -gt 2000 ]; then
   echo "gpu_carry: the command is ${#cmd} characters, over the device tool's 2000" >&2
   exit 1
 fi
 echo
-echo "device call (the tool's run): timeout_s 600, carry [\".whl\"], command (${#cmd} characters):"
+call_s=$((outer + 70 < 600 ? outer + 70 : 600))  # the sweep's backstop, its SIGKILL, collection
+echo "device call (the tool's run): timeout_s $call_s, carry [\".whl\"], command (${#cmd} characters):"
 echo
 echo "$cmd"
 echo
-python3 -c 'import json, sys; print(json.dumps({"command": sys.argv[1], "carry": [".whl"], "timeout_s": 600}))' "$cmd"
+python3 -c 'import json, sys; print(json.dumps({"command": sys.argv[1], "carry": [".whl"], "timeout_s": int(sys.argv[2])}))' "$cmd" "$call_s"
