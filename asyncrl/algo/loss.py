@@ -1,7 +1,7 @@
 """The GRPO policy loss and its metrics, in torch, shared by every trainer.
 
 Owns: per-token logprobs and entropy from logits (one chunked pass, no float32 copy of the
-whole `[B, T, V]` logits), the clipped-ratio loss with clip-higher and
+whole `[B, T, V]` logits; `row_logprobs` for logits taken at chosen positions only), the clipped-ratio loss with clip-higher and
 dual-clip (`grpo_loss`), the masked cross-entropy of the SFT cold start (`sft_loss`), the
 trainer/sampler mismatch metrics, and `StepStats`, which sums metrics over micro-batches and
 data-parallel ranks. Does not own: models, optimizers or how sequences are packed.
@@ -68,6 +68,21 @@ def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor,
     return _chunked(logits, input_ids, temperature, chunk, entropy=True)
 
 
+def row_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                 chunk: int | None = None, entropy: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `[N, V]` logits, the log-prob of `targets[n]` under `logits[n] / temperature`
+    and, when `entropy`, the entropy of that distribution (no gradient; empty when not asked).
+    Both `[N]` float32. The same chunked pass as `token_logprobs`, for logits computed only at
+    the positions that are read (`asyncrl.trainer.lm_head`); N may be 0 (the result is still a
+    graph node, so a micro-batch with nothing to train can backward)."""
+    if chunk is None:
+        chunk = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    lp, ent = _ChunkedLogprob.apply(logits.unsqueeze(0), targets.unsqueeze(0),
+                                    float(temperature), chunk, entropy)
+    return lp[0], ent[0]
+
+
 def _chunked(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
              chunk: int | None, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     t = logits.shape[1]
@@ -102,8 +117,9 @@ def chunk_softmax_stats(lg: torch.Tensor, entropy: bool
 
 
 class _ChunkedLogprob(torch.autograd.Function):
-    """log softmax(x / temperature)[target] for the first T - 1 positions of `[B, T, V]`
-    logits (the last position predicts nothing), a chunk of positions of one row at a time in
+    """log softmax(x / temperature)[target] for the first `targets.shape[1]` positions of
+    `[B, T, V]` logits (T - 1 for whole sequences, whose last position predicts nothing; all T
+    for `row_logprobs`'s gathered rows), a chunk of positions of one row at a time in
     float32 (each a contiguous slice: nothing of the whole tensor is copied), and, when asked,
     the entropy of the same softmax from the same chunk (a second, non-differentiable output;
     empty when not asked). Backward recomputes each chunk's softmax from the saved log-sum-exp

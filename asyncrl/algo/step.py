@@ -72,13 +72,15 @@ class StepBackend(Protocol):
 
     def logprobs(self, t: Tensors, temperature: float) -> torch.Tensor:
         """Log-prob of token i given tokens < i under `logits / temperature`, `[B, T]` float32,
-        0 at position 0; differentiable (the forward pass of the model on `t`)."""
+        0 at position 0; differentiable (the forward pass of the model on `t`). The steps read
+        it only where `t["mask"]` is 1: a backend may skip the other positions (the torch
+        trainer computes no logits there and returns 0)."""
         ...
 
     def logprobs_and_entropy(self, t: Tensors, temperature: float
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """`logprobs` and the entropy of the same tempered distribution (a metric, no
-        gradient), from one pass over the logits."""
+        gradient, read where the mask is 1 like the log-probs), from one pass over the logits."""
         ...
 
     def reference_logprobs(self, t: Tensors, temperature: float) -> torch.Tensor:

@@ -176,6 +176,11 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     """Token budget of one micro-batch, counted padded: rows x longest row."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    full_logits: bool = False
+    """Compute the LM head and its log-softmax at every position, prompt and padding included.
+    The default computes them only where a trained token is predicted (the only positions the
+    loss and the metrics read; `asyncrl/trainer/lm_head.py`): the same values there, less work.
+    For comparison, or for a model whose forward the default refuses."""
     parallel: Literal["none", "ddp", "fsdp2"] = "none"
     """Data-parallel wrapper when run under torchrun with world size > 1."""
     threads: NonNegInt = 0

@@ -2,7 +2,9 @@
 (DDP / FSDP2) under torchrun.
 
 Owns: the model's device placement and parallel wrapper, the AdamW optimizer and its
-schedule, how a micro-batch becomes tensors and logits, weight export and trainer state. The
+schedule, how a micro-batch becomes tensors, weight export and trainer state. Its log-probs
+come from `asyncrl.trainer.lm_head`: the LM head runs only at the positions that predict a
+trained token (`trainer.full_logits` restores logits at every position). The
 RL and SFT steps themselves are `asyncrl.algo.step`'s, shared with the megatron trainer: this
 trainer is their `StepBackend`. Does not own: the steps, the loss, packing or metric
 definitions (`asyncrl.algo`), RoC, checkpoint layout (`asyncrl.checkpoint`) or the loop.
@@ -38,12 +40,13 @@ import torch.distributed as dist
 
 from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
-from asyncrl.algo.loss import StepStats, token_logprobs, token_logprobs_and_entropy
+from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
+from asyncrl.trainer import lm_head
 
 log = get_logger(__name__)
 
@@ -68,6 +71,8 @@ class TorchTrainer:
         self.cfg, self.algo = cfg, algo
         self.pad_token_id = pad_token_id
         self.temperature = temperature
+        self._split_head = not cfg.full_logits
+        """Logits only where a trained token is predicted (`asyncrl.trainer.lm_head`)."""
         self.total_steps = total_steps
         self.seed = seed
         if algo.lr_schedule == "cosine" and not total_steps:
@@ -275,17 +280,26 @@ class TorchTrainer:
                                 device=dev),
         }
 
-    def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = self._module(input_ids=t["input_ids"], position_ids=t["position_ids"],
-                           use_cache=False)
-        return out.logits
+    def _logprobs(self, module: Any, model: Any, t: dict[str, torch.Tensor],
+                  temperature: float, entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`lm_head.logprobs`: the LM head at the trained positions only, unless
+        `trainer.full_logits` is set or the model's forward turned out not to call its output
+        embedding (then the full path from then on, said once in the log)."""
+        lp, ent, split = lm_head.logprobs(module, model, t, temperature, entropy=entropy,
+                                          split=self._split_head)
+        if self._split_head and not split:
+            self._split_head = False
+            log.warning("lm_head_not_split", model=type(model).__name__,
+                        reason="the forward never called its output embedding")
+        return lp, ent
 
     def logprobs(self, t: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-        return token_logprobs(self._logits(t), t["input_ids"], temperature)
+        """`StepBackend.logprobs`; 0 where the mask is 0 unless `trainer.full_logits`."""
+        return self._logprobs(self._module, self.model, t, temperature, entropy=False)[0]
 
     def logprobs_and_entropy(self, t: dict[str, torch.Tensor], temperature: float
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs_and_entropy(self._logits(t), t["input_ids"], temperature)
+        return self._logprobs(self._module, self.model, t, temperature, entropy=True)
 
     def reference_logprobs(self, t: dict[str, torch.Tensor], temperature: float
                            ) -> torch.Tensor:
@@ -294,9 +308,8 @@ class TorchTrainer:
         if self.reference is None:
             self.reference = self._frozen_copy()
         with torch.no_grad():
-            out = self.reference(input_ids=t["input_ids"], position_ids=t["position_ids"],
-                                 use_cache=False)
-            return token_logprobs(out.logits, t["input_ids"], temperature)
+            return self._logprobs(self.reference, self.reference, t, temperature,
+                                  entropy=False)[0]
 
     def _frozen_copy(self) -> Any:
         """The trained model as it is now (with a LoRA adapter, base and adapter), as a separate
