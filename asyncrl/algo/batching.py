@@ -60,6 +60,11 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     """Which sequence (index into the list given to `pack`) each token belongs to; -1 = dummy."""
     lags: list[int] = []
     """Per token version lag (see `TrainSeq.lags`); parallel to `input_ids`."""
+    shared_prefix: list[int] = []
+    """Per sequence, in the order they appear: how many leading tokens it shares with the
+    sequence that starts its run (0: it starts one). A run's sequences are consecutive and
+    share the same count; a trainer may compute those tokens once (`pack(share=...)`).
+    Empty: nothing shared."""
 
     @property
     def num_tokens(self) -> int:
@@ -148,30 +153,137 @@ def pack_indices(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return sorted((sorted(b) for b in bins), key=lambda b: b[0])
 
 
-def pack(seqs: Sequence[TrainSeq], token_budget: int) -> list[Packed]:
-    """Pack sequences into micro-batches of at most `token_budget` padded tokens each (see
-    `pack_indices`); `seq_index` refers to positions in `seqs`."""
-    out = []
-    for idx in pack_indices([s.num_tokens for s in seqs], token_budget):
-        ids: list[int] = []
-        pos: list[int] = []
-        mask: list[int] = []
-        adv: list[float] = []
-        lps: list[float] = []
-        lags: list[int] = []
-        owner: list[int] = []
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_runs(seqs: Sequence[Sequence[int]], min_shared: int) -> list[tuple[list[int], int]]:
+    """Runs of sequences to lay out with one copy of a common prefix: (indices, shared length),
+    every index once; a run of one shares 0.
+
+    A GRPO group's samples share their prompt, and different prompts often share a system
+    text: the runs are chosen to save the most tokens, `(len(run) - 1) * shared` summed. In
+    lexicographic order any set's common prefix is that of its first and last; a span is
+    either one run at the smallest common prefix of its neighbours, or split where that
+    smallest occurs, whichever saves more (so 4 groups of 8 with 90-token prompts that share a
+    50-token system text give 4 runs of 90, not one of 50). A run shares only when at least
+    `min_shared` tokens are common."""
+    order = sorted(range(len(seqs)), key=lambda i: list(seqs[i]))
+    if len(order) < 2:
+        return [([i], 0) for i in order]
+    adj = [_common(seqs[order[k]], seqs[order[k + 1]]) for k in range(len(order) - 1)]
+    best: dict[tuple[int, int], tuple[int, list[tuple[int, int, int]]]] = {}
+    stack: list[tuple[int, int, bool]] = [(0, len(order) - 1, False)]
+    while stack:  # post-order over spans (no recursion: a chain can be as deep as the batch)
+        lo, hi, ready = stack.pop()
+        if lo == hi:
+            best[lo, hi] = (0, [(lo, hi, 0)])
+            continue
+        low = min(adj[lo:hi])
+        parts, start = [], lo
+        for k in range(lo, hi):
+            if adj[k] == low:
+                parts.append((start, k))
+                start = k + 1
+        parts.append((start, hi))
+        if not ready:
+            stack.append((lo, hi, True))
+            stack.extend((a, b, False) for a, b in parts if (a, b) not in best)
+            continue
+        saved = sum(best[a, b][0] for a, b in parts)
+        whole = (hi - lo) * low if low >= min_shared else 0
+        if whole > saved:
+            best[lo, hi] = (whole, [(lo, hi, low)])
+        else:
+            best[lo, hi] = (saved, [r for a, b in parts for r in best[a, b][1]])
+    return [([order[k] for k in range(a, b + 1)], shared)
+            for a, b, shared in best[0, len(order) - 1][1]]
+
+
+def _run_chunks(lengths: Sequence[int], runs: list[tuple[list[int], int]],
+                token_budget: int) -> list[tuple[list[int], int, int]]:
+    """`runs` cut so that each laid-out run (the shared prefix once, then every sequence's own
+    tokens) fits `token_budget` where it can: (indices, shared, laid-out length); a chunk of
+    one shares 0 and is as long as its sequence."""
+    out: list[tuple[list[int], int, int]] = []
+
+    def close(chunk: list[int], shared: int) -> None:
+        if len(chunk) == 1:
+            out.append((chunk, 0, lengths[chunk[0]]))
+        else:
+            out.append((chunk, shared, shared + sum(lengths[i] - shared for i in chunk)))
+
+    for idx, shared in runs:
+        chunk: list[int] = []
+        size = shared
         for i in idx:
-            s = seqs[i]
-            n = s.num_tokens
-            ids += s.input_ids
-            pos += range(n)
-            mask += s.loss_mask
-            adv += [s.advantage] * n
-            lps += s.sampling_logprobs or [0.0] * n
-            lags += s.lags or [0] * n
-            owner += [i] * n
-        out.append(Packed(input_ids=ids, position_ids=pos, loss_mask=mask, advantages=adv,
-                          sampling_logprobs=lps, seq_index=owner, lags=lags))
+            if chunk and size + lengths[i] - shared > token_budget:
+                close(chunk, shared)
+                chunk, size = [], shared
+            chunk.append(i)
+            size += lengths[i] - shared
+        close(chunk, shared)
+    return out
+
+
+def _packed(seqs: Sequence[TrainSeq], idx: Sequence[int],
+            shared_prefix: list[int] | None = None) -> Packed:
+    """The micro-batch of `seqs[i]` for i in `idx`, in that order."""
+    ids: list[int] = []
+    pos: list[int] = []
+    mask: list[int] = []
+    adv: list[float] = []
+    lps: list[float] = []
+    lags: list[int] = []
+    owner: list[int] = []
+    for i in idx:
+        s = seqs[i]
+        n = s.num_tokens
+        ids += s.input_ids
+        pos += range(n)
+        mask += s.loss_mask
+        adv += [s.advantage] * n
+        lps += s.sampling_logprobs or [0.0] * n
+        lags += s.lags or [0] * n
+        owner += [i] * n
+    return Packed(input_ids=ids, position_ids=pos, loss_mask=mask, advantages=adv,
+                  sampling_logprobs=lps, seq_index=owner, lags=lags,
+                  shared_prefix=shared_prefix or [])
+
+
+def pack(seqs: Sequence[TrainSeq], token_budget: int, share: int = 0) -> list[Packed]:
+    """Pack sequences into micro-batches of at most `token_budget` padded tokens each (see
+    `pack_indices`); `seq_index` refers to positions in `seqs`.
+
+    `share > 0`: sequences with a common prefix of at least `share` tokens (`prefix_runs`) are
+    packed together, their run counted at its laid-out length (the prefix once) and marked in
+    `Packed.shared_prefix`, for a trainer that computes the prefix once."""
+    if share > 0:
+        return _pack_shared(seqs, token_budget, share)
+    return [_packed(seqs, idx)
+            for idx in pack_indices([s.num_tokens for s in seqs], token_budget)]
+
+
+def _pack_shared(seqs: Sequence[TrainSeq], token_budget: int, share: int) -> list[Packed]:
+    """`pack` over the runs of `prefix_runs`, each bin's padded size counted in laid-out runs
+    (rows x longest run), as `pack_indices` counts sequences."""
+    lengths = [s.num_tokens for s in seqs]
+    chunks = _run_chunks(lengths, prefix_runs([s.input_ids for s in seqs], share), token_budget)
+    chunks.sort(key=lambda c: min(c[0]))  # the bins come back in the sequences' order
+    out = []
+    for bin_ in pack_indices([size for _, _, size in chunks], token_budget):
+        idx: list[int] = []
+        shared: list[int] = []
+        for c in bin_:
+            members, n, _ = chunks[c]
+            idx += members
+            shared += [0] + [n] * (len(members) - 1)
+        out.append(_packed(seqs, idx, shared if any(shared) else None))
     return out
 
 

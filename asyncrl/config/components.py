@@ -181,6 +181,13 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     The default computes them only where a trained token is predicted (the only positions the
     loss and the metrics read; `asyncrl/trainer/lm_head.py`): the same values there, less work.
     For comparison, or for a model whose forward the default refuses."""
+    share_prefixes: bool = True
+    """Compute a prefix that several sequences of a micro-batch share (a GRPO group's prompt)
+    once: they are packed together and laid out as one row, the prefix followed by each
+    sequence's own tokens under a mask that keeps the sequences apart
+    (`asyncrl/trainer/shared_prefix.py`). The same log-probs and gradients up to float
+    summation order, fewer tokens through the model. Needs the split LM head (not
+    `full_logits`) and sdpa or eager attention; otherwise off."""
     parallel: Literal["none", "ddp", "fsdp2"] = "none"
     """Data-parallel wrapper when run under torchrun with world size > 1."""
     threads: NonNegInt = 0

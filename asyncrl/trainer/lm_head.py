@@ -61,22 +61,28 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
     only when `entropy`, else an empty tensor.
 
     `module` is what is called (the model, or DDP around it), `model` the HF model whose output
-    embedding is hooked. `split = False` takes the full path: logits at every position.
+    embedding is hooked. `split = False` takes the full path: logits at every position. With
+    `pack_ids`, `pack_pos`, `pack_mask` and `pack_src` in `t` (`shared_prefix.layout`) the model
+    runs on that layout and each token's predictor is read where `pack_src` points.
     """
     ids = t["input_ids"]
+    pack = "pack_ids" in t  # shared prefixes laid out once (`shared_prefix.layout`)
     if not split:
+        if pack:
+            raise TrainerError("a shared-prefix layout needs the split LM head")
         out = _forward(module, t)
         return (*_full(out.logits, ids, temperature, entropy), False)
     b, n_pos = ids.shape
+    shape = tuple(t["pack_ids"].shape) if pack else (b, n_pos)  # what the model runs on
     dst = predicting_positions(t["mask"])
-    src = dst - 1
+    src = t["pack_src"].index_select(0, dst) if pack else dst - 1
     calls: list[tuple[int, ...] | None] = []
 
     def keep(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         h = args[0] if args and isinstance(args[0], torch.Tensor) else None
         calls.append(None if h is None else tuple(h.shape))
-        if len(calls) == 1 and h is not None and h.dim() == 3 and h.shape[:2] == (b, n_pos):
-            return (h.reshape(b * n_pos, h.shape[2]).index_select(0, src), *args[1:])
+        if len(calls) == 1 and h is not None and h.dim() == 3 and tuple(h.shape[:2]) == shape:
+            return (h.reshape(-1, h.shape[2]).index_select(0, src), *args[1:])
         return None
 
     handle = model.get_output_embeddings().register_forward_pre_hook(keep)
@@ -85,13 +91,15 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
     finally:
         handle.remove()
     logits = out.logits
-    if not calls and logits.dim() == 3 and logits.shape[:2] == (b, n_pos):
-        return (*_full(logits, ids, temperature, entropy), False)
-    if len(calls) != 1 or calls[0] is None or len(calls[0]) != 3 or \
-            calls[0][:2] != (b, n_pos) or tuple(logits.shape[:-1]) != (dst.numel(),):
+    if not calls and logits.dim() == 3 and tuple(logits.shape[:2]) == shape:
+        if not pack:
+            return (*_full(logits, ids, temperature, entropy), False)
+        logits = logits.reshape(-1, logits.shape[2]).index_select(0, src)  # the rows read
+    elif len(calls) != 1 or calls[0] is None or len(calls[0]) != 3 or \
+            calls[0][:2] != shape or tuple(logits.shape[:-1]) != (dst.numel(),):
         raise TrainerError(
             f"{type(model).__name__}'s forward called its output embedding {len(calls)} "
-            f"time(s) on {calls} for input {tuple(ids.shape)} and returned logits "
+            f"time(s) on {calls} for input {shape} and returned logits "
             f"{tuple(logits.shape)}: the LM head cannot be limited to the trained positions; "
             f"set trainer.full_logits = true")
     lp, ent = row_logprobs(logits, ids.flatten().index_select(0, dst), temperature,
@@ -103,6 +111,9 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
 
 
 def _forward(module: Any, t: dict[str, torch.Tensor]) -> Any:
+    if "pack_ids" in t:
+        return module(input_ids=t["pack_ids"], position_ids=t["pack_pos"],
+                      attention_mask=t["pack_mask"], use_cache=False)
     return module(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False)
 
 

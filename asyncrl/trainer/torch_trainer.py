@@ -46,9 +46,12 @@ from asyncrl.config import AlgorithmSection, TorchTrainerConfig
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
-from asyncrl.trainer import lm_head
+from asyncrl.trainer import lm_head, shared_prefix
 
 log = get_logger(__name__)
+
+SHARED_MIN_TOKENS = 16
+"""The shortest common prefix worth laying out once (`trainer.share_prefixes`)."""
 
 STATE_FILE = "trainer.pt"
 
@@ -73,6 +76,13 @@ class TorchTrainer:
         self.temperature = temperature
         self._split_head = not cfg.full_logits
         """Logits only where a trained token is predicted (`asyncrl.trainer.lm_head`)."""
+        attention = getattr(model.config, "_attn_implementation", None)
+        self._share = SHARED_MIN_TOKENS if (cfg.share_prefixes and not cfg.full_logits and
+                                            attention in shared_prefix.ATTENTION) else 0
+        """Shared prefixes of at least this many tokens are computed once (0: off)."""
+        if cfg.share_prefixes and not self._share and not cfg.full_logits:
+            log.info("shared_prefixes_off", attention=attention,
+                     reason=f"needs attention in {shared_prefix.ATTENTION}")
         self.total_steps = total_steps
         self.seed = seed
         if algo.lr_schedule == "cosine" and not total_steps:
@@ -239,7 +249,7 @@ class TorchTrainer:
         counts, mine = [], []
         for r in range(self.world_size):
             share = [seqs[i] for i in batching.shard(lengths, r, self.world_size)]
-            packed = batching.pack(share, budget)
+            packed = batching.pack(share, budget, share=self._share)
             counts.append(len(packed))
             if r == self.rank:
                 mine = packed
@@ -253,6 +263,10 @@ class TorchTrainer:
         block-diagonal mask, which runs on the slow masked attention path and costs
         O(total_tokens^2); right-padded rows keep the plain causal kernel (a valid token never
         attends to the padding after it) at O(sum of length^2). Padding has mask 0.
+
+        When `mb.shared_prefix` marks runs of sequences with a common prefix, the model runs
+        instead on `shared_prefix.layout`'s rows (`pack_*`: each run once, its prefix once,
+        under a masked kernel): the `[B, T]` tensors stay the layout of the loss.
         """
         rows: list[tuple[int, int]] = []
         start = 0
@@ -267,7 +281,11 @@ class TorchTrainer:
             return [values[s:e] + [pad] * (width - (e - s)) for s, e in rows]
 
         dev = self.device
-        return {
+        shared = {}
+        if mb.shared_prefix:  # some sequences share a prefix: the model runs on the layout
+            shared = shared_prefix.layout([mb.input_ids[s:e] for s, e in rows], mb.shared_prefix,
+                                          self.pad_token_id, width, dev, self.model.dtype)
+        return shared | {
             "input_ids": torch.tensor(grid(mb.input_ids, self.pad_token_id), dtype=torch.long,
                                       device=dev),
             "position_ids": torch.arange(width, device=dev).expand(len(rows), width),

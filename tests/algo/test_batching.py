@@ -63,6 +63,48 @@ def test_pack_indices_covers_each_sequence_once_within_budget(lengths, budget):
     assert bins == batching.pack_indices(lengths, budget)
 
 
+def test_prefix_runs_take_each_groups_prompt_not_the_common_system_text():
+    system, groups = list(range(50)), []
+    for g in range(4):
+        prompt = system + [100 + g] * 40
+        groups += [prompt + [200 + g, 300 + k] * (k + 1) for k in range(8)]
+    runs = batching.prefix_runs(groups[::-1], min_shared=16)
+    assert sorted((len(idx), shared) for idx, shared in runs) == [(8, 91)] * 4
+    assert sorted(i for idx, _ in runs for i in idx) == list(range(32))
+    # below the minimum nothing is shared; one sequence is a run of its own
+    assert sorted(s for _, s in batching.prefix_runs(groups, min_shared=100)) == [0] * 32
+    assert batching.prefix_runs([[1, 2]], 1) == [([0], 0)] and batching.prefix_runs([], 1) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(seqs=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12), max_size=24),
+       budget=st.integers(4, 40))
+def test_shared_packing_covers_each_sequence_once_and_marks_true_prefixes(seqs, budget):
+    train = [batching.TrainSeq(input_ids=s, loss_mask=[0] + [1] * (len(s) - 1)) for s in seqs]
+    mbs = batching.pack(train, budget, share=2)
+    order = [i for mb in mbs for i in dict.fromkeys(mb.seq_index)]
+    assert sorted(order) == list(range(len(seqs)))
+    for mb in mbs:
+        members = list(dict.fromkeys(mb.seq_index))
+        shared = mb.shared_prefix or [0] * len(members)
+        assert len(shared) == len(members) and shared[:1] in ([], [0])
+        runs: list[list[int]] = []
+        for i, p in zip(members, shared, strict=True):
+            if p == 0:
+                runs.append([i])
+                continue
+            lead = seqs[runs[-1][0]]
+            assert p >= 2 and seqs[i][:p] == lead[:p] and len(seqs[i]) >= p
+            runs[-1].append(i)
+        sizes = []
+        for run, p in zip(runs, [shared[members.index(r[0]) + 1] if len(r) > 1 else 0
+                                 for r in runs], strict=True):
+            size = p + sum(len(seqs[i]) - p for i in run)
+            assert len(run) == 1 or size <= budget  # a run is cut to fit
+            sizes.append(size)
+        assert len(sizes) == 1 or len(sizes) * max(sizes) <= budget
+
+
 def test_a_long_sequence_does_not_pad_short_ones_past_the_budget():
     lengths = [1000, 3, 3, 3, 3, 3, 3, 3]  # 1,021 tokens: first-fit put all 8 in one bin,
     bins = batching.pack_indices(lengths, 1024)  # 8 padded rows of 1,000

@@ -28,13 +28,16 @@ def tiny_model(seed: int = 0):
 
 
 def rl_batch(seed: int = 0, groups: int = 3, per_group: int = 4, vocab: int = VOCAB,
-             min_len: int = 4, max_len: int = 24) -> Batch:
-    """Random prompts and responses with a tool-output span (mask 0) in some responses,
-    alternating rewards and the GRPO advantages of each group."""
+             min_len: int = 4, max_len: int = 24, prompt: tuple[int, int] = (3, 8),
+             system: int = 0) -> Batch:
+    """Random prompts (lengths in `prompt`, after `system` tokens common to every prompt) and
+    responses with a tool-output span (mask 0) in some responses, alternating rewards and the
+    GRPO advantages of each group."""
     rng = random.Random(seed)
+    common = [rng.randrange(2, vocab) for _ in range(system)]
     out = []
     for g in range(groups):
-        prompt = [rng.randrange(2, vocab) for _ in range(rng.randint(3, 8))]
+        prompt_ids = common + [rng.randrange(2, vocab) for _ in range(rng.randint(*prompt))]
         rollouts = []
         for i in range(per_group):
             n = rng.randint(min_len, max_len)
@@ -44,7 +47,7 @@ def rl_batch(seed: int = 0, groups: int = 3, per_group: int = 4, vocab: int = VO
                 mask[start:start + 3] = [0, 0, 0]
             rollouts.append(Rollout(
                 rollout_id=f"{g}-{i}", prompt_id=str(g), group_id=str(g), policy_version=0,
-                prompt_ids=prompt, response_ids=[rng.randrange(2, vocab) for _ in range(n)],
+                prompt_ids=prompt_ids, response_ids=[rng.randrange(2, vocab) for _ in range(n)],
                 loss_mask=mask, logprobs=[-4.5 if m else 0.0 for m in mask],
                 reward=float((i + g) % 2)))
         rewards = [r.reward for r in rollouts]

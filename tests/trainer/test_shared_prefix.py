@@ -1,0 +1,127 @@
+"""Shared prefixes computed once (`trainer.share_prefixes`, `asyncrl.trainer.shared_prefix`):
+a GRPO group's samples packed as one run, its prompt laid out once, give the same log-probs,
+metrics and gradients as one row per sequence, RL and SFT, with sdpa and eager attention, while
+the model runs on fewer positions."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_lm_head import step_grads
+from trainer_batches import TINY, rl_batch, tiny_model
+
+from asyncrl.algo import batching
+from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+from asyncrl.trainer.torch_trainer import SHARED_MIN_TOKENS, TorchTrainer
+
+TEMPERATURE = 0.7
+PROMPT = (SHARED_MIN_TOKENS + 4, SHARED_MIN_TOKENS + 12)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def pair(model=None, budget: int = 4096, **algo) -> tuple[TorchTrainer, TorchTrainer]:
+    """(shared, one row per sequence) trainers over copies of the same model."""
+    model = model if model is not None else tiny_model(0)
+    return tuple(  # type: ignore[return-value]
+        TorchTrainer(copy.deepcopy(model),
+                     TorchTrainerConfig(micro_batch_tokens=budget, share_prefixes=share),
+                     AlgorithmSection(**{"lr": 1e-3, **algo}), pad_token_id=0,
+                     temperature=TEMPERATURE)
+        for share in (True, False))
+
+
+def positions(tr: TorchTrainer) -> list[int]:
+    """Input positions of each forward of the model (rows x width)."""
+    seen: list[int] = []
+    tr.model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append(kw["input_ids"].numel()), with_kwargs=True)
+    return seen
+
+
+def batch(seed: int = 2, **kw):
+    return rl_batch(seed, groups=3, per_group=4, prompt=PROMPT, system=10, **kw)
+
+
+def test_groups_are_packed_as_runs_of_their_prompt():
+    shared, plain = pair(budget=4096)
+    seqs = batching.sequences_from_batch(batch())
+    (mb,) = shared.plan(seqs)
+    assert mb.shared_prefix.count(0) == 3  # one run per group, not one of the system text
+    prompts = {len(s.input_ids) - len(r.response_ids)
+               for s, (r, _) in zip(seqs, batch().rollouts(), strict=True)}
+    assert set(mb.shared_prefix) - {0} <= {p + k for p in prompts for k in range(3)}
+    assert plain.plan(seqs)[0].shared_prefix == []
+
+
+@pytest.mark.parametrize("minis", [1, 2])
+def test_rl_steps_equal_one_row_per_sequence(minis):
+    """Old log-probs (fused and separate), KL reference, TIS, mismatch, ratio quantiles,
+    entropy: every metric and every gradient as without sharing, on fewer positions."""
+    shared, plain = pair(budget=160, optimizer_steps_per_rl_step=minis, kl_coef=0.05,
+                         correction="tis")
+    gs, gp = step_grads(shared), step_grads(plain)
+    ps, pp = positions(shared), positions(plain)
+    for _ in range(2):
+        ms, mp = shared.train_step(batch()), plain.train_step(batch())
+    assert len(gs) == len(gp) == 2 * minis
+    assert ms.keys() == mp.keys() and "train/kl_ref" in ms and ms["train/tokens"] > 0
+    for k, v in mp.items():
+        if k != "train/micro_batches":
+            assert ms[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    for a, b in zip(gs, gp, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-4, msg=k)
+    assert sum(ps) < 0.75 * sum(pp)  # the same passes, each prompt laid out once
+
+
+def test_eager_attention_and_a_sequence_that_is_all_prefix():
+    """The additive mask works with eager attention too, and a sequence whose tokens are all
+    in the shared part (here: one whose response is a prefix of another's) still trains."""
+    model = tiny_model(0)
+    model.config._attn_implementation = "eager"
+    shared, plain = pair(model)
+    b = batch(3)
+    group = b.groups[0]
+    first, second = group.rollouts[0], group.rollouts[1]
+    group.rollouts[1] = type(second)(**{**{f: getattr(second, f) for f in second.__struct_fields__},
+                                        "response_ids": first.response_ids[:3],
+                                        "loss_mask": [1, 1, 1], "logprobs": [-4.5] * 3})
+    (mb,) = shared.plan(batching.sequences_from_batch(b))
+    assert any(mb.shared_prefix)
+    t_shared, t_plain = shared.tensors(mb), plain.tensors(plain.plan(
+        batching.sequences_from_batch(b))[0])
+    assert t_shared["pack_mask"].dtype == model.dtype
+    ms, mp = shared.train_step(b), plain.train_step(b)
+    for k in ("train/loss", "train/entropy", "train/grad_norm", "train/tokens"):
+        assert ms[k] == pytest.approx(mp[k], rel=1e-4, abs=1e-6), k
+    del t_shared, t_plain
+
+
+def test_sft_with_a_common_system_text_equals_one_row_per_example():
+    shared, plain = pair()
+    examples = [(r.prompt_ids + r.response_ids, [0] * len(r.prompt_ids) + r.loss_mask)
+                for r, _ in batch(5).rollouts()]
+    ps = positions(shared)
+    a, b = shared.sft_step(examples), plain.sft_step(examples)
+    assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=1e-5)
+    assert a["sft/grad_norm"] == pytest.approx(b["sft/grad_norm"], rel=1e-4)
+    assert sum(ps) < sum(len(ids) for ids, _ in examples)
+
+
+def test_off_with_full_logits_or_another_attention():
+    cfg = TorchTrainerConfig(full_logits=True)
+    assert TorchTrainer(tiny_model(0), cfg, AlgorithmSection(), pad_token_id=0)._share == 0
+    model = tiny_model(0)
+    model.config._attn_implementation = "flash_attention_2"
+    assert TorchTrainer(model, TorchTrainerConfig(), AlgorithmSection(), pad_token_id=0)._share == 0
+    assert TINY["num_hidden_layers"] == 2
