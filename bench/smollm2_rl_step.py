@@ -11,6 +11,8 @@ Without tools, in both: TRL 1.16's GRPOTrainer takes tools only through a chat t
 renders them, and SmolLM2's does not. asyncrl runs as `asyncrl train` on a one-stage config
 derived from `curricula/smollm2.toml` (`rollout.tools = false`), timed by its own
 `timing/step_s`; TRL by a callback around each optimizer step (generation included).
+TRL's `GRPOConfig` turns gradient checkpointing on by default; it is turned off here, as
+asyncrl does not recompute either (the same work).
 The first step of each is a warm-up and is reported apart.
 
     python bench/smollm2_rl_step.py --model models/smollm2-135m-instruct [--prompts 4]
@@ -110,7 +112,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[float]:
                      max_completion_length=args.new, temperature=1.0, learning_rate=2e-6,
                      max_steps=args.steps, logging_steps=1, save_strategy="no",
                      report_to="none", shuffle_dataset=False, beta=0.0,
-                     dataloader_num_workers=0)
+                     dataloader_num_workers=0, gradient_checkpointing=False)
     tok = load_tokenizer(args.model)
     trainer = GRPOTrainer(model=load_model(args.model), reward_funcs=reward, args=cfg,
                           train_dataset=Dataset.from_list(rows), processing_class=tok,

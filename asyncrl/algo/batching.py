@@ -162,27 +162,32 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def prefix_runs(seqs: Sequence[Sequence[int]], min_shared: int) -> list[tuple[list[int], int]]:
+def prefix_runs(seqs: Sequence[Sequence[int]], min_shared: int, pair_cost: float = 0.0
+                ) -> list[tuple[list[int], int]]:
     """Runs of sequences to lay out with one copy of a common prefix: (indices, shared length),
     every index once; a run of one shares 0.
 
     A GRPO group's samples share their prompt, and different prompts often share a system
-    text: the runs are chosen to save the most tokens, `(len(run) - 1) * shared` summed. In
-    lexicographic order any set's common prefix is that of its first and last; a span is
-    either one run at the smallest common prefix of its neighbours, or split where that
-    smallest occurs, whichever saves more (so 4 groups of 8 with 90-token prompts that share a
-    50-token system text give 4 runs of 90, not one of 50). A run shares only when at least
-    `min_shared` tokens are common."""
+    text: the runs are chosen to save the most, `(len(run) - 1) * shared` tokens summed, less
+    what the longer attention costs: a laid-out run of L positions attends over all L x L
+    pairs (an arbitrary mask skips no block), its sequences alone over about n^2 / 2 each, and
+    `pair_cost` prices one pair in tokens (`shared_prefix.pair_cost`). So a GRPO group with a
+    90-token prompt and 100-token answers shares, while SFT transcripts of 300 tokens that
+    share only a 50-token system text do not. In lexicographic order any set's common prefix is
+    that of its first and last; a span is either one run at the smallest common prefix of its
+    neighbours, or split where that smallest occurs, whichever saves more (so 4 groups of 8
+    with 90-token prompts that share a 50-token system text give 4 runs of 90, not one of 50).
+    A run shares only when at least `min_shared` tokens are common."""
     order = sorted(range(len(seqs)), key=lambda i: list(seqs[i]))
     if len(order) < 2:
         return [([i], 0) for i in order]
     adj = [_common(seqs[order[k]], seqs[order[k + 1]]) for k in range(len(order) - 1)]
-    best: dict[tuple[int, int], tuple[int, list[tuple[int, int, int]]]] = {}
+    best: dict[tuple[int, int], tuple[float, list[tuple[int, int, int]]]] = {}
     stack: list[tuple[int, int, bool]] = [(0, len(order) - 1, False)]
     while stack:  # post-order over spans (no recursion: a chain can be as deep as the batch)
         lo, hi, ready = stack.pop()
         if lo == hi:
-            best[lo, hi] = (0, [(lo, hi, 0)])
+            best[lo, hi] = (0.0, [(lo, hi, 0)])
             continue
         low = min(adj[lo:hi])
         parts, start = [], lo
@@ -196,7 +201,11 @@ def prefix_runs(seqs: Sequence[Sequence[int]], min_shared: int) -> list[tuple[li
             stack.extend((a, b, False) for a, b in parts if (a, b) not in best)
             continue
         saved = sum(best[a, b][0] for a, b in parts)
-        whole = (hi - lo) * low if low >= min_shared else 0
+        whole = 0.0
+        if low >= min_shared:
+            n = [len(seqs[order[k]]) for k in range(lo, hi + 1)]
+            laid = low + sum(x - low for x in n)
+            whole = (hi - lo) * low - pair_cost * (laid * laid - sum(x * x for x in n) / 2)
         if whole > saved:
             best[lo, hi] = (whole, [(lo, hi, low)])
         else:
@@ -256,24 +265,27 @@ def _packed(seqs: Sequence[TrainSeq], idx: Sequence[int],
                   shared_prefix=shared_prefix or [])
 
 
-def pack(seqs: Sequence[TrainSeq], token_budget: int, share: int = 0) -> list[Packed]:
+def pack(seqs: Sequence[TrainSeq], token_budget: int, share: int = 0,
+         pair_cost: float = 0.0) -> list[Packed]:
     """Pack sequences into micro-batches of at most `token_budget` padded tokens each (see
     `pack_indices`); `seq_index` refers to positions in `seqs`.
 
-    `share > 0`: sequences with a common prefix of at least `share` tokens (`prefix_runs`) are
-    packed together, their run counted at its laid-out length (the prefix once) and marked in
+    `share > 0`: sequences with a common prefix of at least `share` tokens worth sharing
+    (`prefix_runs`, with `pair_cost`) are packed together, their run counted at its laid-out length (the prefix once) and marked in
     `Packed.shared_prefix`, for a trainer that computes the prefix once."""
     if share > 0:
-        return _pack_shared(seqs, token_budget, share)
+        return _pack_shared(seqs, token_budget, share, pair_cost)
     return [_packed(seqs, idx)
             for idx in pack_indices([s.num_tokens for s in seqs], token_budget)]
 
 
-def _pack_shared(seqs: Sequence[TrainSeq], token_budget: int, share: int) -> list[Packed]:
+def _pack_shared(seqs: Sequence[TrainSeq], token_budget: int, share: int,
+                 pair_cost: float) -> list[Packed]:
     """`pack` over the runs of `prefix_runs`, each bin's padded size counted in laid-out runs
     (rows x longest run), as `pack_indices` counts sequences."""
     lengths = [s.num_tokens for s in seqs]
-    chunks = _run_chunks(lengths, prefix_runs([s.input_ids for s in seqs], share), token_budget)
+    runs = prefix_runs([s.input_ids for s in seqs], share, pair_cost)
+    chunks = _run_chunks(lengths, runs, token_budget)
     chunks.sort(key=lambda c: min(c[0]))  # the bins come back in the sequences' order
     out = []
     for bin_ in pack_indices([size for _, _, size in chunks], token_budget):

@@ -24,10 +24,27 @@ point at 0 (never read: their mask is 0).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 ATTENTION = ("sdpa", "eager")
 """The attention implementations that take the 4-D additive mask this layout needs."""
+
+
+def pair_cost(config: Any) -> float:
+    """The cost of one attention query-key pair in tokens through the model's other matrix
+    products (`batching.prefix_runs`), from an HF text config: per pair, every layer's heads
+    multiply `head_dim` twice (scores, values); per token, every weight of the layer twice
+    (SmolLM2-135M: 3.3e-4; Qwen3-14B: 3.1e-5). Embeddings and
+    the LM head are left out (the head runs only at trained positions either way)."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    hidden, heads = cfg.hidden_size, cfg.num_attention_heads  # per layer: layers cancel
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    mlp = getattr(cfg, "intermediate_size", None) or 4 * hidden
+    per_layer = hidden * head_dim * (2 * heads + 2 * kv) + 3 * hidden * mlp
+    return (2 * heads * head_dim) / per_layer
 
 
 def layout(rows: list[list[int]], shared: list[int], pad_token_id: int, width: int,

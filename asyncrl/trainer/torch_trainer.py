@@ -80,6 +80,7 @@ class TorchTrainer:
         self._share = SHARED_MIN_TOKENS if (cfg.share_prefixes and not cfg.full_logits and
                                             attention in shared_prefix.ATTENTION) else 0
         """Shared prefixes of at least this many tokens are computed once (0: off)."""
+        self._pair_cost = shared_prefix.pair_cost(model.config) if self._share else 0.0
         if cfg.share_prefixes and not self._share and not cfg.full_logits:
             log.info("shared_prefixes_off", attention=attention,
                      reason=f"needs attention in {shared_prefix.ATTENTION}")
@@ -249,7 +250,7 @@ class TorchTrainer:
         counts, mine = [], []
         for r in range(self.world_size):
             share = [seqs[i] for i in batching.shard(lengths, r, self.world_size)]
-            packed = batching.pack(share, budget, share=self._share)
+            packed = batching.pack(share, budget, share=self._share, pair_cost=self._pair_cost)
             counts.append(len(packed))
             if r == self.rank:
                 mine = packed

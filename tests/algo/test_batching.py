@@ -76,6 +76,19 @@ def test_prefix_runs_take_each_groups_prompt_not_the_common_system_text():
     assert batching.prefix_runs([[1, 2]], 1) == [([0], 0)] and batching.prefix_runs([], 1) == []
 
 
+def test_a_short_common_prefix_before_long_sequences_is_not_worth_its_attention():
+    """SFT transcripts of 300 tokens sharing a 50-token system text: one laid-out row would
+    save 350 tokens and cost 2,050^2 attention pairs instead of 8 x 300^2 / 2; at SmolLM2's
+    price of a pair (~3.3e-4 tokens) that loses. A GRPO group (90-token prompt, 100-token
+    answers) still shares."""
+    system = list(range(50))
+    sft = [system + [100 + k] * 250 for k in range(8)]
+    group = [system + [7] * 40 + [200 + k] * 100 for k in range(8)]
+    assert [s for _, s in batching.prefix_runs(sft, 16)] == [50]
+    assert sorted(s for _, s in batching.prefix_runs(sft, 16, pair_cost=3.3e-4)) == [0] * 8
+    assert [s for _, s in batching.prefix_runs(group, 16, pair_cost=3.3e-4)] == [90]
+
+
 @settings(max_examples=200, deadline=None)
 @given(seqs=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12), max_size=24),
        budget=st.integers(4, 40))

@@ -107,7 +107,7 @@ def test_eager_attention_and_a_sequence_that_is_all_prefix():
     del t_shared, t_plain
 
 
-def test_sft_with_a_common_system_text_equals_one_row_per_example():
+def test_sft_examples_with_a_common_prompt_equal_one_row_per_example():
     shared, plain = pair()
     examples = [(r.prompt_ids + r.response_ids, [0] * len(r.prompt_ids) + r.loss_mask)
                 for r, _ in batch(5).rollouts()]

@@ -1,5 +1,7 @@
-"""Seconds per RL update of the torch trainer with the LM head at every position or only at the
-trained ones (`trainer.full_logits`; `asyncrl/trainer/lm_head.py`).
+"""Seconds per RL update of the torch trainer in its three layouts: the LM head at every
+position (`full`: `trainer.full_logits`), at the trained positions only (`split`;
+`asyncrl/trainer/lm_head.py`), and that with each group's prompt computed once (`shared`:
+`trainer.share_prefixes`, the default; `asyncrl/trainer/shared_prefix.py`).
 
 A random model of SmolLM2-135M's shape (Llama: hidden 576, 30 layers, 9 heads, 3 KV heads,
 MLP 1536, vocabulary 49,152, tied embeddings; fp32), built from a config (nothing downloaded),
@@ -8,12 +10,14 @@ tokens and `--completion` response tokens each, every response token trained, re
 alternating so that every advantage is nonzero. Each arm gets a fresh trainer over the same
 weights, takes one small warm-up step, then `--repeats` timed `train_step`s on the batch (one
 mini-batch: the training forward gives the old log-probs, one forward and one backward per
-micro-batch, and one AdamW step). The load average is read before and after.
+micro-batch, and one AdamW step). The load average is read before and after. `--profile N`
+prints the N ops of the last arm's last update that took the most time.
 
-    python bench/lm_head_step.py [--groups 4] [--per-group 8] [--prompt 200]
-        [--completion 128] [--micro-batch-tokens 2048] [--repeats 1] [--arms full split]
+    python bench/rl_update.py [--groups 4] [--per-group 8] [--prompt 200]
+        [--completion 128] [--micro-batch-tokens 2048] [--repeats 1]
+        [--arms full split shared] [--profile 0]
 
-Prints a table and writes `bench/results/lm_head_step.json`.
+Prints a table and writes `bench/results/rl_update.json`.
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ def main() -> None:
     p.add_argument("--completion", type=int, default=128)
     p.add_argument("--micro-batch-tokens", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--arms", nargs="+", default=["full", "split"], choices=["full", "split"])
-    p.add_argument("--out", default=str(RESULTS / "lm_head_step.json"))
+    p.add_argument("--arms", nargs="+", default=["full", "split", "shared"],
+                   choices=["full", "split", "shared"])
+    p.add_argument("--profile", type=int, default=0)
+    p.add_argument("--out", default=str(RESULTS / "rl_update.json"))
     args = p.parse_args()
 
     import torch
@@ -83,15 +89,24 @@ def main() -> None:
     rows = []
     for arm in args.arms:
         tr = TorchTrainer(copy.deepcopy(base), TorchTrainerConfig(
-            micro_batch_tokens=args.micro_batch_tokens, full_logits=arm == "full"),
+            micro_batch_tokens=args.micro_batch_tokens, full_logits=arm == "full",
+            share_prefixes=arm == "shared"),
             AlgorithmSection(lr=1e-6), pad_token_id=0)
         tr.train_step(warm)
         load0 = loadavg()
         times, metrics = [], {}
-        for _ in range(args.repeats):
+        for i in range(args.repeats):
+            prof = None
+            if args.profile and arm == args.arms[-1] and i == args.repeats - 1:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
             t0 = time.perf_counter()
             metrics = tr.train_step(work)
             times.append(time.perf_counter() - t0)
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                print(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                row_limit=args.profile))
         rows.append({"arm": arm, "seconds": times, "load_before": load0, "load_after": loadavg(),
                      "micro_batches": metrics["train/micro_batches"],
                      "tokens": metrics["train/tokens"], "loss": metrics["train/loss"],
