@@ -329,3 +329,23 @@ async def test_a_group_with_one_prompt_is_prefilled_once(model, tiny_tokenizer, 
     assert samples[0].token_ids == samples[2].token_ids  # same seed, same context
     assert samples[1].token_ids == samples[3].token_ids
     assert samples[0].token_ids != samples[1].token_ids  # rows sample on their own
+
+
+async def test_a_draining_batch_drops_its_dead_rows(model, tiny_tokenizer, refs) -> None:
+    """With nothing waiting, rows that stay dead are compacted away within a few steps, even
+    while they are fewer than the live ones (they would cost a forward each step until the
+    last request ends); outputs are unchanged."""
+    from asyncrl.engine.local.engine import DRAIN_STEPS
+
+    ids, ref = refs
+    lens = [2, 3] + [N] * 5  # two leave early, six run on: the dead never outnumber the live
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=8) as eng:
+        watch = eng.stream(_req("w", ids[4]))
+        outs = asyncio.gather(*(collect(eng, _req(f"d{i}", ids[i % 4], n=n))
+                                for i, n in enumerate(lens)))
+        rows = [eng._batch.rows async for _ in watch]
+        done = await outs
+    assert max(rows) == 8 and rows[-1] == 6
+    assert rows.index(6) <= lens[1] + DRAIN_STEPS + 2
+    for i, (o, n) in enumerate(zip(done, lens, strict=True)):
+        assert o.token_ids == ref[i % 4][:n]

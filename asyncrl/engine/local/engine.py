@@ -18,8 +18,10 @@ over the batch (one token for each running row; a dead row is fed a dummy token 
 to its own dummies, so its output is finite and discarded) and one prefill forward for the rows
 admitted this step (left-padded, batched). The admitted move into dead rows first: their keys
 and values are written into the batch cache, right-aligned with it, and only those that find no
-dead row are appended (a copy of the cache). Dead rows are dropped (a copy) only when they would
-outnumber the live ones, so in steady churn rows leave and join without moving the cache. The
+dead row are appended (a copy of the cache). Dead rows are dropped (a copy) when they would
+outnumber the live ones, or when an eighth of the rows have stayed dead for a few steps with
+nothing waiting (a draining batch), so in steady churn rows leave and join without moving the
+cache. The
 model forward never runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a
 decode step writes its column in place instead of concatenating the whole cache; trimming
 leading padding, and taking trimmed columns back when a longer request moves in, are views.
@@ -68,6 +70,10 @@ from asyncrl.log import get_logger
 log = get_logger(__name__)
 
 _WAITING, _RUNNING, _DONE = 0, 1, 2
+
+DRAIN_STEPS = 4
+"""Plans in a row with an eighth of the rows dead and nothing waiting before the batch is
+compacted to its live rows (`LocalEngine._plan`)."""
 
 
 class _Seq:
@@ -172,6 +178,7 @@ class LocalEngine:
         self._rows: list[_Seq | None] = []
         self._held = 0
         self._admit_seq = itertools.count()
+        self._drain = 0  # plans in a row with dead rows and nothing waiting (`_plan`)
         self._batch = BatchCache()
         self._work = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -343,12 +350,19 @@ class LocalEngine:
             projected += seq.held + 1
             prefill.append(seq)
         # Dead rows cost a forward each step but moving the cache costs a copy of all of it:
-        # compact only when the dead would outnumber the live after the admitted fill them.
+        # compact when the dead would outnumber the live after the admitted fill them, or when
+        # an eighth of the rows have stayed dead for DRAIN_STEPS plans with nothing waiting to
+        # take them (the batch draining at the end of a wave: the copy pays for itself within
+        # a few steps, and a request that comes back soon, a tool call's continuation, still
+        # finds its dead row).
         compact = None
-        dead = len(rows) - len(live)
-        if dead - min(dead, len(prefill)) > len(live) + len(prefill):
+        dead = len(rows) - len(live) - min(len(rows) - len(live), len(prefill))
+        self._drain = self._drain + 1 if (dead and not self._waiting and
+                                          dead >= len(rows) // 8) else 0
+        if dead > len(live) + len(prefill) or self._drain > DRAIN_STEPS:
             compact, rows = live, [rows[i] for i in live]
             freed, live = [], list(range(len(live)))
+            self._drain = 0
         holes = [i for i, s in enumerate(rows) if s is None][:len(prefill)]
         for i, seq in zip(holes, prefill, strict=False):
             rows[i] = seq
