@@ -48,3 +48,20 @@ def test_a_launched_lora_server_caches_several_adapters() -> None:
     argv = _argv("--enable-lora", "--max-cpu-loras", "3")
     assert argv.count("--max-cpu-loras") == 1 and _flag(argv, "--max-cpu-loras") == "3"
     assert "--max-cpu-loras" not in _argv("--dtype", "float32")  # no LoRA: vLLM's defaults
+
+
+def test_a_relaunch_from_a_weight_export_takes_the_launch_models_tokenizer() -> None:
+    # A tied-embedding update relaunches the server from the trainer's export, a directory
+    # with weights and config only: vLLM then found no tokenizer there (SmolLM2's Llama
+    # tokenizer needs its files) and the relaunch failed.
+    from asyncrl.config import VLLMEngineConfig
+    from asyncrl.engine.vllm.engine import VLLMEngine
+
+    eng = VLLMEngine(VLLMEngineConfig(), index=0, port=8000, model_path="base")
+    assert _flag(eng._argv("base"), "--tokenizer") is None
+    assert _flag(eng._argv("run/weights/v1"), "--tokenizer") == "base"
+    assert _flag(eng._argv("run/weights/v1"), "--model") == "run/weights/v1"
+    for given in (["--tokenizer", "tok"], ["--tokenizer=tok"], ["--skip-tokenizer-init"]):
+        eng = VLLMEngine(VLLMEngineConfig(extra_args=given), index=0, port=8000,
+                         model_path="base")
+        assert eng._argv("run/weights/v1").count("--tokenizer") == given.count("--tokenizer")

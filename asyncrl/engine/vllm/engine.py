@@ -188,8 +188,15 @@ class VLLMEngine(ServerEngine):
 
     # ---------------------------------------------------------------------- launching
     def _argv(self, model_path: str) -> list[str]:
+        # A relaunch from a weight export (tied embeddings) loads a directory without the
+        # tokenizer's files: the tokenizer comes from the model the server was launched with.
+        given = {a.split("=")[0] for a in self.cfg.extra_args}
+        tokenizer = ["--tokenizer", self._model_path] if (
+            self._model_path and model_path != self._model_path
+            and not given & {"--tokenizer", "--skip-tokenizer-init"}) else []
         return [*self._launch_prefix("vllm.entrypoints.openai.api_server"),
-                "--model", model_path, "--host", self.options.host, "--port", str(self.port),
+                "--model", model_path, *tokenizer,
+                "--host", self.options.host, "--port", str(self.port),
                 "--served-model-name", SERVED_NAME,
                 "--tensor-parallel-size", str(self.cfg.tp_size),
                 "--gpu-memory-utilization", str(self.cfg.gpu_memory_utilization),
