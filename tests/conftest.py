@@ -35,6 +35,18 @@ def _corpus() -> list[str]:
     return lines
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test (the trainer and engine tests: their timing
+    and summation order do not depend on the machine's cores), restored after."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from asyncrl.modeling import train_tokenizer

@@ -52,12 +52,7 @@ def _trainer(**algo) -> TorchTrainer:
                         AlgorithmSection(lr=1e-2, weight_decay=0.0, **algo), pad_token_id=0)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_the_loss_sees_each_tokens_lag_and_the_mismatch():

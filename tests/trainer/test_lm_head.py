@@ -20,12 +20,7 @@ from asyncrl.trainer.torch_trainer import TorchTrainer
 TEMPERATURE = 0.7
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pair(model=None, budget: int = 4096, lora: LoraSection | None = None, **algo

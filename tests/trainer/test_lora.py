@@ -18,12 +18,7 @@ from asyncrl.trainer.torch_trainer import TorchTrainer
 pytest.importorskip("peft")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(model=None, *, seed: int | None = None, **lora) -> TorchTrainer:

@@ -20,12 +20,7 @@ TEMPERATURE = 0.7
 PROMPT = (SHARED_MIN_TOKENS + 4, SHARED_MIN_TOKENS + 12)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pair(model=None, budget: int = 4096, **algo) -> tuple[TorchTrainer, TorchTrainer]:

@@ -16,13 +16,7 @@ from asyncrl.errors import TrainerError
 from asyncrl.trainer import TRAINER_KINDS, Trainer
 from asyncrl.trainer.torch_trainer import TorchTrainer
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(model=None, budget: int = 4096, **algo) -> TorchTrainer:
