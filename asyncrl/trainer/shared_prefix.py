@@ -36,8 +36,8 @@ def pair_cost(config: Any) -> float:
     """The cost of one attention query-key pair in tokens through the model's other matrix
     products (`batching.prefix_runs`), from an HF text config: per pair, every layer's heads
     multiply `head_dim` twice (scores, values); per token, every weight of the layer twice
-    (SmolLM2-135M: 3.3e-4; Qwen3-14B: 3.1e-5). Embeddings and
-    the LM head are left out (the head runs only at trained positions either way)."""
+    (SmolLM2-135M: 3.3e-4; Qwen3-14B: 3.1e-5). Embeddings and the LM head are left out (the
+    head runs only at trained positions either way)."""
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     hidden, heads = cfg.hidden_size, cfg.num_attention_heads  # per layer: layers cancel
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
