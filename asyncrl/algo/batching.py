@@ -271,8 +271,9 @@ def pack(seqs: Sequence[TrainSeq], token_budget: int, share: int = 0,
     `pack_indices`); `seq_index` refers to positions in `seqs`.
 
     `share > 0`: sequences with a common prefix of at least `share` tokens worth sharing
-    (`prefix_runs`, with `pair_cost`) are packed together, their run counted at its laid-out length (the prefix once) and marked in
-    `Packed.shared_prefix`, for a trainer that computes the prefix once."""
+    (`prefix_runs`, with `pair_cost`) are packed together, their run counted at its laid-out
+    length (the prefix once) and marked in `Packed.shared_prefix`, for a trainer that computes
+    the prefix once."""
     if share > 0:
         return _pack_shared(seqs, token_budget, share, pair_cost)
     return [_packed(seqs, idx)

@@ -1,10 +1,11 @@
 """The GRPO policy loss and its metrics, in torch, shared by every trainer.
 
 Owns: per-token logprobs and entropy from logits (one chunked pass, no float32 copy of the
-whole `[B, T, V]` logits; `row_logprobs` for logits taken at chosen positions only), the clipped-ratio loss with clip-higher and
-dual-clip (`grpo_loss`), the masked cross-entropy of the SFT cold start (`sft_loss`), the
-trainer/sampler mismatch metrics, and `StepStats`, which sums metrics over micro-batches and
-data-parallel ranks. Does not own: models, optimizers or how sequences are packed.
+whole `[B, T, V]` logits; `row_logprobs` for logits taken at chosen positions only), the
+clipped-ratio loss with clip-higher and dual-clip (`grpo_loss`), the masked cross-entropy of
+the SFT cold start (`sft_loss`), the trainer/sampler mismatch metrics, and `StepStats`, which
+sums metrics over micro-batches and data-parallel ranks. Does not own: models, optimizers or
+how sequences are packed.
 
 Conventions: tensors are `[batch, time]`, position t holds token t (see `batching`); `mask` is
 1 where token t is trained (model tokens of the response) and 0 for prompt, tool-output,

@@ -57,8 +57,8 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
              ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(log-probs, entropy, whether the head ran on the chosen rows only) of the tokens of `t`
     (`input_ids`, `position_ids`, `mask`) under `logits / temperature`, both `[B, T]` float32,
-    0 at position 0 and wherever the mask is 0 on the split path; the entropy (no gradient)
-    only when `entropy`, else an empty tensor.
+    0 at position 0 and wherever the mask is 0 on the split path or a laid-out one; the
+    entropy (no gradient) only when `entropy`, else an empty tensor.
 
     `module` is what is called (the model, or DDP around it), `model` the HF model whose output
     embedding is hooked. `split = False` takes the full path: logits at every position. With
@@ -67,15 +67,33 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
     """
     ids = t["input_ids"]
     pack = "pack_ids" in t  # shared prefixes laid out once (`shared_prefix.layout`)
-    if not split:
-        if pack:
-            raise TrainerError("a shared-prefix layout needs the split LM head")
-        out = _forward(module, t)
-        return (*_full(out.logits, ids, temperature, entropy), False)
+    if not (split or pack):
+        return (*_full(_forward(module, t).logits, ids, temperature, entropy), False)
     b, n_pos = ids.shape
     shape = tuple(t["pack_ids"].shape) if pack else (b, n_pos)  # what the model runs on
     dst = predicting_positions(t["mask"])
     src = t["pack_src"].index_select(0, dst) if pack else dst - 1
+    if split:
+        logits, split = _split_forward(module, model, t, shape, src, dst.numel())
+    else:
+        logits = _forward(module, t).logits
+    if not split:  # logits at every position of what the model ran on
+        if not pack:
+            return (*_full(logits, ids, temperature, entropy), False)
+        logits = logits.reshape(-1, logits.shape[2]).index_select(0, src)  # the rows read
+    lp, ent = row_logprobs(logits, ids.flatten().index_select(0, dst), temperature,
+                           entropy=entropy)
+    zeros = lp.new_zeros(b * n_pos)
+    full_lp = zeros.index_copy(0, dst, lp).view(b, n_pos)
+    full_ent = zeros.index_copy(0, dst, ent).view(b, n_pos) if entropy else ent
+    return full_lp, full_ent, split
+
+
+def _split_forward(module: Any, model: Any, t: dict[str, torch.Tensor], shape: tuple[int, ...],
+                   src: torch.Tensor, rows: int) -> tuple[torch.Tensor, bool]:
+    """The forward with the output embedding's input cut to the rows `src` of the final hidden
+    states (`shape` is what the model runs on): (logits `[rows, V]`, True), or (the full
+    logits, False) when the forward never called its output embedding as a module."""
     calls: list[tuple[int, ...] | None] = []
 
     def keep(_mod: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -87,27 +105,19 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
 
     handle = model.get_output_embeddings().register_forward_pre_hook(keep)
     try:
-        out = _forward(module, t)
+        logits = _forward(module, t).logits
     finally:
         handle.remove()
-    logits = out.logits
     if not calls and logits.dim() == 3 and tuple(logits.shape[:2]) == shape:
-        if not pack:
-            return (*_full(logits, ids, temperature, entropy), False)
-        logits = logits.reshape(-1, logits.shape[2]).index_select(0, src)  # the rows read
-    elif len(calls) != 1 or calls[0] is None or len(calls[0]) != 3 or \
-            calls[0][:2] != shape or tuple(logits.shape[:-1]) != (dst.numel(),):
+        return logits, False
+    if len(calls) != 1 or calls[0] is None or len(calls[0]) != 3 or \
+            calls[0][:2] != shape or tuple(logits.shape[:-1]) != (rows,):
         raise TrainerError(
             f"{type(model).__name__}'s forward called its output embedding {len(calls)} "
             f"time(s) on {calls} for input {shape} and returned logits "
             f"{tuple(logits.shape)}: the LM head cannot be limited to the trained positions; "
             f"set trainer.full_logits = true")
-    lp, ent = row_logprobs(logits, ids.flatten().index_select(0, dst), temperature,
-                           entropy=entropy)
-    zeros = lp.new_zeros(b * n_pos)
-    full_lp = zeros.index_copy(0, dst, lp).view(b, n_pos)
-    full_ent = zeros.index_copy(0, dst, ent).view(b, n_pos) if entropy else ent
-    return full_lp, full_ent, True
+    return logits, True
 
 
 def _forward(module: Any, t: dict[str, torch.Tensor]) -> Any:

@@ -10,10 +10,11 @@ import copy
 import pytest
 import torch
 from test_lm_head import step_grads
-from trainer_batches import TINY, rl_batch, tiny_model
+from trainer_batches import rl_batch, tiny_model
 
 from asyncrl.algo import batching
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+from asyncrl.trainer import lm_head
 from asyncrl.trainer.torch_trainer import SHARED_MIN_TOKENS, TorchTrainer
 
 TEMPERATURE = 0.7
@@ -92,14 +93,10 @@ def test_eager_attention_and_a_sequence_that_is_all_prefix():
                                         "response_ids": first.response_ids[:3],
                                         "loss_mask": [1, 1, 1], "logprobs": [-4.5] * 3})
     (mb,) = shared.plan(batching.sequences_from_batch(b))
-    assert any(mb.shared_prefix)
-    t_shared, t_plain = shared.tensors(mb), plain.tensors(plain.plan(
-        batching.sequences_from_batch(b))[0])
-    assert t_shared["pack_mask"].dtype == model.dtype
+    assert any(mb.shared_prefix) and shared.tensors(mb)["pack_mask"].dtype == model.dtype
     ms, mp = shared.train_step(b), plain.train_step(b)
     for k in ("train/loss", "train/entropy", "train/grad_norm", "train/tokens"):
         assert ms[k] == pytest.approx(mp[k], rel=1e-4, abs=1e-6), k
-    del t_shared, t_plain
 
 
 def test_sft_examples_with_a_common_prompt_equal_one_row_per_example():
@@ -113,10 +110,26 @@ def test_sft_examples_with_a_common_prompt_equal_one_row_per_example():
     assert sum(ps) < sum(len(ids) for ids, _ in examples)
 
 
+def test_the_full_head_path_reads_a_laid_out_micro_batch_too():
+    """Where the head cannot be split (`lm_head_not_split`: a model that never calls its
+    output embedding; the trainer then stays on the full path), a micro-batch laid out with
+    shared prefixes takes the full logits of the layout at the same rows."""
+    shared, _ = pair()
+    (mb,) = shared.plan(batching.sequences_from_batch(batch()))
+    t = shared.tensors(mb)
+    assert "pack_ids" in t
+    model = shared.model
+    got = lm_head.logprobs(model, model, t, TEMPERATURE, entropy=True, split=False)
+    want = lm_head.logprobs(model, model, t, TEMPERATURE, entropy=True)
+    assert want[2] and not got[2]
+    read = t["mask"].bool()
+    for a, b in zip(got[:2], want[:2], strict=True):
+        torch.testing.assert_close(a[read], b[read], atol=1e-5, rtol=1e-5)
+
+
 def test_off_with_full_logits_or_another_attention():
     cfg = TorchTrainerConfig(full_logits=True)
     assert TorchTrainer(tiny_model(0), cfg, AlgorithmSection(), pad_token_id=0)._share == 0
     model = tiny_model(0)
     model.config._attn_implementation = "flash_attention_2"
     assert TorchTrainer(model, TorchTrainerConfig(), AlgorithmSection(), pad_token_id=0)._share == 0
-    assert TINY["num_hidden_layers"] == 2

@@ -12,23 +12,23 @@ Lifecycle: `async with LocalEngine(...) as engine:` (or `await engine.start()` .
 `await engine.close()`). `start` creates the step driver, a task the engine owns and `close`
 awaits; requests still open at `close` end with finish reason "abort".
 
-How a step runs. The event loop plans a step (rows whose request left become dead rows,
-preempt if needed, admit waiting requests), then one worker thread runs it: one decode forward
-over the batch (one token for each running row; a dead row is fed a dummy token and attends only
-to its own dummies, so its output is finite and discarded) and one prefill forward for the rows
+How a step runs. The event loop plans a step (rows whose request left become dead rows, preempt
+if needed, admit waiting requests), then one worker thread runs it: one decode forward over the
+batch (one token for each running row; a dead row is fed a dummy token and attends only to its
+own dummies, so its output is finite and discarded) and one prefill forward for the rows
 admitted this step (left-padded, batched). The admitted move into dead rows first: their keys
 and values are written into the batch cache, right-aligned with it, and only those that find no
 dead row are appended (a copy of the cache). Dead rows are dropped (a copy) when they would
 outnumber the live ones, or when an eighth of the rows have stayed dead for a few steps with
 nothing waiting (a draining batch), so in steady churn rows leave and join without moving the
-cache. The
-model forward never runs on the event loop. The cache's layers are `kvcache.GrowingLayer`s: a
-decode step writes its column in place instead of concatenating the whole cache; trimming
-leading padding, and taking trimmed columns back when a longer request moves in, are views.
-Requests admitted together with the same context (a GRPO group's samples) are prefilled once
-and their cache rows copied. Sampling is one batched pass on the model's device
-(`sampling.sample_rows`); only the step's token ids and log-probs cross to the host. Weight updates take the same lock as a step, so they
-land between steps, never during a forward.
+cache. The model forward never runs on the event loop. The cache's layers are
+`kvcache.GrowingLayer`s: a decode step writes its column in place instead of concatenating the
+whole cache; trimming leading padding, and taking trimmed columns back when a longer request
+moves in, are views. Requests admitted together with the same context (a GRPO group's samples)
+are prefilled once and their cache rows copied. Sampling is one batched pass on the model's
+device (`sampling.sample_rows`); only the step's token ids and log-probs cross to the host.
+Weight updates take the same lock as a step, so they land between steps, never during a
+forward.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
