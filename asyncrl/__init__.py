@@ -2,8 +2,9 @@
 
 The embeddable surface (`from asyncrl import ...`) is `asyncrl.api` (docs/embedding.md):
 loading a trained policy, streaming rollouts with your own problems, tools and reward, the
-sandbox as a library or a client, and `asyncrl.adapters` for tasks written as plain functions
-or as a verifiers-style environment; plus the engines, tools and runner beneath them. Its names load on first use
+sandbox as a library or a client, and tasks opened as a curriculum names them, written as plain
+functions or as a verifiers-style environment (`asyncrl.tasks`); plus the engines, tools and
+runner beneath them. Its names load on first use
 (PEP 562), so `import asyncrl.config` or `import asyncrl.api` never pulls in torch; only the
 names that need it (`LocalEngine`, `build_engines`) do, when touched.
 
@@ -35,15 +36,15 @@ _EXPORTS = {
     "exact_match_reward": "asyncrl.api",
     "load_policy": "asyncrl.api",
     "open_task": "asyncrl.api",
-    "rubric_reward": "asyncrl.adapters",
-    "Task": "asyncrl.adapters",
+    "rubric_reward": "asyncrl.api",
+    "Task": "asyncrl.api",
     "local_sandbox": "asyncrl.api",
     "remote_sandbox": "asyncrl.api",
     "rollout_groups": "asyncrl.api",
     "rollouts": "asyncrl.api",
     "run_loop": "asyncrl.api",
-    "from_environment": "asyncrl.adapters",
-    "function_tool": "asyncrl.adapters",
+    "from_environment": "asyncrl.api",
+    "function_tool": "asyncrl.api",
     "LocalEngine": "asyncrl.engine.local.engine",
     "build_engines": "asyncrl.engine.registry",
     "FunctionTool": "asyncrl.rollout",
@@ -87,7 +88,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from asyncrl.adapters import Task, from_environment, function_tool, rubric_reward
     from asyncrl.api import (
         BudgetError,
         ModelError,
@@ -95,13 +95,17 @@ if TYPE_CHECKING:
         Problem,
         RewardResult,
         Rollout,
+        Task,
         exact_match_reward,
+        from_environment,
+        function_tool,
         load_policy,
         local_sandbox,
         open_task,
         remote_sandbox,
         rollout_groups,
         rollouts,
+        rubric_reward,
         run_loop,
     )
     from asyncrl.engine.local.engine import LocalEngine

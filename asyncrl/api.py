@@ -10,7 +10,9 @@ Owns the one documented face (docs/embedding.md is its reference):
   process or over `sandbox serve` nodes.
 - `open_task(source, ...)`: a task named the way a curriculum names it (`tiny_math`,
   `reasoning_gym`, a verifiers taskset `module:attr`, ...) with the reward and tools `[task]`
-  would give it: `asyncrl.envs`.
+  would give it, opened the way a run opens it (`asyncrl.tasks.open`).
+- `Task`, `from_environment`, `function_tool`, `rubric_reward` (`asyncrl.tasks`): tasks and
+  tools written for other projects.
 - `exact_match_reward`, `run_loop`, and the records and tools those take and give.
 
 Does not own: the machinery (`asyncrl.rollout`, `asyncrl.engine`, `sandbox`); this module
@@ -33,7 +35,6 @@ from typing import Any, cast
 
 from asyncrl import formats
 from asyncrl.engine.base import Engine
-from asyncrl.envs.exact import exact_match_reward, normalize_answer
 from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
 from asyncrl.policy import Policy, check_budget, load_policy, stop_ids, with_stops
@@ -42,6 +43,11 @@ from asyncrl.rollout.agent import EnvHook, RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
 from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
+from asyncrl.tasks.bridges.environment import from_environment
+from asyncrl.tasks.bridges.functions import function_tool
+from asyncrl.tasks.rewards.exact import exact_match_reward, normalize_answer
+from asyncrl.tasks.rewards.rubric import rubric_reward
+from asyncrl.tasks.task import Task
 
 __all__ = [
     "BudgetError",
@@ -57,9 +63,12 @@ __all__ = [
     "RolloutSettings",
     "RolloutStatus",
     "StopReason",
+    "Task",
     "Tool",
     "ToolOutcome",
     "exact_match_reward",
+    "from_environment",
+    "function_tool",
     "load_policy",
     "local_sandbox",
     "normalize_answer",
@@ -67,6 +76,7 @@ __all__ = [
     "remote_sandbox",
     "rollout_groups",
     "rollouts",
+    "rubric_reward",
     "run_loop",
     "stop_ids",
 ]
@@ -135,7 +145,7 @@ async def rollouts(problems: Sequence[Problem], *, engines: Sequence[Engine],
     `settings.max_response_tokens` exceeds an engine's KV capacity. A rollout that fails
     (engine error, no engine left) is yielded with status `failed` and `error`, and logged as
     `rollout_failed`; a reward function that raises scores 0 with `reward_status`
-    `reward_error`. `env`: a text environment's turn hook (`asyncrl.envs.textenv`; what
+    `reward_error`. `env`: a text environment's turn hook (`asyncrl.tasks.bridges.textenv`; what
     `open_task` gives as `task.env`). Leaving the loop early cancels the rollouts still
     running.
     """
@@ -216,9 +226,9 @@ async def open_task(source: str, *, options: dict[str, Any] | None = None, seed:
                     split: str = "eval", reward: str = "auto",
                     tools: Sequence[str] = ("auto",), tokenizer: Any = None,
                     sandbox_workers: int = 2, time_limit_s: float = 4.0,
-                    max_output_chars: int = 256) -> AsyncIterator[Any]:
-    """A task named as a curriculum names it, ready for `rollouts`: an
-    `asyncrl.adapters.Task` (problems of `split`, tools, reward function).
+                    max_output_chars: int = 256) -> AsyncIterator[Task]:
+    """A task named as a curriculum names it, ready for `rollouts`: a `Task` (problems of
+    `split`, tools, reward function), opened as a run opens it (`asyncrl.tasks.open`).
 
     `source` is what follows `generator:` in `data.train` (a built-in family such as
     `tiny_math` or `reasoning_gym`, a plugin `module:attr`, an entry point); `options` are
@@ -227,25 +237,25 @@ async def open_task(source: str, *, options: dict[str, Any] | None = None, seed:
     check) run while the context is open. `tokenizer`: needed by sources whose reward reads
     the rollout's turns as messages (verifiers).
     """
-    from asyncrl.adapters import Task
-    from asyncrl.envs.source import TaskContext, load_source
-    from asyncrl.envs.wiring import build_reward, build_tools
-    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
-    from sandbox import IsolationLevel, LocalSandboxClient, PoolConfig, SandboxPool
-    from sandbox.config import DEFAULT_PRELOAD
+    import dataclasses
+
+    from asyncrl.tasks.open import TaskSpec, bind, load_task, one_split, reward_host_config
+    from asyncrl.tasks.source import named
+    from asyncrl.tasks.task import TaskContext
+    from sandbox import LocalSandboxClient, PoolConfig, SandboxPool
 
     if split not in ("train", "eval"):
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    src = load_source(source, options or {}, seed, key="source")
-    host_cfg = PoolConfig(workers=1, isolation=IsolationLevel.AUTO, light_preload=(),
-                          preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
-                          python_paths=host_python_paths())
+    spec = named(source)
+    loaded = load_task(TaskSpec(train=spec, eval=spec, options=options or {}, seed=seed,
+                                reward=reward, tools=tuple(tools), splits=(split,)))
     tool_cfg = PoolConfig(workers=sandbox_workers, time_limit_s=time_limit_s)
-    async with SandboxPool(host_cfg) as host, LocalSandboxClient(tool_cfg) as client:
+    async with SandboxPool(reward_host_config()) as host, LocalSandboxClient(tool_cfg) as client:
         ctx = TaskContext(tokenizer=tokenizer, sandbox=client, reward_host=host,
                           time_limit_s=time_limit_s, max_output_chars=max_output_chars)
-        yield Task(problems=list(src.train if split == "train" else src.eval),
-                   tools=build_tools(tools, src, ctx) if tools else [],
-                   reward_fn=build_reward(reward, src, ctx),
-                   system_prompt=src.system_prompt or None,
-                   env=src.env(ctx) if src.env is not None else None)
+        task = bind(loaded, ctx)
+        try:
+            yield dataclasses.replace(task, problems=one_split(task, split), held_out=[])
+        finally:
+            if task.close is not None:
+                task.close()

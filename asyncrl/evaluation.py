@@ -30,7 +30,7 @@ from pathlib import Path
 
 from asyncrl.errors import EngineError
 from asyncrl.records import Group, RolloutStatus
-from asyncrl.reward import plain_number
+from asyncrl.tasks.rewards.math import plain_number
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -26,7 +26,7 @@ import msgspec
 
 from asyncrl import formats, modeling, templates
 from asyncrl.config import RunConfig, from_dict
-from asyncrl.errors import BudgetError, ModelError
+from asyncrl.errors import BudgetError, ConfigError, ModelError
 from asyncrl.rollout.agent import RolloutSettings
 
 if TYPE_CHECKING:
@@ -120,6 +120,44 @@ class Policy:
 
         return LocalEngine(self.model, self.tokenizer, kv_token_budget=kv_token_budget,
                            max_running=max_running, name=name)
+
+
+def rollout_budgets(cfg: RunConfig) -> dict[str, int]:
+    """The response budget of every place the run samples rollouts, by where it is set: each
+    non-SFT stage's and, when the run evaluates, the evaluation's (`eval.max_response_tokens`,
+    else the stage's). SFT stages sample nothing themselves; their evaluations are counted."""
+    from asyncrl.stages import stage_budget
+
+    out: dict[str, int] = {}
+    for i, st in enumerate(cfg.stages):
+        budget = stage_budget(cfg.rollout, st)
+        if st.kind != "sft":
+            key = (f"stages[{i}].max_response_tokens" if st.max_response_tokens
+                   else "rollout.max_response_tokens")
+            out[key] = max(out.get(key, 0), budget)
+        if cfg.data.eval:
+            key = ("eval.max_response_tokens" if cfg.eval.max_response_tokens else
+                   f"stages[{i}].max_response_tokens" if st.max_response_tokens else
+                   "rollout.max_response_tokens")
+            out[key] = max(out.get(key, 0), cfg.eval.max_response_tokens or budget)
+    return out
+
+
+def check_kv_budget(cfg: RunConfig) -> None:
+    """One rollout, a prompt of `data.max_prompt_tokens` plus the largest response budget,
+    must fit the local engine's `kv_token_budget`: a request that cannot is refused by the
+    engine, and a run whose every rollout is refused learns nothing."""
+    capacity = getattr(cfg.engine, "kv_token_budget", None)
+    budgets = rollout_budgets(cfg)
+    if capacity is None or not budgets:
+        return
+    where, budget = max(budgets.items(), key=lambda kv: kv[1])
+    try:
+        check_budget(capacity, budget, cfg.data.max_prompt_tokens, f"{cfg.engine.kind}")
+    except BudgetError as e:
+        raise ConfigError("engine.kv_token_budget",
+                          f"{e} (the response budget is {where}; the prompt's is "
+                          "data.max_prompt_tokens)") from None
 
 
 def _run_config(path: Path) -> RunConfig | None:

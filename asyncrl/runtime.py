@@ -1,8 +1,9 @@
 """Builds a run's components from its config and owns their lifetimes.
 
-Owns: turning config sections into live objects — tokenizer and model (loaded, or built on the
-spot for tiny runs), trainer, engines, sandbox pool/client, tools and reward — and closing them
-in reverse order, also on error or cancellation. Each component receives its own section only.
+Owns: turning config sections into live objects — the task (its problems loaded once, then
+bound: `asyncrl.tasks.open`), tokenizer and model (loaded, or built on the spot for tiny runs),
+trainer, engines, sandbox pool/client — and closing them in reverse order, also on error or
+cancellation. Each component receives its own section only.
 Does not own: what is done with them (`train.py`, `eval` command).
 """
 
@@ -23,6 +24,8 @@ from asyncrl.log import get_logger
 if TYPE_CHECKING:
     from asyncrl.engine.base import Engine
     from asyncrl.rollout import RewardFn, RolloutRunner, Tool
+    from asyncrl.tasks.open import LoadedTask
+    from asyncrl.tasks.task import Task, TaskSource
     from asyncrl.trainer.base import Trainer
     from asyncrl.weightsync.group import WeightGroup
 
@@ -42,15 +45,24 @@ class Runtime:
     """None when opened `with_trainer=False` (evaluation)."""
     engines: list[Engine]
     runner: RolloutRunner
-    tools: list[Tool]
-    reward: RewardFn
-    """`[task] reward` built (`asyncrl.envs.wiring.build_reward`)."""
+    task: Task
+    """What the run trains on, opened once: both splits' problems (before the prompt-length
+    filter), tools, reward, environment, solution programs; closed with the runtime."""
     fmt: formats.ToolFormat
     sandbox_isolation: str
     weight_group: WeightGroup | None = None
     """`weight_sync = "distributed"`: the trainer's process group with the SGLang servers
     (`asyncrl.weightsync.group.WeightGroup`, formed at the first push, ended with the
     runtime); None otherwise."""
+
+    @property
+    def tools(self) -> list[Tool]:
+        return self.task.tools
+
+    @property
+    def reward(self) -> RewardFn:
+        """`[task] reward` built (`asyncrl.tasks.wiring.build_reward`)."""
+        return self.task.reward_fn
 
     def need_trainer(self) -> Trainer:
         """The trainer; a runtime opened for evaluation has none."""
@@ -59,8 +71,10 @@ class Runtime:
         return self.trainer
 
 
-def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
-    """Load the model and tokenizer, or (tiny runs) make them and save them under `run_dir`."""
+def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path,
+                              loaded: LoadedTask | None = None) -> tuple[Any, Any]:
+    """Load the model and tokenizer, or (tiny runs) make them and save them under `run_dir`
+    (a tokenizer trained on the task's text: `loaded`, else the task is loaded for it)."""
     if cfg.model.path:
         tok = modeling.load_tokenizer(cfg.tokenizer.path or cfg.model.path)
         model = modeling.load_model(cfg.model.path, cfg.model.dtype, cfg.model.trust_remote_code)
@@ -71,7 +85,7 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
     if cfg.tokenizer.path:
         tok = modeling.load_tokenizer(cfg.tokenizer.path)
     elif cfg.tokenizer.train_on == "task_corpus":
-        tok = modeling.train_tokenizer(_tokenizer_corpus(cfg), cfg.tokenizer.vocab_size)
+        tok = modeling.train_tokenizer(_tokenizer_corpus(cfg, loaded), cfg.tokenizer.vocab_size)
     else:
         raise ConfigError("tokenizer.train_on", "a model built from model.init needs a tokenizer: "
                           "set tokenizer.path, or tokenizer.train_on = \"task_corpus\" to train "
@@ -83,32 +97,39 @@ def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path) -> tuple[Any, Any]:
     return tok, model
 
 
-def _tokenizer_corpus(cfg: RunConfig) -> list[str]:
-    from asyncrl.tasks import TASK_FAMILIES
+def _tokenizer_corpus(cfg: RunConfig, loaded: LoadedTask | None) -> list[str]:
+    """Every text the model will read or write: a built-in family's SFT transcripts, else the
+    training problems' questions and answers and a plugin source's whole prompts."""
+    import dataclasses
 
-    src = cfg.data.train
-    if src.startswith("generator:") and src.split(":", 1)[1] in TASK_FAMILIES:
+    from asyncrl.tasks.families import TASK_FAMILIES
+    from asyncrl.tasks.open import TaskSpec, load_task
+
+    spec = TaskSpec.of(cfg, splits=("train",))
+    if loaded is None or loaded.train is None:
+        loaded = load_task(spec if loaded is None else dataclasses.replace(loaded.spec,
+                                                                           splits=("train",)))
+    src = loaded.source
+    if src is not None and src.name in TASK_FAMILIES and src.solution_code is not None:
         from asyncrl.sft.coldstart import corpus
 
-        return list(corpus(src.split(":", 1)[1], cfg.data.generator_options, cfg.run.seed))
-    from asyncrl.data import load_problems
+        return list(corpus(src.name, src.train, src.solution_code, cfg.run.seed))
+    assert loaded.train is not None
+    probs = loaded.train.problems
+    return [p.question for p in probs] + [p.answer for p in probs] + _source_texts(cfg, src)
 
-    probs = load_problems(src, cfg.data.generator_options, cfg.run.seed, "train").problems
-    return [p.question for p in probs] + [p.answer for p in probs] + _source_texts(cfg)
 
-
-def _source_texts(cfg: RunConfig) -> list[str]:
+def _source_texts(cfg: RunConfig, source: TaskSource | None) -> list[str]:
     """Whole prompts of a plugin task source (its system text and tool schemas included):
     text the model reads on every problem, so the tokenizer should have words for it."""
-    from asyncrl.envs.source import TaskContext
-    from asyncrl.envs.wiring import run_source, system_text
+    from asyncrl.tasks.task import TaskContext
+    from asyncrl.tasks.wiring import system_text
 
-    source = run_source(cfg)
     if source is None or source.tools is None or not cfg.rollout.tools:
         return []
     schemas = [t.schema for t in source.tools(TaskContext())] or None
     fmt = formats.get_format(cfg.rollout.tool_format)
-    system = system_text(cfg.data.system_prompt, source, fmt, schemas)
+    system = system_text(cfg.data.system_prompt, source.system_prompt, fmt, schemas)
     return [formats.render_prompt(p.question, fmt, schemas, system) for p in source.train[:64]]
 
 
@@ -120,13 +141,11 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
     directory on its path) and math-verify preloaded, which the pool running model-written code
     must not have.
     """
-    from asyncrl.reward import REWARD_PRELOAD, host_python_paths
+    from asyncrl.tasks.open import reward_host_config
     from sandbox import HttpSandboxClient, LocalSandboxClient, PoolConfig, SandboxPool
-    from sandbox.config import DEFAULT_PRELOAD, IsolationLevel
+    from sandbox.config import IsolationLevel
 
-    reward_cfg = PoolConfig(workers=1, isolation=IsolationLevel.AUTO, preload=DEFAULT_PRELOAD + REWARD_PRELOAD,
-                            light_preload=(),
-                            python_paths=host_python_paths())
+    reward_cfg = reward_host_config()
     sb = cfg.sandbox
     token = None
     if not isinstance(sb, LocalSandboxConfig):  # read before anything starts: fail fast
@@ -180,12 +199,17 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     """Build every component; close them all on exit (also on error or cancellation).
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
     from asyncrl.engine.registry import build_engines
-    from asyncrl.envs.source import TaskContext
-    from asyncrl.envs.wiring import build_reward, build_tools, run_source, system_text
     from asyncrl.rollout import RolloutRunner
+    from asyncrl.tasks.open import TaskSpec, bind, load_task
+    from asyncrl.tasks.task import TaskContext
+    from asyncrl.tasks.wiring import system_text
     from asyncrl.trainer import TRAINER_KINDS
 
-    tok, model = build_tokenizer_and_model(cfg, run_dir)
+    # The task's problems are read once, first: a tiny run's tokenizer is trained on them.
+    # An evaluation reads only the held-out split (its training file may not be here).
+    loaded = load_task(TaskSpec.of(cfg, splits=("train", "eval") if with_trainer
+                                   else ("eval",)))
+    tok, model = build_tokenizer_and_model(cfg, run_dir, loaded)
     # Prompts and tool responses in the model's own chat template when it has a usable one:
     # the ids of a rollout are then the ids the template renders (asyncrl.templates).
     fmt = templates.bind_format(formats.get_format(cfg.rollout.tool_format), tok,
@@ -213,23 +237,22 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
             weight_group = await stack.enter_async_context(
                 _weight_group(cfg.engine, getattr(trainer, "device", None)))
         # The task's reward and tools come from `[task]` (built-in or plugins) and the task
-        # source `data.train` names (a verifiers taskset brings its own: asyncrl.envs).
+        # source `data.train` names (a verifiers taskset brings its own: asyncrl.tasks).
         ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
                           time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
                           max_output_chars=cfg.rollout.tool_output_max_chars)
-        source = run_source(cfg)
-        tools: list[Tool] = (build_tools(cfg.task.tools, source, ctx) if cfg.rollout.tools
-                             else [])
-        reward = build_reward(cfg.task.reward, source, ctx)
-        system = system_text(cfg.data.system_prompt, source, fmt,
-                             [t.schema for t in tools] or None)
-        env = source.env(ctx) if source is not None and source.env is not None else None
-        runner = RolloutRunner(engines, tok, tools, reward, system_prompt=system, env=env)
+        task = bind(loaded, ctx)
+        if task.close is not None:
+            stack.callback(task.close)
+        system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
+                             [t.schema for t in task.tools] or None)
+        runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,
+                               env=task.env)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)
         yield Runtime(cfg=cfg, run_dir=run_dir, tokenizer=tok, trainer=trainer, engines=engines,
-                      runner=runner, tools=tools, reward=reward, fmt=fmt,
+                      runner=runner, task=task, fmt=fmt,
                       sandbox_isolation=str(isolation), weight_group=weight_group)
 
 

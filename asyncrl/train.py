@@ -30,7 +30,6 @@ from asyncrl.algo.roc import apply_roc
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
-from asyncrl.data import ProblemStream, load_split
 from asyncrl.errors import RunStopped
 from asyncrl.evaluation import some_answered, summarize, with_greedy
 from asyncrl.formats import PYTHON_TOOL
@@ -55,6 +54,8 @@ from asyncrl.stages import (
     stage_lr,
 )
 from asyncrl.stopping import StopRequest, signal_handlers
+from asyncrl.tasks.files import LoadResult
+from asyncrl.tasks.stream import ProblemStream, filter_split
 from asyncrl.templates import end_of_sequence_ids
 from asyncrl.weightsync.push import push_weights
 
@@ -217,7 +218,8 @@ class StageRunner:
                          lr=cfg.algorithm.lr,
                          tool_output_max_chars=cfg.rollout.tool_output_max_chars,
                          checkpoint_every=cfg.checkpoint.sft_every_steps,
-                         python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None))
+                         python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None),
+                         solution_code=rt.task.solution_code)
         await run_sft(stage, setup, self.state, self.metrics, self.train_problems,
                       lambda: self._checkpoint(force=True),
                       on_step=lambda loss: self.progress.step(
@@ -403,6 +405,21 @@ def stop_summary(run_dir: Path, resume_command: str = "") -> str:
                                             if resume_command else ""))
 
 
+def _filtered(rt: Runtime, tools: list[dict[str, Any]] | None,
+              system: str) -> tuple[LoadResult, LoadResult | None]:
+    """The runtime's task's splits (loaded once when it opened) less the prompts longer than
+    `data.max_prompt_tokens`."""
+    d, task = rt.cfg.data, rt.task
+
+    def one(spec: str, split: str, problems: list[Problem]) -> LoadResult:
+        loaded = LoadResult(problems, dict(task.skipped.get(split, {})))
+        return filter_split(loaded, spec, split, rt.tokenizer, rt.fmt, tools,
+                            d.max_prompt_tokens, system)
+
+    return (one(d.train, "train", task.problems),
+            one(d.eval, "eval", task.held_out) if d.eval else None)
+
+
 async def train_async(cfg: RunConfig, *, resume: bool = False, run_dir: str | None = None,
                       stop: StopRequest | None = None, resume_command: str = "") -> Path:
     """Run the whole curriculum; returns the run directory (`asyncrl.rundir.pick_run_dir`).
@@ -451,13 +468,8 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
                      stage=cfg.stages[min(state.stage_index, len(cfg.stages) - 1)].name)
         instrument(rt.runner, progress)
         tools = [t.schema for t in rt.tools] or None
-        d = cfg.data
         system = rt.runner.system_prompt  # data.system_prompt, or the task source's
-        train = load_split(d.train, d.generator_options, cfg.run.seed, "train", rt.tokenizer,
-                           rt.fmt, tools, d.max_prompt_tokens, system)
-        evals = (load_split(d.eval, d.generator_options, cfg.run.seed, "eval", rt.tokenizer,
-                            rt.fmt, tools, d.max_prompt_tokens, system)
-                 if d.eval else None)
+        train, evals = _filtered(rt, tools, system)
         train_p, eval_p = train.problems, (evals.problems if evals is not None else [])
         n_long = (train.skipped.get("overlong_prompt", 0)
                   + (evals.skipped.get("overlong_prompt", 0) if evals is not None else 0))

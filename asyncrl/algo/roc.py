@@ -3,7 +3,7 @@
 Owns: the penalties RoC reads (`p_err`, `p_format`), the selection rules chosen by
 `roc.kind` and `roc.positive`, the equal-reward rejection, and `apply_roc`, which writes the
 selection and the advantages into `Group.kept` / `Group.advantages`. Does not own: rewards
-(`asyncrl.reward`), the loss, or when groups are batched (the train loop).
+(`asyncrl.tasks.rewards.math`), the loss, or when groups are batched (the train loop).
 
 Everything is a pure function of its inputs and a seeded `random.Random`: the same groups,
 config and seed give the same selection.

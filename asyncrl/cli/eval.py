@@ -32,21 +32,27 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     """k samples per problem at `temperature` (default: `eval.temperature`, else the training
     temperature) and, with `greedy` (default: `eval.greedy`), one greedy answer each: the
     figures of `asyncrl.evaluation.with_greedy`, as in training."""
-    from asyncrl.data import load_split
     from asyncrl.evaluation import format_table, summarize, with_greedy, write_summary
     from asyncrl.observe import metrics as metrics_mod
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
     from asyncrl.stages import eval_temperature
+    from asyncrl.tasks.files import LoadResult
+    from asyncrl.tasks.stream import filter_split
     from asyncrl.templates import end_of_sequence_ids
 
     temp = eval_temperature(cfg) if temperature is None else temperature
     greedy = cfg.eval.greedy if greedy is None else greedy
+    if not data:
+        raise ConfigError("data.eval", "no problems to evaluate: set data.eval or pass --data")
+    # The runtime opens the task once, its held-out split read from `data`.
+    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(cfg.data, eval=data))
     async with open_runtime(cfg, out_dir, with_trainer=False) as rt:
         tools = [t.schema for t in rt.tools] or None
-        loaded = load_split(data, cfg.data.generator_options, cfg.run.seed, "eval", rt.tokenizer,
-                            rt.fmt, tools, cfg.data.max_prompt_tokens, rt.runner.system_prompt)
+        held = LoadResult(rt.task.held_out, dict(rt.task.skipped.get("eval", {})))
+        loaded = filter_split(held, data, "eval", rt.tokenizer, rt.fmt, tools,
+                              cfg.data.max_prompt_tokens, rt.runner.system_prompt)
         problems = loaded.problems[:max_problems] if max_problems else loaded.problems
         r = cfg.rollout
         settings = RolloutSettings(

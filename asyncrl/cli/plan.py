@@ -7,10 +7,11 @@ from pathlib import Path
 
 from asyncrl.config import RunConfig
 from asyncrl.engine.registry import ENGINE_KINDS
-from asyncrl.envs.wiring import check_task
 from asyncrl.errors import ConfigError
-from asyncrl.preflight import check_run
+from asyncrl.policy import check_kv_budget
 from asyncrl.stages import stage_budget, stage_lr
+from asyncrl.tasks.check import check_generator_options, check_task
+from asyncrl.tasks.source import source_name
 from asyncrl.trainer import TRAINER_KINDS
 
 
@@ -27,7 +28,8 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
             raise ConfigError(key, message)
         missing.append(ConfigError(key, message))
 
-    check_run(cfg)  # generator options, the KV budget
+    check_generator_options(cfg)
+    check_kv_budget(cfg)
     lines = []
     if cfg.model.path:
         if Path(cfg.model.path).exists() and not Path(cfg.model.path).is_dir():
@@ -39,7 +41,7 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
         lines.append(f"model: built from model.init ({cfg.model.init.get('model_type')})")
     for key in ("train", "eval"):
         src = getattr(cfg.data, key)
-        if src and not src.startswith("generator:") and not Path(src).exists():
+        if src and source_name(src, f"data.{key}") is None and not Path(src).exists():
             absent(f"data.{key}", f"no such file: {src}")
         lines.append(f"data.{key}: {src or '(none)'}")
     if cfg.engine.kind not in ENGINE_KINDS:

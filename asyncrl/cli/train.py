@@ -35,9 +35,11 @@ def cmd_train(args: Any) -> int:
         return 0
     if args.dry_run:
         return _dry_run(cfg)
-    from asyncrl.preflight import check_run
+    from asyncrl.policy import check_kv_budget
+    from asyncrl.tasks.check import check_generator_options
 
-    check_run(cfg)  # a bad generator option or budget fails here, naming its key
+    check_generator_options(cfg)  # a bad generator option or budget fails here, naming its key
+    check_kv_budget(cfg)
     rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
     print(f"asyncrl: {note}", file=sys.stderr)
     again = resume_command(args.config, rd, args.set)

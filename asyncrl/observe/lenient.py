@@ -15,7 +15,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from asyncrl.records import Group, read_jsonl
-from asyncrl.reward import plain_number
+from asyncrl.tasks.rewards.math import plain_number
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 _OUTPUT_BLOCK = re.compile(r"```output\b.*?(?:```|$)", re.S)

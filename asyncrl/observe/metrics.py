@@ -58,14 +58,14 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
         f"{prefix}/no_answer_frac": _mean([float(r.answer is None) for r in rs]),
         f"{prefix}/reward_timeout_count": float(
             sum(r.reward_status == "reward_timeout" for r in rs)),
-        # the reward check raised or its host failed twice (`asyncrl.reward.MathReward`)
+        # the reward check raised or its host failed twice (`asyncrl.tasks.rewards.math.MathReward`)
         f"{prefix}/reward_error_count": float(
             sum(r.reward_status == "reward_error" for r in rs)),
         # a part of the reward raised and scored 0 while the others counted (a verifiers
         # reward function, a rubric function: `Rollout.reward_errors`)
         f"{prefix}/reward_part_error_count": float(
             sum(bool(r.reward_errors) and r.reward_status != "reward_error" for r in rs)),
-        # a text environment raised: the rollout failed (`asyncrl.envs.textenv`)
+        # a text environment raised: the rollout failed (`asyncrl.tasks.bridges.textenv`)
         f"{prefix}/env_error_count": float(
             sum(r.status == RolloutStatus.FAILED and r.error.startswith("environment:")
                 for r in rs)),

@@ -4,5 +4,5 @@
 - `chat`: function-calling / instruction / chat sets into chat JSONL for an SFT stage.
 
 Installed with the package, so `asyncrl data prepare` works from a wheel as from a checkout.
-Does not own: reading those files at train time (`asyncrl.data`, `asyncrl.sft.chat`).
+Does not own: reading those files at train time (`asyncrl.tasks.files`, `asyncrl.sft.chat`).
 """

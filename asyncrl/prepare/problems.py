@@ -6,7 +6,7 @@
 
 Owns: the column layouts of the supported sources, stripping DAPO's instruction wrapper,
 the English-subset filter, answer clean-up, de-duplication, stable ids, and the summary written
-beside the output. Does not own: reading the project's own files at train time (`asyncrl.data`).
+beside the output. Does not own: reading the project's own files at train time (`asyncrl.tasks.files`).
 
 Sources and their layouts (one row each):
 - `dapo`   BytedTsinghua-SIA/DAPO-Math-17k: `prompt` (list of chat messages; the user message

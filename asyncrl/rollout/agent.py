@@ -106,7 +106,7 @@ _WATCHES: dict[int, _EngineWatch] = {}
 """By `id(engine)`; an entry lives while a stream of that engine is open."""
 
 EnvHook = Callable[[Rollout, str], Awaitable["str | None"]]
-"""A text environment's turn (`asyncrl.envs.textenv`): `await env(rollout, turn_text)` after
+"""A text environment's turn (`asyncrl.tasks.bridges.textenv`): `await env(rollout, turn_text)` after
 each assistant turn that ends without a tool call; the observation to append as the next user
 turn, or None when the episode is over. The environment keeps its own reward."""
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl import formats
-from asyncrl.data import read_rows
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
 from asyncrl.sft.coldstart import Segment, tokenize_many
 from asyncrl.sft.layouts import BadRow, to_conversation
 from asyncrl.sft.render import render
+from asyncrl.tasks.files import read_rows
 
 log = get_logger(__name__)
 

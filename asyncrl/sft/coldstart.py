@@ -167,7 +167,7 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                       execute: Executor | None = None) -> list[Segment]:
     """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
 
-    `code` is the solution program (default: the task family's, from `problem.source`). Each
+    `code` is the solution program (the task's, `Task.solution_code`; needed by tool kinds). Each
     tool output shows the execution time `duration_s`, or the executor's, or one drawn from
     `rng` per call (`tool_duration`). `style` is one of `STYLES`; `execute` runs the programs
     (default `run_trusted`). Raises ValueError when the program does not print the problem's
@@ -191,9 +191,8 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
     if code is None:
-        from asyncrl.tasks import solution_code
-
-        code = solution_code(problem)
+        raise ValueError(f"problem {problem.id}: a tool transcript needs its solution program "
+                         "(the task source supplies none)")
     reason = say("tool", REASON_TOOL)
     if kind == "fail_fix":
         broken = break_code(code, rng)
@@ -231,9 +230,8 @@ def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
     if code is None:
-        from asyncrl.tasks import solution_code
-
-        code = solution_code(problem)
+        raise ValueError(f"problem {problem.id}: a tool transcript needs its solution program "
+                         "(the task source supplies none)")
 
     def called(reason: str, program: str) -> tuple[str, str]:
         status, stdout, stderr = run_trusted(program)
@@ -345,7 +343,7 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     lists. `tools`, `system_prompt` and
     `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
     `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
-    program (default: its task family's). `style` and `execute` as in `render_transcript`.
+    program (the task's `solution_code`; needed when any transcript calls the tool). `style` and `execute` as in `render_transcript`.
     Deterministic for the same `rng` state (and the same executor's answers).
     """
     checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
@@ -373,28 +371,29 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
 
 
 def corpus_texts(problems: Iterable[Problem], fmts: Sequence[formats.ToolFormat],
-                 rng: random.Random) -> Iterator[str]:
+                 rng: random.Random, code_for: Callable[[Problem], str]) -> Iterator[str]:
     """Whole transcript texts for a tokenizer corpus: kinds and formats taken in turn, so every
-    string a rollout can contain (prompts, calls, errors, outputs, answers) is represented."""
+    string a rollout can contain (prompts, calls, errors, outputs, answers) is represented.
+    `code_for` gives a problem's solution program."""
     for i, p in enumerate(problems):
         kind = KINDS[i % len(KINDS)]
         fmt = fmts[(i // len(KINDS)) % len(fmts)]
-        yield "".join(s.text for s in render_transcript(p, fmt, kind, rng))
+        code = None if kind == "direct" else code_for(p)
+        yield "".join(s.text for s in render_transcript(p, fmt, kind, rng, code=code))
 
 
-def corpus(name: str, options: Mapping[str, Any], seed: int, *,
-           tool_formats: Sequence[str] = ("markdown", "hermes"),
+def corpus(name: str, problems: Sequence[Problem], code_for: Callable[[Problem], str],
+           seed: int, *, tool_formats: Sequence[str] = ("markdown", "hermes"),
            max_transcripts: int = 3000) -> Iterator[str]:
     """Text to train a local tokenizer on: every string the model will read or write.
 
     Full SFT transcripts (system prompt, question, reasoning markup, tool calls, tool outputs,
     failing calls, answers, end of turn) of up to `max_transcripts` train problems, each kind of
     transcript and each tool-call format in turn. Eval problems are left out: they share the
-    templates, so nothing is missing, and no eval text shapes the vocabulary.
+    templates, so nothing is missing, and no eval text shapes the vocabulary. `problems` are
+    task `name`'s training problems, `code_for` its solution programs (`Task.solution_code`).
     """
-    from asyncrl import tasks
-
-    train, _ = tasks.generate(name, options, seed)
+    train = list(problems)
     fmts = [formats.get_format(f) for f in tool_formats]
     rng = random.Random(f"{name}/corpus/{seed}")
     yield from corpus_texts(train[:max_transcripts], fmts, rng)

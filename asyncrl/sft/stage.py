@@ -137,6 +137,9 @@ class SFTSetup:
     """`checkpoint.sft_every_steps` (0: only at the stage's end, by the caller)."""
     python_tool: Tool | None = None
     """The run's Python tool: runs the generated programs of a stage with `sandbox_outputs`."""
+    solution_code: Callable[[Problem], str] | None = None
+    """The task's solution programs (`Task.solution_code`): what generated transcripts run;
+    None: the task supplies none, and only chat-file stages can train on it."""
 
 
 async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
@@ -158,11 +161,16 @@ async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
 
 def generator_pairs(stage: StageSection, setup: SFTSetup,
                     problems: Sequence[Problem], execute: Any = None) -> list[Pair]:
-    """The tiny curriculum's generated transcripts (`asyncrl.sft.coldstart`), in generation
-    order, in the stage's `transcript_style`; `execute` runs their programs (default: in
-    process, `coldstart.run_trusted`)."""
+    """Generated transcripts (`asyncrl.sft.coldstart`) of the task's problems with its solution
+    programs (`setup.solution_code`), in generation order, in the stage's `transcript_style`;
+    `execute` runs their programs (default: in process, `coldstart.run_trusted`)."""
     from asyncrl.sft.coldstart import build_sft_examples
 
+    if setup.solution_code is None and stage.tool_fraction + sum(
+            stage.tool_fraction_by_level.values()) > 0:
+        raise DataError(f"stage {stage.name!r}: the task source supplies no solution programs "
+                        "(TaskSource.solution_code), so no transcript can call the tool; give "
+                        "it solutions, set tool_fraction = 0, or train on chat files")
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
     probs = [problems[i % len(problems)] for i in range(n)]
     examples = build_sft_examples(
@@ -172,7 +180,7 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
         tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
         tools=setup.tools, system_prompt=setup.system_prompt,
         max_chars=setup.tool_output_max_chars, style=stage.transcript_style,
-        execute=execute)
+        execute=execute, code_for=setup.solution_code)
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 

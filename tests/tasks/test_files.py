@@ -12,7 +12,7 @@ from asyncrl.errors import DataError
 from asyncrl.formats import PYTHON_TOOL_SCHEMA, get_format
 from asyncrl.records import Problem
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "data" / "fixtures"
 
 
 def test_jsonl_bad_rows_counted_with_line_numbers() -> None:

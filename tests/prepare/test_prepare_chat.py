@@ -12,7 +12,7 @@ from asyncrl import formats as F
 from asyncrl.cli.main import main
 from asyncrl.sft.chat import load_chat
 
-FIX = Path(__file__).parent / "fixtures" / "chat"
+FIX = Path(__file__).parents[1] / "data" / "fixtures" / "chat"
 
 
 @pytest.mark.parametrize("source", ["openai", "sharegpt", "hermes", "glaive", "toolace",

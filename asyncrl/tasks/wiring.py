@@ -8,11 +8,10 @@ plugin object becomes a reward or a tool:
   it runs on a worker thread), or a factory `(ctx: TaskContext) -> such a function`
   (a callable taking one argument);
 - a tool plugin is an `asyncrl.rollout.Tool`, a plain function (made a tool by
-  `asyncrl.adapters.function_tool`: its schema from the signature), or a list of those.
+  `asyncrl.tasks.bridges.functions.function_tool`: its schema from the signature), or a list of those.
 
-`check_task(cfg)` is what `config check` and `train --dry-run` run: every name imported,
-the task source built and one item of each split produced. Does not own: what the reward or
-tools do (`asyncrl.reward`, `asyncrl.rollout.tools`, the adapters).
+Does not own: what the reward or tools do (`asyncrl.tasks.rewards`, `asyncrl.rollout.tools`,
+the bridges), or the checks `config check` runs (`asyncrl.tasks.check`).
 """
 
 from __future__ import annotations
@@ -22,21 +21,18 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.envs.plugins import resolve
-from asyncrl.envs.source import TaskContext, TaskSource, load_source
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.tasks.plugins import resolve
+from asyncrl.tasks.task import TaskContext, TaskSource
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
     from asyncrl.rollout.runner import RewardFn
     from asyncrl.rollout.tools import Tool
 
-GENERATOR_PREFIX = "generator:"
-
 
 def _math(ctx: TaskContext) -> RewardFn:
-    from asyncrl.reward import MathReward
+    from asyncrl.tasks.rewards.math import MathReward
 
     if ctx.reward_host is None:
         raise ConfigError("task.reward", "the math reward needs a function host (a sandbox "
@@ -45,14 +41,14 @@ def _math(ctx: TaskContext) -> RewardFn:
 
 
 def _exact(ctx: TaskContext) -> RewardFn:
-    from asyncrl.envs.exact import exact_match_reward
+    from asyncrl.tasks.rewards.exact import exact_match_reward
 
     return exact_match_reward
 
 
 BUILTIN_REWARDS: dict[str, Callable[[TaskContext], RewardFn]] = {
     "math": _math, "exact_match": _exact}
-"""`math`: the final `\\boxed{}` answer equal to the problem's (`asyncrl.reward.MathReward`:
+"""`math`: the final `\\boxed{}` answer equal to the problem's (`asyncrl.tasks.rewards.math.MathReward`:
 exact for plain numbers, math-verify in a killable worker otherwise). `exact_match`: equal
 after `asyncrl.api.normalize_answer`."""
 
@@ -131,8 +127,8 @@ def _python(ctx: TaskContext) -> list[Tool]:
 
 
 def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:
-    from asyncrl.envs.functions import function_tool
     from asyncrl.rollout.tools import Tool
+    from asyncrl.tasks.bridges.functions import function_tool
 
     items = list(obj) if isinstance(obj, list | tuple) else [obj]
     out: list[Tool] = []
@@ -172,63 +168,14 @@ def build_tools(specs: Sequence[str], source: TaskSource | None,
     return tools
 
 
-def system_text(configured: str, source: TaskSource | None, fmt: Any,
+def system_text(configured: str, own: str | None, fmt: Any,
                 schemas: list[dict[str, Any]] | None) -> str:
     """The system text a run's prompts use: `data.system_prompt` when set; else the task
-    source's (a verifiers task's), which with the built-in ChatML layout is followed by the
-    format's own tool block (that layout's system text is the whole system message, so the
-    tools would otherwise go unlisted); else empty (the format's default)."""
-    if configured or source is None or not source.system_prompt:
+    source's own (`own`, a verifiers task's), which with the built-in ChatML layout is followed
+    by the format's own tool block (that layout's system text is the whole system message, so
+    the tools would otherwise go unlisted); else empty (the format's default)."""
+    if configured or not own:
         return configured
     if fmt._prompt is None and schemas:
-        return f"{source.system_prompt}\n\n{fmt.system_prompt(schemas)}"
-    return source.system_prompt
-
-
-def run_source(cfg: RunConfig) -> TaskSource | None:
-    """The task source `data.train` names when it is `generator:NAME`; None for a file."""
-    if not cfg.data.train.startswith(GENERATOR_PREFIX):
-        return None
-    return load_source(cfg.data.train[len(GENERATOR_PREFIX):], cfg.data.generator_options,
-                       cfg.run.seed)
-
-
-def check_task(cfg: RunConfig) -> list[str]:
-    """Import every plugin the config names, build the task source and one item of each
-    split; the plan lines. Raises `ConfigError` naming the key."""
-    lines: list[str] = []
-    source = None
-    for key in ("train", "eval"):
-        src = getattr(cfg.data, key)
-        if not src.startswith(GENERATOR_PREFIX):
-            continue
-        s = load_source(src[len(GENERATOR_PREFIX):], cfg.data.generator_options,
-                        cfg.run.seed, key=f"data.{key}")
-        split = s.train if key == "train" else s.eval
-        if not split:
-            raise ConfigError(f"data.{key}", f"task source {src!r} gave no {key} problems")
-        first = split[0]
-        d = s.dropped if key == "train" else s.dropped_eval
-        dropped = f", dropped {dict(d)}" if d else ""
-        lines.append(f"task source {src}: {len(split)} {key} problems{dropped}; first: "
-                     f"{first.question[:60]!r} -> {first.answer[:20]!r}")
-        source = source or s
-    reward = cfg.task.reward
-    if reward not in REWARD_NAMES:
-        obj = resolve(reward, kind="rewards", key="task.reward", builtins=_names(REWARD_NAMES))
-        if not callable(obj):
-            raise ConfigError("task.reward", f"{reward!r} is a {type(obj).__name__}, not a "
-                              "function")
-    elif reward == "source" and (source is None or source.reward is None):
-        raise ConfigError("task.reward", "\"source\": the task source has no reward of its own")
-    own = reward in ("auto", "source") and source is not None and source.reward is not None
-    lines.append(f"reward: {reward}" + (" (the task source's own)" if own else
-                                        " (math)" if reward == "auto" else ""))
-    for spec in cfg.task.tools:
-        if spec not in TOOL_NAMES:
-            _as_tools(resolve(spec, kind="tools", key="task.tools", builtins=_names(TOOL_NAMES)), spec,
-                      TaskContext())
-        elif spec == "source" and (source is None or source.tools is None):
-            raise ConfigError("task.tools", "\"source\": the task source has no tools of its own")
-    lines.append(f"tools: {', '.join(cfg.task.tools) if cfg.rollout.tools else '(none)'}")
-    return lines
+        return f"{own}\n\n{fmt.system_prompt(schemas)}"
+    return own

@@ -31,9 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from asyncrl.envs.base import TaskSource
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.tasks.task import TaskSource
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """openenv environments (`openenv.core.env_server.Environment`) in-process, as text
-environments (`asyncrl.envs.textenv`): the built-in `openenv` task source.
+environments (`asyncrl.tasks.bridges.textenv`): the built-in `openenv` task source.
 
 Owns turning an openenv `Environment` class into problems and episodes:
 - a problem is an episode's opening: `reset(seed=s)`'s observation as text, for seeds
@@ -25,11 +25,11 @@ from __future__ import annotations
 import json
 from typing import Any, get_args
 
-from asyncrl.envs.base import TaskSource
-from asyncrl.envs.plugins import resolve
-from asyncrl.envs.textenv import text_env_source
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem
+from asyncrl.tasks.bridges.textenv import text_env_source
+from asyncrl.tasks.plugins import resolve
+from asyncrl.tasks.task import TaskSource
 
 OPTIONS: dict[str, Any] = {"env": "", "env_kwargs": {}, "action": "", "action_field": "",
                            "observation_field": "", "train_size": 256, "eval_size": 32,

@@ -18,7 +18,7 @@ from asyncrl.sft.layouts import BadRow, _python_calls, detect_layout, to_convers
 from asyncrl.sft.render import render
 from asyncrl.sft.stage import SFTPlan
 
-FIX = Path(__file__).parent / "fixtures" / "chat"
+FIX = Path(__file__).parents[1] / "data" / "fixtures" / "chat"
 OPTS = {"train_size": 300, "eval_size": 10, "levels": [1, 2, 3]}
 
 

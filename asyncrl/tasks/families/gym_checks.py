@@ -2,7 +2,7 @@
 
 Owns `check(generator, pred, gold) -> bool | None` (None: this module has no rule for the
 generator) and `GymReward`, the `reasoning_gym` family's reward: the rule below when there is
-one, else the math reward (`asyncrl.reward.MathReward`) for generators whose answers are
+one, else the math reward (`asyncrl.tasks.rewards.math.MathReward`) for generators whose answers are
 numbers or expressions math-verify reads right, else reasoning-gym's own `score_answer`,
 guarded.
 
@@ -49,7 +49,7 @@ MATH = frozenset({"polynomial_equations", "complex_arithmetic", "number_format",
 
 ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
 """reasoning-gym's own item (answer and metadata) by (generator, question), for its
-`score_answer` (some generators score from the metadata); filled by `asyncrl.tasks.rgym` as
+`score_answer` (some generators score from the metadata); filled by `asyncrl.tasks.families.rgym` as
 problems are drawn."""
 
 _MAX_CHARS = 200
@@ -161,7 +161,7 @@ class GymReward:
     """The `reasoning_gym` family's reward: `await reward(problem, rollout)`."""
 
     def __init__(self, host: Any) -> None:
-        from asyncrl.reward import MathReward
+        from asyncrl.tasks.rewards.math import MathReward
 
         self.math = MathReward(host) if host is not None else None
 

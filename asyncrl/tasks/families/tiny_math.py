@@ -27,7 +27,7 @@ import random
 from typing import Any
 
 from asyncrl.records import Problem
-from asyncrl.tasks.base import Form, Sampler, TaskFamily, digits, draw_split
+from asyncrl.tasks.families.base import Form, Sampler, TaskFamily, digits, draw_split
 
 NAME = "tiny_math"
 

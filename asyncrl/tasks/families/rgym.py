@@ -13,7 +13,7 @@ Owns turning named reasoning-gym generators into asyncrl problems:
   `(983 + 374) * 296`);
 - a problem's `source` is `reasoning_gym/<generator>` and its `difficulty` the generator's
   position in `generators` (1, 2, ...), so per-level metrics are per generator;
-- the family's own answer check (`asyncrl.tasks.gym_checks`), right for each generator's
+- the family's own answer check (`asyncrl.tasks.families.gym_checks`), right for each generator's
   answer format, used by `[task] reward = "auto"`;
 - `solution_code` for the generators whose question carries the expression to evaluate
   (`basic_arithmetic`, `chain_sum`, `products`): SFT transcripts can be generated for those.
@@ -34,8 +34,8 @@ from fractions import Fraction
 from typing import Any
 
 from asyncrl.records import Problem
-from asyncrl.tasks import gym_checks
-from asyncrl.tasks.base import TaskFamily
+from asyncrl.tasks.families import gym_checks
+from asyncrl.tasks.families.base import TaskFamily
 
 NAME = "reasoning_gym"
 
@@ -59,7 +59,7 @@ _EXPRESSION = {
 
 
 class ProblemList(list[Problem]):
-    """A split, with what was dropped from it by reason (read by `asyncrl.envs.source`)."""
+    """A split, with what was dropped from it by reason (read by `asyncrl.tasks.source`)."""
 
     dropped: dict[str, int]
 

@@ -38,10 +38,10 @@ import random
 from collections import Counter
 from typing import Any
 
-from asyncrl.envs.base import TaskContext, TaskSource
 from asyncrl.errors import ConfigError
 from asyncrl.log import get_logger
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.tasks.task import TaskContext, TaskSource
 
 log = get_logger(__name__)
 
@@ -227,7 +227,7 @@ def _tools(ts_cls: Any, config: Any, task_cls: Any, ctx: TaskContext) -> list[An
     from verifiers.v1.state import State
     from verifiers.v1.utils.decorators import discover_decorated
 
-    from asyncrl.envs.functions import function_tool
+    from asyncrl.tasks.bridges.functions import function_tool
 
     servers = list(ts_cls.toolsets(config))
     if task_cls is not None:

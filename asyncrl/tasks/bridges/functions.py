@@ -1,6 +1,6 @@
 """A plain Python function as a tool: its OpenAI function schema from its signature.
 
-Owns `function_tool(fn)` (re-exported by `asyncrl.adapters` and `asyncrl`). Does not own the
+Owns `function_tool(fn)` (re-exported by `asyncrl.api` and `asyncrl`). Does not own the
 tool protocol or how a tool's output is cut (`asyncrl.rollout.tools.FunctionTool`).
 """
 

@@ -11,7 +11,7 @@ from asyncrl.data import read_problem_file
 from asyncrl.errors import DataError
 from asyncrl.prepare import problems as prep
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "data" / "fixtures"
 
 
 def _read(path: Path) -> list[dict]:

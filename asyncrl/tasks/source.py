@@ -1,70 +1,77 @@
 """Task sources: where a run's problems come from, and what else the source brings.
 
-Owns `TaskSource` (train and held-out problems, counts of items dropped, and optionally the
-source's own reward, its own tools and the solution program of a problem for SFT
-transcripts), `TaskContext` (what a reward or tool factory may use: the tokenizer, the
-sandbox, the reward host) and `load_source(name, options, seed)`, which turns what
-`data.train = "generator:NAME"` names into a `TaskSource`:
+Owns the one parser of `generator:NAME` (`source_name`) and `load_source(name, options,
+seed)`, which turns what `data.train = "generator:NAME"` names into a `TaskSource`:
 
-- a built-in task family (`asyncrl.tasks.TASK_FAMILIES`: `tiny_math`, `reasoning_gym`);
+- a built-in task family (`asyncrl.tasks.families`: `tiny_math`, `reasoning_gym`);
 - a `TaskSource`, or a callable `(options, seed) -> TaskSource | (train, eval) | any of these`;
 - a verifiers taskset (0.4+: a `verifiers.v1.Taskset` class or instance), adapted and scored
-  by verifiers' own code (`asyncrl.envs.verifiers_v1`); a classic verifiers environment
+  by verifiers' own code (`asyncrl.tasks.bridges.verifiers`); a classic verifiers environment
   (<= 0.3) is refused with a message;
-- `skyrl_gym`: skyrl-gym's registered text environments (`asyncrl.envs.textenv`), or a
-  plugin returning `textenv.text_env_source(...)` for an environment of its own;
+- `skyrl_gym`: skyrl-gym's registered text environments (`asyncrl.tasks.bridges.textenv`), or
+  a plugin returning `textenv.text_env_source(...)` for an environment of its own;
+- `openenv`: openenv `Environment` classes in-process (`asyncrl.tasks.bridges.openenv`).
 
-A source is built once per (name, options, seed) in a process: the train split, the held-out
-split, the tokenizer corpus and the runtime's reward all see the same object.
-Does not own: name resolution (`plugins`), reading problem files (`asyncrl.data`).
+Each call builds the source anew: a run loads it once and holds it (`asyncrl.tasks.open`).
+Does not own: name resolution (`plugins`), reading problem files (`files`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asyncrl.envs.base import RewardFactory, TaskContext, TaskSource, ToolFactory
-from asyncrl.envs.plugins import resolve
 from asyncrl.errors import ConfigError
+from asyncrl.tasks.plugins import resolve
+from asyncrl.tasks.task import TaskSource
 
-__all__ = ["RewardFactory", "TaskContext", "TaskSource", "ToolFactory", "adapt", "clear_cache",
-           "load_source"]
+__all__ = ["GENERATOR_PREFIX", "adapt", "load_source", "named", "source_name"]
+
+GENERATOR_PREFIX = "generator:"
+
+
+def source_name(spec: str, key: str = "data.train") -> str | None:
+    """The task source's name in `spec` (`generator:NAME` -> `NAME`); None for a file path.
+    An empty name is a `ConfigError` naming `key`."""
+    if not spec.startswith(GENERATOR_PREFIX):
+        return None
+    name = spec[len(GENERATOR_PREFIX):]
+    if not name:
+        raise ConfigError(key, f"{spec!r}: name a task source after {GENERATOR_PREFIX!r}")
+    return name
+
+
+def named(name: str) -> str:
+    """The spec that names task source `name` (`NAME` -> `generator:NAME`)."""
+    return GENERATOR_PREFIX + name
 
 
 def builtin_sources() -> dict[str, Callable[[], Any]]:
-    from asyncrl import tasks
+    from asyncrl.tasks import families
 
     def skyrl() -> Any:
-        from asyncrl.envs.textenv import skyrl_source
+        from asyncrl.tasks.bridges.textenv import skyrl_source
 
         return skyrl_source
 
     def family(name: str) -> Callable[[], Any]:
-        return lambda: tasks.TASK_FAMILIES[name]
+        return lambda: families.TASK_FAMILIES[name]
 
     def openenv() -> Any:
-        from asyncrl.envs.openenv import openenv_source
+        from asyncrl.tasks.bridges.openenv import openenv_source
 
         return openenv_source
 
     return {"skyrl_gym": skyrl, "openenv": openenv,
-            **{name: family(name) for name in tasks.TASK_FAMILIES}}
-
-
-_CACHE: dict[tuple[str, str, int], TaskSource] = {}
+            **{name: family(name) for name in families.TASK_FAMILIES}}
 
 
 def load_source(name: str, options: Mapping[str, Any], seed: int, *,
                 key: str = "data.train") -> TaskSource:
     """The task source `name` names (see the module docstring), built with `options`
     (`data.generator_options`) and `seed` (`run.seed`). Errors are `ConfigError(key, ...)`."""
-    cache_key = (name, json.dumps(options, sort_keys=True, default=str), seed)
-    if cache_key not in _CACHE:
-        obj = resolve(name, kind="tasks", key=key, builtins=builtin_sources())
-        _CACHE[cache_key] = adapt(obj, name, dict(options), seed, key=key)
-    return _CACHE[cache_key]
+    obj = resolve(name, kind="tasks", key=key, builtins=builtin_sources())
+    return adapt(obj, name, dict(options), seed, key=key)
 
 
 def _is_from(obj: Any, package: str) -> bool:
@@ -76,7 +83,7 @@ def _is_from(obj: Any, package: str) -> bool:
 def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
           key: str = "data.train") -> TaskSource:
     """`obj` (what a source name resolved to) as a `TaskSource`."""
-    from asyncrl.tasks.base import TaskFamily
+    from asyncrl.tasks.families.base import TaskFamily
 
     if isinstance(obj, TaskSource):
         return obj
@@ -91,9 +98,9 @@ def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
                           dropped=dict(getattr(train, "dropped", None) or {}),
                           dropped_eval=dict(getattr(eval_, "dropped", None) or {}))
     if _is_from(obj, "verifiers.v1"):
-        from asyncrl.envs import verifiers_v1
+        from asyncrl.tasks.bridges import verifiers
 
-        return verifiers_v1.source(obj, name, options, seed, key=key)
+        return verifiers.source(obj, name, options, seed, key=key)
     if _is_from(obj, "verifiers"):
         raise ConfigError(key, f"{name!r} is a classic verifiers environment (verifiers <= "
                           "0.3), which asyncrl does not adapt: its rubric is a RubricGroup whose "
@@ -113,11 +120,3 @@ def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
     raise ConfigError(key, f"{name!r} is a {type(obj).__name__}, not a task source: expected "
                       "a task family, a TaskSource, a callable (options, seed) -> TaskSource, "
                       "a verifiers taskset or environment, or a text environment factory")
-
-
-def clear_cache() -> None:
-    """Forget built sources (tests; a process that builds many runs)."""
-    for src in _CACHE.values():
-        if src.close is not None:
-            src.close()
-    _CACHE.clear()

@@ -38,18 +38,18 @@ from asyncrl.records import Problem, RewardResult, Rollout
 
 log = get_logger(__name__)
 
-VERIFY_TARGET = "asyncrl.reward:verify_answer"
+VERIFY_TARGET = "asyncrl.tasks.rewards.math:verify_answer"
 """What the host runs: `verify_answer(pred, gold) -> bool`."""
-REWARD_PRELOAD: tuple[str, ...] = ("math_verify", "asyncrl.reward")
+REWARD_PRELOAD: tuple[str, ...] = ("math_verify", "asyncrl.tasks.rewards.math")
 """Modules worth preloading in the host's workers (math-verify's import takes ~1 s)."""
 
 _MAX_PLAIN_CHARS = 64
 
 
 def host_python_paths() -> tuple[str, ...]:
-    """Directories a jailed host must put on `sys.path` to import `asyncrl.reward` (the
+    """Directories a jailed host must put on `sys.path` to import this module (the
     directory holding the `asyncrl` package; an editable install is not in site-packages)."""
-    return (str(Path(__file__).resolve().parent.parent),)
+    return (str(Path(__file__).resolve().parents[3]),)
 
 
 class FunctionHost(Protocol):

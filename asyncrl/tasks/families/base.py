@@ -73,7 +73,7 @@ class TaskFamily:
     """Family-specific value checks (after the type checks); raises ValueError naming the option."""
     reward: Callable[[Any], Any] | None = None
     """The family's own answer check, `reward(ctx) -> async (problem, rollout) -> RewardResult`
-    given an `asyncrl.envs.source.TaskContext` (what `[task] reward = "auto"` uses); None: the
+    given an `asyncrl.tasks.task.TaskContext` (what `[task] reward = "auto"` uses); None: the
     math reward is right for its answers."""
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:

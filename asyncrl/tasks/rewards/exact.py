@@ -1,7 +1,7 @@
 """The embedding default reward: the last `\\boxed{}` equal to the answer after normalising.
 
 Owns `normalize_answer` and `exact_match_reward` (re-exported by `asyncrl.api`; named
-`exact_match` in `[task] reward`). Does not own the math reward (`asyncrl.reward`).
+`exact_match` in `[task] reward`). Does not own the math reward (`asyncrl.tasks.rewards.math`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from asyncrl import formats
 from asyncrl.records import Problem, RewardResult, Rollout
-from asyncrl.reward import plain_number
+from asyncrl.tasks.rewards.math import plain_number
 
 _DIGIT_GAP = re.compile(r"(?<=\d)\s+(?=\d)")
 _SPACE = re.compile(r"(?<!\d)\s+|\s+(?!\d)")

@@ -9,7 +9,7 @@ Owns `resolve(spec, kind=..., key=..., builtins=...)`. A spec is one of:
   `[project.entry-points."asyncrl.rewards"] my_reward = "my_pkg.rewards:score"`).
 
 Every failure is a `ConfigError` naming the key, with "did you mean" when a close name exists.
-Does not own: what the resolved object is used for (`asyncrl.envs.source`, `wiring`).
+Does not own: what the resolved object is used for (`asyncrl.tasks.source`, `wiring`).
 """
 
 from __future__ import annotations

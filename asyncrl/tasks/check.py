@@ -1,0 +1,97 @@
+"""The checks of a task config that its schema cannot make, run before anything starts
+(`asyncrl config check`, `asyncrl train --dry-run`, and `asyncrl train` itself).
+
+Owns: a built-in task family's `data.generator_options` (names, with "did you mean", and
+values, through the family's own `resolve_options`), and `check_task`: every plugin the config
+names imported, the task source built and one item of each split produced, as plan lines. A
+failure is a `ConfigError` naming the key.
+
+Does not own: the schema's own checks (`asyncrl.config`), the KV budget of one rollout
+(`asyncrl.policy.check_kv_budget`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import TYPE_CHECKING
+
+from asyncrl.errors import ConfigError
+from asyncrl.tasks.plugins import resolve
+from asyncrl.tasks.source import load_source, source_name
+from asyncrl.tasks.task import TaskContext, TaskSource
+from asyncrl.tasks.wiring import REWARD_NAMES, TOOL_NAMES, _as_tools, _names
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+
+
+def check_generator_options(cfg: RunConfig) -> None:
+    """`data.generator_options` as the `generator:` family of `data.train` / `data.eval` reads
+    them: an unknown name (with the close one) or a bad value names its key."""
+    from asyncrl.tasks.families import TASK_FAMILIES, get_family
+
+    d = cfg.data
+    for key in ("train", "eval"):
+        name = source_name(getattr(d, key), f"data.{key}")
+        if name is None or name not in TASK_FAMILIES:
+            continue  # a file, a plugin source, or a typo: `check_task` names it, with a hint
+        family = get_family(name)
+        unknown = sorted(set(d.generator_options) - set(family.defaults))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], list(family.defaults), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"data.generator_options.{unknown[0]}",
+                              f"not an option of {family.name}{hint} (known: "
+                              f"{', '.join(sorted(family.defaults))})")
+        try:
+            family.resolve_options(d.generator_options)
+        except ValueError as e:
+            named = re.search(r"option '(\w+)'", str(e))
+            where = f".{named.group(1)}" if named else ""
+            raise ConfigError(f"data.generator_options{where}", str(e)) from None
+
+
+def check_task(cfg: RunConfig) -> list[str]:
+    """Import every plugin the config names, build the task source and one item of each
+    split; the plan lines. Raises `ConfigError` naming the key."""
+    lines: list[str] = []
+    source = None
+    loaded: dict[str, TaskSource] = {}
+    for key in ("train", "eval"):
+        src = getattr(cfg.data, key)
+        name = source_name(src, f"data.{key}")
+        if name is None:
+            continue
+        if src not in loaded:
+            loaded[src] = load_source(name, cfg.data.generator_options, cfg.run.seed,
+                                      key=f"data.{key}")
+        s = loaded[src]
+        split = s.train if key == "train" else s.eval
+        if not split:
+            raise ConfigError(f"data.{key}", f"task source {src!r} gave no {key} problems")
+        first = split[0]
+        d = s.dropped if key == "train" else s.dropped_eval
+        dropped = f", dropped {dict(d)}" if d else ""
+        lines.append(f"task source {src}: {len(split)} {key} problems{dropped}; first: "
+                     f"{first.question[:60]!r} -> {first.answer[:20]!r}")
+        source = source or s
+    reward = cfg.task.reward
+    if reward not in REWARD_NAMES:
+        obj = resolve(reward, kind="rewards", key="task.reward", builtins=_names(REWARD_NAMES))
+        if not callable(obj):
+            raise ConfigError("task.reward", f"{reward!r} is a {type(obj).__name__}, not a "
+                              "function")
+    elif reward == "source" and (source is None or source.reward is None):
+        raise ConfigError("task.reward", "\"source\": the task source has no reward of its own")
+    own = reward in ("auto", "source") and source is not None and source.reward is not None
+    lines.append(f"reward: {reward}" + (" (the task source's own)" if own else
+                                        " (math)" if reward == "auto" else ""))
+    for spec in cfg.task.tools:
+        if spec not in TOOL_NAMES:
+            _as_tools(resolve(spec, kind="tools", key="task.tools", builtins=_names(TOOL_NAMES)), spec,
+                      TaskContext())
+        elif spec == "source" and (source is None or source.tools is None):
+            raise ConfigError("task.tools", "\"source\": the task source has no tools of its own")
+    lines.append(f"tools: {', '.join(cfg.task.tools) if cfg.rollout.tools else '(none)'}")
+    return lines
