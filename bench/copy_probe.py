@@ -41,9 +41,10 @@ def probe(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl import formats, tasks
+    from asyncrl import formats
     from asyncrl.sft.coldstart import REASON_TOOL
-    from asyncrl.tasks import tiny_math
+    from asyncrl.tasks import families as tasks
+    from asyncrl.tasks.families import tiny_math
 
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
@@ -88,7 +89,7 @@ def leak(path: Path, levels: list[int], n: int, seed_offset: int, system_prompt:
     """`gold_leak` of the model at `path` for each tool time, keyed `"{level}@{time}s"`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from asyncrl import tasks
+    from asyncrl.tasks import families as tasks
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()

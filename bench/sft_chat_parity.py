@@ -56,17 +56,29 @@ def _rows(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [r for r in rows if r["kind"] == kind]
 
 
+def _split(cfg: Any, tok: Any, fmt: Any, tools: Any, split: str) -> tuple[list[Any], Any]:
+    """The problems of `split` as the train loop filters them, and the task's solution
+    programs."""
+    from asyncrl.tasks.open import TaskSpec, load_task
+    from asyncrl.tasks.stream import filter_split
+
+    d = cfg.data
+    loaded = load_task(TaskSpec.of(cfg, splits=(split,)))
+    res = loaded.train if split == "train" else loaded.eval
+    kept = filter_split(res, getattr(d, split), split, tok, fmt, tools, d.max_prompt_tokens,
+                        d.system_prompt)
+    return kept.problems, loaded.solution_code
+
+
 def _export(cfg: Any, tok: Any, path: Path) -> int:
     """The transcripts the generator path trains on, as chat rows (see asyncrl.sft.stage.generator_pairs)."""
     from asyncrl import formats
-    from asyncrl.data import load_split
     from asyncrl.sft import coldstart as sft
 
     fmt = formats.get_format(cfg.rollout.tool_format)
     d, st = cfg.data, cfg.stages[0]
     tools = [formats.PYTHON_TOOL_SCHEMA] if cfg.rollout.tools else None
-    train = load_split(d.train, d.generator_options, cfg.run.seed, "train", tok, fmt, tools,
-                       d.max_prompt_tokens, d.system_prompt).problems
+    train, code_for = _split(cfg, tok, fmt, tools, "train")
     n = st.examples or st.steps * (st.batch_size or 16)
     probs = [train[i % len(train)] for i in range(n)]
     return sft.export_chat(probs, fmt, random.Random(cfg.run.seed), path,
@@ -75,13 +87,12 @@ def _export(cfg: Any, tok: Any, path: Path) -> int:
                            tool_fraction_by_level={
                                int(k): v for k, v in st.tool_fraction_by_level.items()},
                            tools=tools, system_prompt=d.system_prompt,
-                           max_chars=cfg.rollout.tool_output_max_chars)
+                           max_chars=cfg.rollout.tool_output_max_chars, code_for=code_for)
 
 
 def _held_out_loss(cfg: Any, run_dir: Path) -> float:
     """Token-mean NLL of the final weights on transcripts of the eval problems."""
     from asyncrl import formats, modeling
-    from asyncrl.data import load_split
     from asyncrl.sft import coldstart as sft
     from asyncrl.trainer import TRAINER_KINDS
 
@@ -90,11 +101,10 @@ def _held_out_loss(cfg: Any, run_dir: Path) -> float:
     fmt = formats.get_format(cfg.rollout.tool_format)
     d = cfg.data
     tools = [formats.PYTHON_TOOL_SCHEMA]
-    evals = load_split(d.eval, d.generator_options, cfg.run.seed, "eval", tok, fmt, tools,
-                       d.max_prompt_tokens, d.system_prompt).problems
+    evals, solution_code = _split(cfg, tok, fmt, tools, "eval")
     probs = [evals[i % len(evals)] for i in range(256)]
     st = cfg.stages[0]
-    ex = sft.build_sft_examples(probs, fmt, tok, random.Random(12345),
+    ex = sft.build_sft_examples(probs, fmt, tok, random.Random(12345), code_for=solution_code,
                                 tool_fraction=st.tool_fraction,
                                 fail_fix_fraction=st.fail_fix_fraction, tools=tools,
                                 system_prompt=d.system_prompt)

@@ -54,18 +54,20 @@ RESULTS = ROOT / "bench" / "results"
 def sft_batches(steps: int) -> tuple[Any, Any, list[list[tuple[list[int], list[int]]]]]:
     """(curriculum, tokenizer, `steps` batches of (ids, loss mask)) as tiny.toml's SFT stage
     makes them."""
-    from asyncrl import formats, modeling, tasks
+    from asyncrl import formats, modeling
     from asyncrl.sft.coldstart import build_sft_examples, corpus
+    from asyncrl.tasks import families as tasks
 
     cur = tomllib.loads((ROOT / "curricula" / "tiny.toml").read_text())
     opts = cur["data"]["generator_options"]
-    tok = modeling.train_tokenizer(corpus("tiny_math", opts, 0), cur["tokenizer"]["vocab_size"])
     train, _ = tasks.generate("tiny_math", opts, seed=0)
+    tok = modeling.train_tokenizer(corpus("tiny_math", train, tasks.solution_code, 0),
+                                   cur["tokenizer"]["vocab_size"])
     stage = next(s for s in cur["stages"] if s.get("kind") == "sft")
     bs = stage["batch_size"]
     examples = build_sft_examples(
         [train[i % len(train)] for i in range(steps * bs)], formats.get_format("markdown"), tok,
-        random.Random(0),
+        random.Random(0), code_for=tasks.solution_code,
         tool_fraction_by_level={int(k): v for k, v in stage["tool_fraction_by_level"].items()},
         fail_fix_by_level={int(k): v for k, v in stage["fail_fix_by_level"].items()},
         system_prompt=cur["data"]["system_prompt"])

@@ -37,13 +37,15 @@ SYSTEM = ("Solve the problem. To run Python, write a ```python block; its output
 def batch(tok: Any, rows: int) -> tuple[Any, Any]:
     import torch
 
-    from asyncrl import formats, tasks, templates
+    from asyncrl import formats, templates
     from asyncrl.sft.coldstart import build_sft_examples
+    from asyncrl.tasks import families as tasks
+    from asyncrl.tasks.families import solution_code
 
     fmt = templates.bind_format(formats.get_format("markdown"), tok, "model")
     train, _ = tasks.generate("tiny_math", {"train_size": 200, "eval_size": 8,
                                             "levels": [1, 2, 3]}, 0)
-    ex = build_sft_examples(train[:rows], fmt, tok, random.Random(0), tool_fraction=0.8,
+    ex = build_sft_examples(train[:rows], fmt, tok, random.Random(0), code_for=solution_code, tool_fraction=0.8,
                             fail_fix_fraction=0.3, system_prompt=SYSTEM, style="natural")
     n = max(len(e.input_ids) for e in ex)
     ids = torch.full((rows, n), tok.pad_token_id, dtype=torch.long)

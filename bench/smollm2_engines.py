@@ -39,7 +39,8 @@ SYSTEM = ("Solve the problem. To run Python, write a ```python block; its output
 
 
 def prompt_ids(tok: Any) -> list[int]:
-    from asyncrl import formats, tasks, templates
+    from asyncrl import formats, templates
+    from asyncrl.tasks import families as tasks
 
     fmt = templates.bind_format(formats.get_format("markdown"), tok, "model")
     problem = tasks.generate("tiny_math", {"train_size": 8, "eval_size": 2}, 0)[0][0]

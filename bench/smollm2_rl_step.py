@@ -80,9 +80,9 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[float]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from asyncrl import tasks
     from asyncrl.formats import extract_answer
     from asyncrl.modeling import load_model, load_tokenizer
+    from asyncrl.tasks import families as tasks
 
     torch.set_num_threads(args.threads)
     train, _ = tasks.generate("reasoning_gym", curriculum_data_options(), 0)

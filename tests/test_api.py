@@ -203,7 +203,7 @@ def test_config_check_names_each_path_missing_on_this_machine(capsys) -> None:
 
 
 async def test_a_tool_the_format_cannot_call_is_refused(run_dir) -> None:
-    from asyncrl.adapters import function_tool
+    from asyncrl.api import function_tool
 
     policy = load_policy(run_dir)  # the tiny curriculum's markdown format: ```python only
 

@@ -139,18 +139,19 @@ async def test_natural_cold_start_with_real_sandbox_outputs(tok, fmt, client) ->
     (the failing first tries included) run once in the real sandbox, its output and measured
     time in the transcript; the replay makes the recording pass's draws (kinds, broken
     programs), and each transcript is still the template's rendering."""
-    from asyncrl import tasks
     from asyncrl.sft.coldstart import SandboxOutputs, build_sft_examples
+    from asyncrl.tasks import families as tasks
+    from asyncrl.tasks.families import solution_code
 
     problems = tasks.generate("tiny_math", {"train_size": 24, "eval_size": 4,
                                             "levels": [1, 2, 3]}, 0)[0]
     args = {"tool_fraction": 0.8, "fail_fix_fraction": 0.5, "system_prompt": SYSTEM,
             "style": "natural"}
     outputs = SandboxOutputs()
-    recorded = build_sft_examples(problems, fmt, tok, random.Random(1), execute=outputs.record,
+    recorded = build_sft_examples(problems, fmt, tok, random.Random(1), code_for=solution_code, execute=outputs.record,
                                   **args)
     await outputs.run(PythonTool(client))
-    real = build_sft_examples(problems, fmt, tok, random.Random(1), execute=outputs.replay,
+    real = build_sft_examples(problems, fmt, tok, random.Random(1), code_for=solution_code, execute=outputs.replay,
                               **args)
     assert [e.kind for e in real] == [e.kind for e in recorded]
     assert {"tool", "fail_fix", "direct"} <= {e.kind for e in real}

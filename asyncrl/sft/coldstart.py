@@ -260,7 +260,7 @@ def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: rando
                 path: str | Path, tool_fraction: float = 0.5, fail_fix_fraction: float = 0.15,
                 direct_wrong_ok: bool = True, *,
                 tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS, system_prompt: str = "",
-                max_chars: int = 256, code_for: Callable[[Problem], str] | None = None,
+                max_chars: int = 256, code_for: Callable[[Problem], str] | None,
                 fail_fix_by_level: Mapping[int, float] | None = None,
                 tool_fraction_by_level: Mapping[int, float] | None = None) -> int:
     """Write the transcripts `build_sft_examples` would make (same arguments and `rng` state:
@@ -331,7 +331,7 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        fail_fix_fraction: float = 0.15, direct_wrong_ok: bool = True, *,
                        tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                        system_prompt: str = "", max_chars: int = 256,
-                       code_for: Callable[[Problem], str] | None = None,
+                       code_for: Callable[[Problem], str] | None,
                        fail_fix_by_level: Mapping[int, float] | None = None,
                        tool_fraction_by_level: Mapping[int, float] | None = None,
                        style: str = "markup", execute: Executor | None = None,
@@ -343,8 +343,8 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     lists. `tools`, `system_prompt` and
     `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
     `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
-    program (the task's `solution_code`; needed when any transcript calls the tool). `style` and `execute` as in `render_transcript`.
-    Deterministic for the same `rng` state (and the same executor's answers).
+    program (the task's `solution_code`; None only when no transcript calls the tool). `style`
+    and `execute` as in `render_transcript`. Deterministic for the same `rng` state (and the same executor's answers).
     """
     checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
                *((f"fail_fix_by_level[{lv}]", v) for lv, v in (fail_fix_by_level or {}).items()),
@@ -396,7 +396,7 @@ def corpus(name: str, problems: Sequence[Problem], code_for: Callable[[Problem],
     train = list(problems)
     fmts = [formats.get_format(f) for f in tool_formats]
     rng = random.Random(f"{name}/corpus/{seed}")
-    yield from corpus_texts(train[:max_transcripts], fmts, rng)
+    yield from corpus_texts(train[:max_transcripts], fmts, rng, code_for)
 
 
 # --------------------------------------------------------------------- real sandbox outputs

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.data import read_problem_file
 from asyncrl.errors import DataError
 from asyncrl.prepare import problems as prep
+from asyncrl.tasks.files import read_problem_file
 
 FIXTURES = Path(__file__).parents[1] / "data" / "fixtures"
 

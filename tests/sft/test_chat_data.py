@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from asyncrl import formats as F
-from asyncrl import tasks
 from asyncrl.errors import DataError
 from asyncrl.sft import coldstart as sft
 from asyncrl.sft.chat import load_chat
 from asyncrl.sft.layouts import BadRow, _python_calls, detect_layout, to_conversation
 from asyncrl.sft.render import render
 from asyncrl.sft.stage import SFTPlan
+from asyncrl.tasks import families as tasks
+from asyncrl.tasks.families import solution_code
 
 FIX = Path(__file__).parents[1] / "data" / "fixtures" / "chat"
 OPTS = {"train_size": 300, "eval_size": 10, "levels": [1, 2, 3]}
@@ -31,7 +32,7 @@ def problems():
 def tok():
     from asyncrl.modeling import train_tokenizer
 
-    return train_tokenizer(sft.corpus("tiny_math", OPTS, seed=0), vocab_size=512)
+    return train_tokenizer(sft.corpus("tiny_math", tasks.generate("tiny_math", OPTS, 0)[0], solution_code, 0), vocab_size=512)
 
 
 def _convs(name: str) -> list:
@@ -114,8 +115,8 @@ def test_builtin_renderer_reproduces_the_generator(problems, tok, fmt, kind) -> 
     """Two independent writers of the same transcript: the generator's segments and the chat
     row rendered by the built-in renderer give the same ids and mask."""
     for p in problems[:25]:
-        want = sft.tokenize(sft.render_transcript(p, fmt, kind, random.Random(p.id)), tok)
-        row = sft.transcript_messages(p, fmt, kind, random.Random(p.id))
+        want = sft.tokenize(sft.render_transcript(p, fmt, kind, random.Random(p.id), code=solution_code(p)), tok)
+        row = sft.transcript_messages(p, fmt, kind, random.Random(p.id), code=solution_code(p))
         (segs,) = render(to_conversation(json.loads(json.dumps(row))), fmt)
         assert sft.tokenize(segs, tok) == want
 
@@ -123,9 +124,10 @@ def test_builtin_renderer_reproduces_the_generator(problems, tok, fmt, kind) -> 
 def test_exported_transcripts_train_as_the_same_examples(problems, tok, tmp_path) -> None:
     kw = {"tool_fraction": 0.6, "fail_fix_fraction": 0.3,
           "system_prompt": "Solve it. Use ```python blocks."}
-    gen = sft.build_sft_examples(problems, F.MARKDOWN, tok, random.Random(5), **kw)
+    gen = sft.build_sft_examples(problems, F.MARKDOWN, tok, random.Random(5), code_for=solution_code, **kw)
     out = tmp_path / "sft.jsonl"
-    assert sft.export_chat(problems, F.MARKDOWN, random.Random(5), out, **kw) == len(problems)
+    assert sft.export_chat(problems, F.MARKDOWN, random.Random(5), out,
+                           code_for=solution_code, **kw) == len(problems)
     res = load_chat([str(out)], F.MARKDOWN, tok, max_tokens=4096)
     assert res.num_bad == 0
     assert [e.pair() for e in res.train] == [(e.input_ids, e.loss_mask) for e in gen]

@@ -9,8 +9,9 @@ import msgspec
 import pytest
 
 from asyncrl import formats as F
-from asyncrl import tasks
 from asyncrl.sft import coldstart as sft
+from asyncrl.tasks import families as tasks
+from asyncrl.tasks.families import solution_code
 
 OPTS = {"train_size": 600, "eval_size": 20, "levels": [1, 2, 3]}
 
@@ -25,7 +26,7 @@ def task_tokenizer():
     """The tiny curriculum's tokenizer: trained on the task corpus, vocab 1024."""
     from asyncrl.modeling import train_tokenizer
 
-    return train_tokenizer(sft.corpus("tiny_math", OPTS, seed=0), vocab_size=1024)
+    return train_tokenizer(sft.corpus("tiny_math", tasks.generate("tiny_math", OPTS, 0)[0], solution_code, 0), vocab_size=1024)
 
 
 def _runs(ex: sft.SFTExample, tok) -> list[tuple[int, str]]:
@@ -43,7 +44,7 @@ def _runs(ex: sft.SFTExample, tok) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("kind", sft.KINDS)
 def test_tokens_decode_to_the_rendered_text(problems, task_tokenizer, fmt, kind) -> None:
     for p in problems[:30]:
-        segs = sft.render_transcript(p, fmt, kind, random.Random(p.id))
+        segs = sft.render_transcript(p, fmt, kind, random.Random(p.id), code=solution_code(p))
         ids, mask = sft.tokenize(segs, task_tokenizer)
         assert len(ids) == len(mask)
         # token-in/token-out: each segment on its own, as the agent loop appends tool outputs
@@ -57,7 +58,7 @@ def test_tokens_decode_to_the_rendered_text(problems, task_tokenizer, fmt, kind)
 
 @pytest.mark.parametrize("fmt", [F.MARKDOWN, F.HERMES], ids=lambda f: f.name)
 def test_masks_calls_and_outputs_line_up(problems, task_tokenizer, fmt) -> None:
-    examples = sft.build_sft_examples(problems[:200], fmt, task_tokenizer, random.Random(0))
+    examples = sft.build_sft_examples(problems[:200], fmt, task_tokenizer, random.Random(0), code_for=solution_code)
     eos = task_tokenizer.eos_token_id
     seen = set()
     times = []
@@ -98,7 +99,7 @@ def test_masks_calls_and_outputs_line_up(problems, task_tokenizer, fmt) -> None:
 
 def test_kind_fractions_follow_the_arguments(problems, task_tokenizer) -> None:
     def mix(**kw) -> dict[str, float]:
-        ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1), **kw)
+        ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1), code_for=solution_code, **kw)
         return {k: sum(e.kind == k for e in ex) / len(ex) for k in sft.KINDS}
 
     m = mix()
@@ -108,7 +109,7 @@ def test_kind_fractions_follow_the_arguments(problems, task_tokenizer) -> None:
     assert m["direct"] == pytest.approx(0.8, abs=0.05)
     assert m["fail_fix"] == pytest.approx(0.1, abs=0.04)
     # direct answers only where a small model could compute them
-    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1),
+    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(1), code_for=solution_code,
                                 direct_wrong_ok=False)
     by_id = {p.id: p for p in problems}
     direct = [e for e in ex if e.kind == "direct"]
@@ -116,14 +117,14 @@ def test_kind_fractions_follow_the_arguments(problems, task_tokenizer) -> None:
 
 
 def test_deterministic_for_the_rng_state(problems, task_tokenizer) -> None:
-    a = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5))
-    b = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5))
+    a = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5), code_for=solution_code)
+    b = sft.build_sft_examples(problems[:50], F.MARKDOWN, task_tokenizer, random.Random(5), code_for=solution_code)
     assert a == b
 
 
 def test_transcripts_fit_the_tiny_response_budgets(problems, task_tokenizer) -> None:
     """tiny.toml: 96 response tokens in the first RL stage, 160 after; prompts <= 256."""
-    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(2))
+    ex = sft.build_sft_examples(problems, F.MARKDOWN, task_tokenizer, random.Random(2), code_for=solution_code)
     resp = {k: [len(e.loss_mask) - e.loss_mask.index(1) for e in ex if e.kind == k]
             for k in sft.KINDS}
     assert max(resp["direct"]) <= 32
@@ -146,20 +147,20 @@ def test_broken_code_really_fails() -> None:
 
 def test_bad_arguments_are_rejected(problems, task_tokenizer) -> None:
     with pytest.raises(ValueError, match="tool_fraction"):
-        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0),
+        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0), code_for=solution_code,
                                tool_fraction=1.5)
     with pytest.raises(ValueError, match="tool"):
-        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0),
+        sft.build_sft_examples(problems[:2], F.MARKDOWN, task_tokenizer, random.Random(0), code_for=solution_code,
                                tools=None)
     wrong = msgspec.structs.replace(problems[0], answer="-1")
     with pytest.raises(ValueError, match="expected '-1'"):
-        sft.render_transcript(wrong, F.MARKDOWN, "tool", random.Random(0))
+        sft.render_transcript(wrong, F.MARKDOWN, "tool", random.Random(0), code=solution_code(wrong))
 
 
 def test_fail_fix_by_level_overrides_the_fraction_for_those_levels(task_tokenizer) -> None:
     probs = tasks.generate("tiny_math", {"train_size": 800, "eval_size": 0,
                                          "levels": [3, 4]}, seed=0)[0]
-    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(3),
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(3), code_for=solution_code,
                                 tool_fraction=1.0, fail_fix_fraction=0.1,
                                 fail_fix_by_level={4: 0.8})
     level = {p.id: p.difficulty for p in probs}
@@ -171,7 +172,7 @@ def test_fail_fix_by_level_overrides_the_fraction_for_those_levels(task_tokenize
     assert share(3) == pytest.approx(0.1, abs=0.05)
     assert share(4) == pytest.approx(0.8, abs=0.06)
     with pytest.raises(ValueError, match=r"fail_fix_by_level\[4\]"):
-        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3),
+        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3), code_for=solution_code,
                                fail_fix_by_level={4: 1.5})
 
 
@@ -179,7 +180,7 @@ def test_tool_fraction_by_level_overrides_the_share_of_tool_transcripts(task_tok
     """tiny.toml's cold start: easy problems mostly answered directly, hard ones with the tool."""
     probs = tasks.generate("tiny_math", {"train_size": 900, "eval_size": 0,
                                          "levels": [1, 2, 3]}, seed=0)[0]
-    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(4),
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, task_tokenizer, random.Random(4), code_for=solution_code,
                                 tool_fraction=0.5, tool_fraction_by_level={1: 0.2, 3: 0.8})
     level = {p.id: p.difficulty for p in probs}
 
@@ -191,7 +192,7 @@ def test_tool_fraction_by_level_overrides_the_share_of_tool_transcripts(task_tok
     assert tool_share(2) == pytest.approx(0.5, abs=0.07)  # not listed: keeps tool_fraction
     assert tool_share(3) == pytest.approx(0.8, abs=0.06)
     with pytest.raises(ValueError, match=r"tool_fraction_by_level\[1\]"):
-        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3),
+        sft.build_sft_examples(probs[:2], F.MARKDOWN, task_tokenizer, random.Random(3), code_for=solution_code,
                                tool_fraction_by_level={1: -0.1})
 
 
@@ -201,9 +202,9 @@ def test_level_4_transcripts_fit_the_evidence_budget() -> None:
     from asyncrl.modeling import train_tokenizer
 
     opts = {"train_size": 400, "eval_size": 0, "levels": [1, 2, 3, 4]}
-    tok = train_tokenizer(sft.corpus("tiny_math", opts, seed=0), vocab_size=1024)
+    tok = train_tokenizer(sft.corpus("tiny_math", tasks.generate("tiny_math", opts, 0)[0], solution_code, 0), vocab_size=1024)
     probs = [p for p in tasks.generate("tiny_math", opts, seed=0)[0] if p.difficulty == 4]
-    ex = sft.build_sft_examples(probs, F.MARKDOWN, tok, random.Random(2), tool_fraction=1.0,
+    ex = sft.build_sft_examples(probs, F.MARKDOWN, tok, random.Random(2), code_for=solution_code, tool_fraction=1.0,
                                 fail_fix_fraction=1.0)
     longest = max(len(e.loss_mask) - e.loss_mask.index(1) for e in ex)
     assert longest <= 200, longest

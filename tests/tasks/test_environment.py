@@ -9,8 +9,14 @@ import json
 import pytest
 from fakes.scripted_engine import ScriptedEngine
 
-from asyncrl.adapters import from_environment, function_tool, rubric_reward
-from asyncrl.api import Problem, RolloutSettings, rollouts
+from asyncrl.api import (
+    Problem,
+    RolloutSettings,
+    from_environment,
+    function_tool,
+    rollouts,
+    rubric_reward,
+)
 from asyncrl.errors import ToolCallError
 from asyncrl.records import Rollout
 

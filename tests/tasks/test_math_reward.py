@@ -9,7 +9,7 @@ from fractions import Fraction
 import pytest
 
 from asyncrl.records import Problem, Rollout
-from asyncrl.reward import (
+from asyncrl.tasks.rewards.math import (
     REWARD_PRELOAD,
     VERIFY_TARGET,
     MathReward,

@@ -15,9 +15,9 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 
 from asyncrl.api import RolloutSettings, rollouts
-from asyncrl.envs.openenv import openenv_source
-from asyncrl.envs.source import TaskContext
-from asyncrl.envs.wiring import build_reward
+from asyncrl.tasks.bridges.openenv import openenv_source
+from asyncrl.tasks.task import TaskContext
+from asyncrl.tasks.wiring import build_reward
 
 
 class GuessAction(Action):

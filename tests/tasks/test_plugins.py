@@ -15,9 +15,11 @@ from micro_config import MICRO_MODEL, ROOT
 
 from asyncrl import config
 from asyncrl.api import RolloutSettings, rollouts
-from asyncrl.envs.source import TaskContext, clear_cache, load_source
-from asyncrl.envs.wiring import build_reward, build_tools, check_task
 from asyncrl.errors import ConfigError
+from asyncrl.tasks.check import check_task
+from asyncrl.tasks.source import load_source
+from asyncrl.tasks.task import TaskContext
+from asyncrl.tasks.wiring import build_reward, build_tools
 
 PLUGIN = '''
 from asyncrl.records import Problem, RewardResult
@@ -59,9 +61,7 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "myplug.py").write_text(PLUGIN)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    clear_cache()
     yield tmp_path
-    clear_cache()
     sys.modules.pop("myplug", None)
 
 
@@ -160,3 +160,52 @@ def test_an_installed_entry_point_is_a_plugin_name(plugin_dir: Path,
     bad = config.from_dict({**config.to_dict(cfg), "task": {"reward": "speled"}})
     with pytest.raises(ConfigError, match="did you mean 'spelled'"):
         check_task(bad)
+
+
+def test_a_run_loads_each_split_of_its_task_once(plugin_dir: Path) -> None:
+    """`asyncrl train` on a plugin source: the source is built once for the whole run (both
+    splits, the tokenizer corpus, reward and tools, training and evaluation all read what the
+    runtime opened) and closed once when the run ends."""
+    from micro_config import MICRO_RL_TAIL, metric_rows, run_ok
+
+    (plugin_dir / "counted.py").write_text(textwrap.dedent('''
+        from asyncrl.tasks.task import TaskSource
+        import myplug
+
+        def _note(what):
+            with open("calls.txt", "a") as f:
+                f.write(what + "\\n")
+
+        def make(options, seed):
+            _note("load")
+            train, held_out = myplug.make(options, seed)
+            return TaskSource(name="counted", train=train, eval=held_out,
+                              close=lambda: _note("close"))
+        '''))
+    cfg = plugin_dir / "count.toml"
+    cfg.write_text(MICRO_MODEL + textwrap.dedent("""
+        [data]
+        train = "generator:counted:make"
+        eval = "generator:counted:make"
+        [data.generator_options]
+        n = 5
+        [task]
+        reward = "myplug:spelled"
+        tools = ["python"]
+        [rollout]
+        prompts_per_step = 2
+        samples_per_prompt = 2
+        group_size = 2
+        max_turns = 1
+        max_response_tokens = 8
+        tool_format = "markdown"
+        [roc]
+        min_pos = 0
+        min_neg = 0
+        """) + MICRO_RL_TAIL)
+    run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
+            str(plugin_dir / "run")], cwd=plugin_dir, python_path=f"{ROOT}:{plugin_dir}")
+    assert (plugin_dir / "calls.txt").read_text().split() == ["load", "close"]
+    (data,) = metric_rows(plugin_dir / "run", "data")
+    assert (data["train"], data["eval"]) == (4, 1)
+    assert [r["step"] for r in metric_rows(plugin_dir / "run", "rl_step")] == [1, 2]

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from asyncrl.records import Problem, Rollout
-from asyncrl.reward import numeric_verdict
-from asyncrl.tasks import generate, solution_code
-from asyncrl.tasks.gym_checks import GymReward, check
+from asyncrl.tasks.families import generate, solution_code
+from asyncrl.tasks.families.gym_checks import GymReward, check
+from asyncrl.tasks.rewards.math import numeric_verdict
 
 reasoning_gym = pytest.importorskip("reasoning_gym")  # installed by dev: tests/test_dev_extras.py
 
@@ -80,7 +80,7 @@ def test_the_math_reward_reads_e_notation_as_a_number() -> None:
 
 async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
     ds = reasoning_gym.create_dataset("bitwise_arithmetic", seed=0, size=1)
-    from asyncrl.tasks.gym_checks import ENTRIES
+    from asyncrl.tasks.families.gym_checks import ENTRIES
 
     ENTRIES[("bitwise_arithmetic", ds[0]["question"])] = dict(ds[0])
     p = Problem(id="b", question=ds[0]["question"], answer=ds[0]["answer"],

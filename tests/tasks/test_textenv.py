@@ -13,11 +13,12 @@ from fakes.scripted_engine import ScriptedEngine
 from micro_config import MICRO_MODEL, MICRO_RL_TAIL, metric_rows, run_ok, saved_rollouts
 
 from asyncrl.api import RolloutSettings, rollouts
-from asyncrl.envs.source import TaskContext, adapt
-from asyncrl.envs.textenv import skyrl_source, text_env_source
-from asyncrl.envs.wiring import build_reward
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem
+from asyncrl.tasks.bridges.textenv import skyrl_source, text_env_source
+from asyncrl.tasks.source import adapt
+from asyncrl.tasks.task import TaskContext
+from asyncrl.tasks.wiring import build_reward
 
 skyrl_gym = pytest.importorskip("skyrl_gym")  # installed by dev: tests/test_dev_extras.py
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from asyncrl import tasks
 from asyncrl.sft.coldstart import corpus, run_trusted
+from asyncrl.tasks import families as tasks
 
 OPTS = {"train_size": 300, "eval_size": 60, "levels": [1, 2, 3, 4]}
 
@@ -133,7 +133,8 @@ def test_unknown_family_and_impossible_sizes() -> None:
 
 
 def test_corpus_covers_the_markup_of_both_formats() -> None:
-    text = "\n".join(corpus("tiny_math", {"train_size": 30, "eval_size": 5}, seed=0))
+    train, _ = tasks.generate("tiny_math", {"train_size": 30, "eval_size": 5}, 0)
+    text = "\n".join(corpus("tiny_math", train, tasks.solution_code, seed=0))
     for mark in ["<|im_start|>system", "<reason>", "</answer>", "\\boxed{", "```python\n",
                  "```output\n", "<tool_call>", "<tool_response>", "Execution failed (error).",
                  "Execution succeeded.", "<|im_end|>"]:

@@ -10,9 +10,10 @@ import pytest
 from fakes.scripted_engine import ScriptedEngine
 
 from asyncrl.api import RolloutSettings, rollouts
-from asyncrl.envs.source import TaskContext, adapt
-from asyncrl.envs.wiring import build_reward, build_tools
 from asyncrl.errors import ConfigError
+from asyncrl.tasks.source import adapt
+from asyncrl.tasks.task import TaskContext
+from asyncrl.tasks.wiring import build_reward, build_tools
 
 vf = pytest.importorskip("verifiers.v1")  # installed by dev: tests/test_dev_extras.py
 from examples.verifiers_arith.arith_env import ArithTaskset  # noqa: E402 (imports verifiers)
@@ -188,7 +189,7 @@ def test_the_example_curriculum_names_a_verifiers_taskset_and_checks() -> None:
     from micro_config import ROOT
 
     from asyncrl import config
-    from asyncrl.envs.wiring import check_task
+    from asyncrl.tasks.check import check_task
 
     cfg = config.load(ROOT / "examples" / "verifiers_arith" / "curriculum.toml")
     lines = check_task(cfg)
