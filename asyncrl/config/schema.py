@@ -120,7 +120,7 @@ class TaskSection(_Section, frozen=True, kw_only=True):
     `data.train` / `data.eval`: a file, or `generator:NAME` where NAME is a built-in task
     family (`tiny_math`, `reasoning_gym`), a plugin `module:attr` or an installed entry point
     of group `asyncrl.tasks` (a verifiers taskset or environment, a text environment, a
-    `TaskSource`; see docs/recipe.md, "Your own tasks")."""
+    `TaskSource`; see docs/tasks.md)."""
 
     reward: str = "auto"
     """`auto`: the task source's own answer check when it has one (a verifiers taskset's
