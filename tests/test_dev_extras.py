@@ -1,5 +1,5 @@
 """The task-source packages that the `dev` extra installs (through `test-envs`) are there, so
-their tests in `tests/envs` and `tests/tasks`, which skip without them (a machine with only
+their tests in `tests/tasks`, which skip without them (a machine with only
 the core dependencies, such as a lent GPU machine, collects them without errors), never skip
 quietly in CI or on a developer's machine."""
 
