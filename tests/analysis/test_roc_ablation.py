@@ -15,7 +15,7 @@ from asyncrl.analysis import ablation_report as report
 from asyncrl.analysis import ablation_runs as runs
 from asyncrl.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stages_split_and_render_as_overrides_that_load_back() -> None:
