@@ -31,8 +31,8 @@ from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.errors import RunStopped
-from asyncrl.evaluation import some_answered, summarize, with_greedy
 from asyncrl.formats import PYTHON_TOOL
+from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report

@@ -8,7 +8,7 @@ policy that calls the tool but copies a digit wrong shows here, whether or not i
 choose the tool greedily (the held-out eval mixes the two).
 
 A second measure needs no decoding (`--leak-only` runs it alone, in seconds): the
-teacher-forced leak on gold tool transcripts (`asyncrl/observe/copy_leak.py` defines it), 1 -
+teacher-forced leak on gold tool transcripts (`asyncrl/analysis/copy_leak.py` defines it), 1 -
 p(gold token) summed per transcript by part of the answer, for each execution time shown in the
 output (`--tool-times`: a model should not care which).
 
@@ -29,8 +29,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from asyncrl.observe.answer_parts import CLASSES
-from asyncrl.observe.copy_leak import gold_leak
+from asyncrl.analysis.answer_parts import CLASSES
+from asyncrl.analysis.copy_leak import gold_leak
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -4,7 +4,7 @@ For each RL checkpoint (`RUN/checkpoints/step_*/trainer/trainer.pt`), the exact
 KL(pi_cold || pi_step) over the cold start's sampled eval answers, summed per answer and split
 by part of the answer (choice, code digits, code other, answer, other), beside the relative
 weight change ||w - w_cold|| / ||w_cold|| for the embedding, the attention, the MLPs and the
-norms. The measures are `asyncrl/observe/policy_drift.py`; this script prints them.
+norms. The measures are `asyncrl/analysis/policy_drift.py`; this script prints them.
 
     python bench/policy_drift.py COLD_RUN RUN [MORE_RUNS ...] [--max-answers N]
 
@@ -20,8 +20,8 @@ import argparse
 import json
 from pathlib import Path
 
+from asyncrl.analysis.policy_drift import markdown, measure
 from asyncrl.errors import DataError, ModelError
-from asyncrl.observe.policy_drift import markdown, measure
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

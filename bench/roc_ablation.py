@@ -22,8 +22,8 @@ trained on, the mean response length, and the RL wall time. Each RoC arm minus e
 paired by seed, with its interval. Curves per RL step (tool-error ratios, response length) and
 per evaluation (greedy, avg@k, tool errors of correct answers) go to a plot. Writes
 `bench/results/roc_ablation.{json,md,png}` and appends progress to `runs/ablation/progress.log`.
-The arms and what is read from a run are `asyncrl/observe/ablation_runs.py`, the statistics and
-the tables `asyncrl/observe/ablation_report.py`; this script runs the trainings and writes.
+The arms and what is read from a run are `asyncrl/analysis/ablation_runs.py`, the statistics and
+the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings and writes.
 
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
         [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
@@ -43,9 +43,9 @@ import sys
 import time
 from pathlib import Path
 
+from asyncrl.analysis.ablation_report import markdown, paired, summarise
+from asyncrl.analysis.ablation_runs import ARMS, read_arm, read_sft, split_stages, toml_value
 from asyncrl.errors import ConfigError, DataError
-from asyncrl.observe.ablation_report import markdown, paired, summarise
-from asyncrl.observe.ablation_runs import ARMS, read_arm, read_sft, split_stages, toml_value
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

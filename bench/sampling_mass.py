@@ -3,7 +3,7 @@
 Per evaluation of each run, the expected number of places a temperature-1 sample departs from
 the greedy answer, split by part of the answer (choice, code digits, code other, answer,
 other), and where the wrong sampled answers went wrong (head, program, copy, no answer). The
-measures and their definitions are `asyncrl/observe/sampling_mass.py`; this script prints them.
+measures and their definitions are `asyncrl/analysis/sampling_mass.py`; this script prints them.
 A policy can be 100% right greedily and still lose a fifth of its sampled answers this way: the
 figures say which part of the answer to sharpen.
 
@@ -19,8 +19,8 @@ import argparse
 import json
 from pathlib import Path
 
-from asyncrl.observe.answer_parts import CLASSES
-from asyncrl.observe.sampling_mass import MISSES, eval_files, mass, misses
+from asyncrl.analysis.answer_parts import CLASSES
+from asyncrl.analysis.sampling_mass import MISSES, eval_files, mass, misses
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"

@@ -20,8 +20,8 @@ beside `--busy` processes of this bench's own that spin on the CPU (each bounded
 ended with the bench). A laptop with a browser open, or a shared machine, is the contended
 case; libgomp's spin-waiting threads made it 5-10x slower than the idle one there with a
 fixed thread count. By default (`--threads 0`) the trainer chooses its thread count by timing
-its steps, as a run's does (`asyncrl.cpu.ThreadTuner`); `--threads N` fixes it (the old
-behaviour). The contended row's steps follow the idle row's, so its median includes the
+its steps, as a run's does (`asyncrl.trainer.threads.ThreadTuner`); `--threads N` fixes it
+(the old behaviour). The contended row's steps follow the idle row's, so its median includes the
 steps the tuner takes to notice the busy processes.
 
 `--main-pool` first copies a large tensor on the main thread. That leaves the main thread an

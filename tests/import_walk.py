@@ -70,6 +70,32 @@ def imported_names(path: Path) -> set[str]:
     return out
 
 
+def package_graphs(graph: dict[str, set[str]]) -> dict[str, dict[str, set[str]]]:
+    """package -> the graph of its direct children (modules and subpackages): an edge c1 -> c2
+    where any module in or under c1 imports any module in or under c2. A package's `__init__`
+    is not its own child; the package itself counts, namespace packages included."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for mod in graph:
+        parts = mod.split(".")
+        for i in range(1, len(parts)):
+            out.setdefault(".".join(parts[:i]), {})
+    for pkg, children in out.items():
+        def child(m: str, pkg: str = pkg) -> str | None:
+            if not m.startswith(pkg + "."):
+                return None
+            return pkg + "." + m[len(pkg) + 1:].split(".")[0]
+
+        for mod, targets in graph.items():
+            if (a := child(mod)) is None:
+                continue
+            children.setdefault(a, set())
+            for t in targets:
+                if (b := child(t)) is not None and b != a:
+                    children[a].add(b)
+                    children.setdefault(b, set())
+    return out
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}

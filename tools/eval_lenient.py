@@ -1,4 +1,4 @@
-"""Strict and lenient accuracy of saved evaluation answers (`asyncrl.observe.lenient`).
+"""Strict and lenient accuracy of saved evaluation answers (`asyncrl.analysis.lenient`).
 
     python tools/eval_lenient.py runs/smollm2-shipped/eval/*.jsonl runs/smollm2/eval/*.jsonl
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from asyncrl.observe.lenient import rescore_file
+from asyncrl.analysis.lenient import rescore_file
 
 
 def main() -> None:

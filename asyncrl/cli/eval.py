@@ -32,8 +32,8 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     """k samples per problem at `temperature` (default: `eval.temperature`, else the training
     temperature) and, with `greedy` (default: `eval.greedy`), one greedy answer each: the
     figures of `asyncrl.evaluation.with_greedy`, as in training."""
-    from asyncrl.evaluation import format_table, summarize, with_greedy, write_summary
     from asyncrl.observe import metrics as metrics_mod
+    from asyncrl.observe.evaluation import format_table, summarize, with_greedy, write_summary
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime

@@ -192,8 +192,8 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     """Data-parallel wrapper when run under torchrun with world size > 1."""
     threads: NonNegInt = 0
     """torch intra-op threads. 0 = on a CPU, SFT steps choose between torch's default and
-    fewer by timing themselves (`asyncrl.cpu.ThreadTuner`: fewer while other programs want the
-    cores); elsewhere torch's default. N fixes the count (bit-for-bit repeatable runs)."""
+    fewer by timing themselves (`asyncrl.trainer.threads.ThreadTuner`: fewer while other
+    programs want the cores); elsewhere torch's default. N fixes the count (bit-for-bit repeatable runs)."""
     lora: LoraSection | None = None
     """Train LoRA adapters instead of every parameter (`[trainer.lora]`, needs the `lora`
     extra, PEFT); unset = full-parameter training."""

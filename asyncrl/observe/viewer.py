@@ -170,8 +170,8 @@ def _section(title: str, kind: str, step: int, groups: Sequence[Group], *,
 def eval_figures(groups: Sequence[Group]) -> list[dict[str, Any]]:
     """An eval section's figures, for all problems and per level: problems, samples per
     problem (k), avg@k, maj@k, pass@k and the tool-error ratio of the correct answers
-    (`asyncrl.evaluation.summarize`; k = the fewest samples any problem has)."""
-    from asyncrl.evaluation import summarize
+    (`asyncrl.observe.evaluation.summarize`; k = the fewest samples any problem has)."""
+    from asyncrl.observe.evaluation import summarize
 
     groups = [g for g in groups if g.rollouts]
     if not groups:

@@ -90,7 +90,7 @@ class TorchTrainer:
             raise TrainerError("algorithm.lr_schedule = cosine needs total_steps")
         self.world_size, self.rank = _init_distributed(cfg)
         self.device = _device(cfg.device)
-        self._tuner: Any = None  # asyncrl.cpu.ThreadTuner of the SFT steps, made at the first
+        self._tuner: Any = None  # ThreadTuner (.threads) of the SFT steps, made at the first
         if self.world_size > 1 and cfg.parallel == "none":
             raise TrainerError(f"trainer.parallel is 'none' but the world size is "
                                f"{self.world_size}; use 'ddp' or 'fsdp2' under torchrun")
@@ -371,12 +371,12 @@ class TorchTrainer:
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples. On a CPU
         with `threads = 0`, the thread count of each step is chosen by timing the steps per
-        token (`asyncrl.cpu.ThreadTuner`: all of torch's threads on an idle machine, fewer when
-        other programs want the cores); each change is logged (`torch_threads`)."""
+        token (`asyncrl.trainer.threads.ThreadTuner`: all of torch's threads on an idle
+        machine, fewer when other programs want the cores); each change is logged (`torch_threads`)."""
         if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
             return step.sft_step(self, examples)
         if self._tuner is None:
-            from asyncrl.cpu import ThreadTuner
+            from asyncrl.trainer.threads import ThreadTuner
 
             self._tuner = ThreadTuner(most=torch.get_num_threads())
         n, was = self._tuner.threads(), self._tuner.current

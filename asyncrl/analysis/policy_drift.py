@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from asyncrl.analysis.answer_parts import CLASSES, classify
 from asyncrl.errors import DataError, ModelError
-from asyncrl.observe.answer_parts import CLASSES, classify
 
 GROUPS = ("embedding", "attention", "mlp", "norms")
 

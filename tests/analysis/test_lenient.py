@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from asyncrl.observe.lenient import last_number, rescore_file
+from asyncrl.analysis.lenient import last_number, rescore_file
 from asyncrl.records import Group, Problem, Rollout, save_jsonl
 
 

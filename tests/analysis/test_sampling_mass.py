@@ -1,4 +1,4 @@
-"""asyncrl.observe.answer_parts and .sampling_mass: which part of an answer each token belongs
+"""asyncrl.analysis.answer_parts and .sampling_mass: which part of an answer each token belongs
 to, and the expected departures of a temperature-1 sample from the greedy path, from an eval
 file's log-probs."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.observe import sampling_mass
-from asyncrl.observe.answer_parts import classify
+from asyncrl.analysis import sampling_mass
+from asyncrl.analysis.answer_parts import classify
 
 PIECES = ["<reason>", "Compute", " it", "</reason>\n", "```python\n", "print", "(", "4", "1",
           " *", " ", "7", ")\n", "```\n", "```output\n", "287\n", "```\n", "<answer>", "\\boxed{",

@@ -1,4 +1,4 @@
-"""asyncrl.observe.ablation_runs and .ablation_report: the stage split and its `--set`
+"""asyncrl.analysis.ablation_runs and .ablation_report: the stage split and its `--set`
 rendering, the arms, the run-level ratios and the statistics over seeds (the runs themselves,
 `bench/roc_ablation.py`, are minutes each)."""
 
@@ -11,11 +11,11 @@ import pytest
 
 from asyncrl import config
 from asyncrl.algo.roc import POSITIVE_RULES, SELECT_KINDS
+from asyncrl.analysis import ablation_report as report
+from asyncrl.analysis import ablation_runs as runs
 from asyncrl.errors import ConfigError
-from asyncrl.observe import ablation_report as report
-from asyncrl.observe import ablation_runs as runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stages_split_and_render_as_overrides_that_load_back() -> None:

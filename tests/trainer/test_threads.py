@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.cpu import ThreadTuner
+from asyncrl.trainer.threads import ThreadTuner
 
 # ms per tiny SFT step on 2 cores (bench/sft_step.py): idle, and beside one busy process
 IDLE = {2: 0.34, 1: 0.55}

@@ -1,4 +1,4 @@
-"""asyncrl.observe.policy_drift: KL from the cold-start policy by part of the answer, and the
+"""asyncrl.analysis.policy_drift: KL from the cold-start policy by part of the answer, and the
 relative weight change, read from a real tiny model and checkpoints in the trainer's file
 layout."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.analysis import policy_drift as drift
 from asyncrl.errors import ModelError
-from asyncrl.observe import policy_drift as drift
 
 
 def _cold_run(tmp_path: Path, tokenizer, model) -> Path:
