@@ -43,8 +43,8 @@ from asyncrl.rollout.agent import EnvHook, RolloutSettings
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rollout.runner import RewardFn, RolloutRunner
 from asyncrl.rollout.tools import FunctionTool, PythonTool, Tool, ToolOutcome
-from asyncrl.tasks.bridges.environment import from_environment
 from asyncrl.tasks.bridges.functions import function_tool
+from asyncrl.tasks.environment import from_environment
 from asyncrl.tasks.rewards.exact import exact_match_reward, normalize_answer
 from asyncrl.tasks.rewards.rubric import rubric_reward
 from asyncrl.tasks.task import Task

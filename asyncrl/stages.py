@@ -2,8 +2,9 @@
 
 Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
 problems a `hard` stage trains on (those the current policy does not solve k/k), and the
-learning rate, response budget, eval temperature and rollout settings in force; `TrainState`, where a run is in its curriculum (the
-part of a checkpoint besides weights and optimizer). Does not own: running rollouts or
+response budget, eval temperature and rollout settings in force (a stage's learning rate is
+`asyncrl.algo.schedule.stage_lr`); `TrainState`, where a run is in its curriculum (the part of
+a checkpoint besides weights and optimizer). Does not own: running rollouts or
 evaluations (the train loop feeds results in).
 """
 
@@ -76,16 +77,6 @@ def stage_done(stage: StageSection, steps_done: int, plateaued: bool) -> bool:
 def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
     """Problems not solved every time (fewer than k of k samples correct)."""
     return {pid for pid, c in correct_counts.items() if c < k}
-
-
-def stage_lr(stage: StageSection, base_lr: float, step: int = 0) -> float:
-    """The stage's learning rate before its step `step` (0-based): its `lr` (else `base_lr`),
-    scaled linearly down over the last `lr_decay_steps` steps (step k of n gets (n - k) / n of
-    it, so the last step still moves)."""
-    lr = stage.lr or base_lr
-    n = stage.lr_decay_steps
-    left = stage.steps - step
-    return lr * left / n if n and left < n else lr
 
 
 def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:

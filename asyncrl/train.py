@@ -27,6 +27,7 @@ from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl import modeling
 from asyncrl.algo.roc import apply_roc
+from asyncrl.algo.schedule import stage_lr
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
@@ -51,7 +52,6 @@ from asyncrl.stages import (
     plateau_update,
     rollout_settings,
     stage_done,
-    stage_lr,
 )
 from asyncrl.stopping import StopRequest, signal_handlers
 from asyncrl.tasks.files import LoadResult
@@ -317,7 +317,7 @@ class StageRunner:
 
     async def evaluate(self, label: str, stage: StageSection | None = None) -> dict[str, float]:
         """k sampled answers per problem at `eval.temperature` and, with `eval.greedy`, one
-        greedy answer (`asyncrl.evaluation.with_greedy`); every rollout of both is kept under
+        greedy answer (`asyncrl.observe.evaluation.with_greedy`); every rollout of both is kept under
         `eval/` (`{step}-{label}.jsonl`, the greedy pass's `{step}-{label}-greedy.jsonl`)."""
         probs = self.eval_problems
         if not probs:

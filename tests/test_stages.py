@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import PlateauRule, RolloutSection, StageSection
 from asyncrl.stages import (
     PlateauState,
@@ -9,7 +10,6 @@ from asyncrl.stages import (
     plateau_update,
     stage_budget,
     stage_done,
-    stage_lr,
 )
 
 

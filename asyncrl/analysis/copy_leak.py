@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Callable
 from typing import Any
 
 from asyncrl import formats
 from asyncrl.analysis.answer_parts import CLASSES, classify
 from asyncrl.sft.coldstart import render_transcript, tokenize
+from asyncrl.tasks.families import solution_code
 
 
 def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str,
-              tool_time_s: float = 0.01) -> dict[str, dict[str, float]]:
+              tool_time_s: float = 0.01,
+              code_for: Callable[[Any], str] = solution_code) -> dict[str, dict[str, float]]:
     """Per level (`"L{n}"`): the mean over problems of sum(1 - p(gold token)) over the
-    model-written tokens of the gold tool transcript whose output shows `tool_time_s`, by part
-    (`CLASSES`), and `total`."""
+    model-written tokens of the gold tool transcript (its program from `code_for`: the built-in
+    families' by default) whose output shows `tool_time_s`, by part (`CLASSES`), and `total`."""
     import torch
 
     fmt = formats.get_format("markdown")
@@ -35,7 +38,7 @@ def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str,
     counts: collections.Counter[int] = collections.Counter()
     for p in problems:
         ids, mask = tokenize(render_transcript(p, fmt, "tool", random.Random(0),
-                                               system_prompt=system_prompt,
+                                               code=code_for(p), system_prompt=system_prompt,
                                                duration_s=tool_time_s), tok)
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)

@@ -4,7 +4,7 @@ Owns: the command. Runs the same rollout engine as training (same format, tools,
 reward, any engine kind), k samples per problem at the eval temperature plus one greedy answer
 each (as training's evaluations do), and reports greedy accuracy, avg@k, pass@k, maj@k (per
 level too), response length, tool calls and tool-error ratios as a table and JSON
-(`asyncrl.evaluation`).
+(`asyncrl.observe.evaluation`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
                    greedy: bool | None = None) -> dict[str, Any]:
     """k samples per problem at `temperature` (default: `eval.temperature`, else the training
     temperature) and, with `greedy` (default: `eval.greedy`), one greedy answer each: the
-    figures of `asyncrl.evaluation.with_greedy`, as in training."""
+    figures of `asyncrl.observe.evaluation.with_greedy`, as in training."""
     from asyncrl.observe import metrics as metrics_mod
     from asyncrl.observe.evaluation import format_table, summarize, with_greedy, write_summary
     from asyncrl.records import save_jsonl

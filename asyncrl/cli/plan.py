@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import RunConfig
 from asyncrl.engine.registry import ENGINE_KINDS
 from asyncrl.errors import ConfigError
 from asyncrl.policy import check_kv_budget
-from asyncrl.stages import stage_budget, stage_lr
+from asyncrl.stages import stage_budget
 from asyncrl.tasks.check import check_generator_options, check_task
 from asyncrl.tasks.source import source_name
 from asyncrl.trainer import TRAINER_KINDS

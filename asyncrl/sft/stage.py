@@ -19,15 +19,15 @@ import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import StageSection
 from asyncrl.errors import DataError
 from asyncrl.formats import ToolFormat
 from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
-from asyncrl.stages import TrainState, stage_lr
 from asyncrl.stopping import StopRequest
 
 if TYPE_CHECKING:
@@ -37,6 +37,15 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 DEFAULT_BATCH = 16
+
+
+class SFTState(Protocol):
+    """Where the run is, as an SFT stage reads and advances it (`asyncrl.stages.TrainState`)."""
+
+    stage_step: int
+    global_step: int
+    sft_cursor: dict[str, Any]
+
 _BUCKET_BATCHES = 32
 """Length buckets span this many batches' worth of rows (sorted within, batches shuffled)."""
 
@@ -184,7 +193,7 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 
-async def run_sft(stage: StageSection, setup: SFTSetup, state: TrainState,
+async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
                   metrics: MetricsWriter, problems: Sequence[Problem],
                   checkpoint: Callable[[], Awaitable[None]],
                   on_step: Callable[[float | None], None] | None = None,

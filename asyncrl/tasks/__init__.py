@@ -10,9 +10,11 @@ Where problems come from, what scores them, and which tools and environment they
 - `plugins` (names resolved, with "did you mean"), `wiring` (`[task] reward` and
   `[task] tools` built), `check` (what `config check` and the dry run verify);
 - `files` (problem files) and `stream` (prompt-length filter, the seeded data cursor);
+- `environment` (`from_environment`: a verifiers taskset or a classic-shaped object as a
+  bound `Task`);
 - `families/` (the built-in task families: `tiny_math`, `reasoning_gym` and its checks),
   `rewards/` (`math`, `exact`, `rubric`), `bridges/` (verifiers, skyrl-gym text
-  environments, openenv, plain functions as tools, `from_environment`).
+  environments, openenv, plain functions as tools).
 
 Kept light: importing the package imports none of its modules (the math check's worker
 imports `asyncrl.tasks.rewards.math` and nothing else). Does not own: running rollouts

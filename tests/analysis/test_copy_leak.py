@@ -8,9 +8,10 @@ import types
 import pytest
 import torch
 
-from asyncrl import modeling, tasks
+from asyncrl import modeling
 from asyncrl.analysis.copy_leak import gold_leak
 from asyncrl.sft.coldstart import corpus
+from asyncrl.tasks import families as tasks
 
 OPTIONS = {"train_size": 40, "eval_size": 6, "levels": [1, 3]}
 
@@ -39,8 +40,9 @@ class _Teacher:
 
 
 def test_gold_leak_lands_on_the_part_that_leaks() -> None:
-    tok = modeling.train_tokenizer(corpus("tiny_math", OPTIONS, 0), vocab_size=300)
-    _, problems = tasks.generate("tiny_math", OPTIONS, seed=0)
+    train, problems = tasks.generate("tiny_math", OPTIONS, seed=0)
+    tok = modeling.train_tokenizer(corpus("tiny_math", train, tasks.solution_code, 0),
+                                   vocab_size=300)
     out = gold_leak(_Teacher(tok, len(tok)), tok, problems, system_prompt="Solve it.",
                     tool_time_s=0.16)
     assert set(out) == {"L1", "L3"}

@@ -206,7 +206,7 @@ def test_sft_step_lowers_masked_cross_entropy():
 
 def test_the_thread_tuner_compares_sft_steps_per_token(monkeypatch):
     """Steps of unequal length are timed per token: a short step is no evidence for a count."""
-    from asyncrl.cpu import ThreadTuner
+    from asyncrl.trainer.threads import ThreadTuner
 
     got: list[tuple[int, float]] = []
     monkeypatch.setattr(ThreadTuner, "record", lambda self, n, cost: got.append((n, cost)))

@@ -8,7 +8,8 @@ object you write yourself in the same shape as verifiers' old classic API (`data
 message, since its rubric is a `RubricGroup` whose functions take arguments (`parser`, a chat
 `State`) asyncrl does not build.
 
-Does not own: running anything (`asyncrl.api`).
+Does not own: running anything (`asyncrl.api`). Sits above the bridges and `source` (it adapts
+through `source.adapt`), so no bridge imports back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from asyncrl.records import Problem
 from asyncrl.rollout.tools import Tool
 from asyncrl.tasks.bridges.functions import function_tool
 from asyncrl.tasks.rewards.rubric import rubric_reward
+from asyncrl.tasks.source import adapt
 from asyncrl.tasks.task import Task
 
 __all__ = ["from_environment"]
@@ -40,7 +42,6 @@ def _question(row: dict[str, Any], i: int) -> str:
 
 
 def _from_verifiers(env: Any, tokenizer: Any, size: int) -> Task:
-    from asyncrl.tasks.source import adapt
     from asyncrl.tasks.task import TaskContext
 
     src = adapt(env, type(env).__name__, {"size": size, "eval_size": 0}, 0, key="env")
