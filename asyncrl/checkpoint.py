@@ -233,37 +233,15 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
     try:
         if rank0:
             root.mkdir(parents=True, exist_ok=True)
-            for stale in root.glob(".t*-*"):   # .tmp-* and .trash-* left by a crash
-                shutil.rmtree(stale, ignore_errors=True)
-            for old in root.glob(f"{_OLD}*"):  # a replacement a crash cut short
-                kept = root / old.name[len(_OLD):]
-                if kept.exists():
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.rename(old, kept)
+            _clear_leftovers(root)
             tmp.mkdir()
         barrier()
         if trainer is not None:
             trainer.save_state(tmp / "trainer")
         if rank0:
-            _write_file(tmp / "state.pkl", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
-            _write_file(tmp / "rng.pkl", pickle.dumps(capture_rng_state(),
-                                                      protocol=pickle.HIGHEST_PROTOCOL))
-            meta = {"step": step, "order": list(order or (step,)), "format": FORMAT,
-                    "saved_at": time.time()}
-            _write_file(tmp / "meta.json", json.dumps(meta).encode())
+            _write_own_files(tmp, state, step, order)
             _fsync_tree(tmp)
-            if final.exists() and _exchange(tmp, final):
-                _discard(tmp)  # now the old checkpoint
-            elif final.exists():  # no atomic exchange here: the old one is set aside first
-                aside = root / f"{_OLD}{final.name}"
-                os.rename(final, aside)
-                os.rename(tmp, final)
-                _fsync_dir(root)
-                _discard(aside)
-            else:
-                os.rename(tmp, final)
-            _fsync_dir(root)
+            _move_into_place(tmp, final)
             for _, old in list_checkpoints(run_dir)[:-keep_last]:
                 _discard(old)
     except BaseException as e:
@@ -276,6 +254,49 @@ def save_checkpoint(run_dir: str | Path, step: int, trainer: Any, state: dict[st
     log.info("checkpoint_saved", step=step, path=str(final),
              seconds=round(time.monotonic() - t0, 3))
     return final
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Remove what a crashed save left under `root`: `.tmp-*` and `.trash-*` directories, and
+    `.old-NAME` (put back as `NAME` where `NAME` is missing, else discarded)."""
+    for stale in root.glob(".t*-*"):   # .tmp-* and .trash-* left by a crash
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in root.glob(f"{_OLD}*"):  # a replacement a crash cut short
+        kept = root / old.name[len(_OLD):]
+        if kept.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(old, kept)
+
+
+def _write_own_files(tmp: Path, state: dict[str, Any], step: int,
+                     order: tuple[int, ...] | None) -> None:
+    """Rank 0's files of a checkpoint being written in `tmp`: the caller's state, the global
+    RNG states and, last, `meta.json` (whose presence marks the files complete)."""
+    _write_file(tmp / "state.pkl", pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    _write_file(tmp / "rng.pkl", pickle.dumps(capture_rng_state(),
+                                              protocol=pickle.HIGHEST_PROTOCOL))
+    meta = {"step": step, "order": list(order or (step,)), "format": FORMAT,
+            "saved_at": time.time()}
+    _write_file(tmp / "meta.json", json.dumps(meta).encode())
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    """Rename the complete, fsynced `tmp` to `final`, replacing a checkpoint of that name
+    atomically where the filesystem can exchange the two, else through `.old-NAME` (see the
+    module docstring); the parent directory is fsynced."""
+    root = final.parent
+    if final.exists() and _exchange(tmp, final):
+        _discard(tmp)  # now the old checkpoint
+    elif final.exists():  # no atomic exchange here: the old one is set aside first
+        aside = root / f"{_OLD}{final.name}"
+        os.rename(final, aside)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _discard(aside)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(root)
 
 
 def load_checkpoint(path: str | Path, trainer: Any = None, *,

@@ -264,19 +264,42 @@ def apply_roc(groups: Sequence[Group], cfg: RocSection, group_size: int,
         rng = random.Random(rng)
     check_config(cfg, group_size)
     out: list[Group] = []
-    m: dict[str, float] = dict.fromkeys(
-        ("groups", "groups_trained", "groups_equal_reward", "groups_all_correct",
-         "groups_all_wrong", "rollouts_in", "rollouts_unusable", "rollouts_kept", "kept_pos",
-         "kept_neg", "dropped_pos", "dropped_neg"), 0.0)
-    pen: dict[str, list[float]] = {f"{p}_{s}": [] for p in ("p_err", "p_format", "p_total")
-                                   for s in ("kept_pos", "dropped_pos")}
-    calls = failed_calls = no_call = fmt_bad = 0
+    tally = _RocTally()
     for g in groups:
         if g.dropped_reason:
             continue
         oc = select(g, cfg, group_size, rng)
         g.kept = oc.kept
         g.advantages = group_advantages([g.rollouts[i].reward for i in oc.kept], adv_eps)
+        tally.add_group(g, oc)
+        if cfg.reject_equal_reward and is_equal_reward(g, oc.kept):
+            g.dropped_reason = "equal_reward"
+            tally.m["groups_equal_reward"] += 1
+            continue
+        tally.m["groups_trained"] += 1
+        tally.m["rollouts_kept"] += len(oc.kept)
+        out.append(g)
+    return out, tally.metrics()
+
+
+class _RocTally:
+    """`apply_roc`'s metrics, counted group by group (see its docstring for their meaning)."""
+
+    def __init__(self) -> None:
+        self.m: dict[str, float] = dict.fromkeys(
+            ("groups", "groups_trained", "groups_equal_reward", "groups_all_correct",
+             "groups_all_wrong", "rollouts_in", "rollouts_unusable", "rollouts_kept",
+             "kept_pos", "kept_neg", "dropped_pos", "dropped_neg"), 0.0)
+        """Counts; `groups_trained`, `groups_equal_reward` and `rollouts_kept` are counted by
+        `apply_roc`, which decides them."""
+        self.pen: dict[str, list[float]] = {
+            f"{p}_{s}": [] for p in ("p_err", "p_format", "p_total")
+            for s in ("kept_pos", "dropped_pos")}
+        self.calls = self.failed_calls = self.no_call = self.fmt_bad = 0
+
+    def add_group(self, g: Group, oc: RocOutcome) -> None:
+        """Count one selected group `g` (its selection `oc`), before any equal-reward drop."""
+        m = self.m
         m["groups"] += 1
         m["rollouts_in"] += len(g.rollouts)
         m["rollouts_unusable"] += sum(r.status in UNUSABLE for r in g.rollouts)
@@ -291,29 +314,25 @@ def apply_roc(groups: Sequence[Group], cfg: RocSection, group_size: int,
         for i, is_pos in enumerate(oc.positive):
             if is_pos:
                 side = "kept_pos" if i in kept else "dropped_pos"
-                pen[f"p_err_{side}"].append(oc.p_err[i])
-                pen[f"p_format_{side}"].append(oc.p_format[i])
-                pen[f"p_total_{side}"].append(p_total[i])
+                self.pen[f"p_err_{side}"].append(oc.p_err[i])
+                self.pen[f"p_format_{side}"].append(oc.p_format[i])
+                self.pen[f"p_total_{side}"].append(p_total[i])
         for r, f in zip(g.rollouts, oc.p_format, strict=True):
-            calls += len(r.tool_calls)
-            failed_calls += sum(c.failed for c in r.tool_calls)
-            no_call += not r.tool_calls
-            fmt_bad += f >= 1.0
-        if cfg.reject_equal_reward and is_equal_reward(g, oc.kept):
-            g.dropped_reason = "equal_reward"
-            m["groups_equal_reward"] += 1
-            continue
-        m["groups_trained"] += 1
-        m["rollouts_kept"] += len(oc.kept)
-        out.append(g)
-    metrics = {f"roc/{k}": v for k, v in m.items()}
-    for k, xs in pen.items():
-        mean = _mean(xs)
-        if mean is not None:
-            metrics[f"roc/{k}"] = mean
-    n = m["rollouts_in"]
-    metrics["roc/tool_error_ratio"] = failed_calls / calls if calls else 0.0
-    if n:
-        metrics["roc/no_tool_call_frac"] = no_call / n
-        metrics["roc/format_bad_frac"] = fmt_bad / n
-    return out, metrics
+            self.calls += len(r.tool_calls)
+            self.failed_calls += sum(c.failed for c in r.tool_calls)
+            self.no_call += not r.tool_calls
+            self.fmt_bad += f >= 1.0
+
+    def metrics(self) -> dict[str, float]:
+        """The `roc/…` metrics of every group counted so far."""
+        metrics = {f"roc/{k}": v for k, v in self.m.items()}
+        for k, xs in self.pen.items():
+            mean = _mean(xs)
+            if mean is not None:
+                metrics[f"roc/{k}"] = mean
+        n = self.m["rollouts_in"]
+        metrics["roc/tool_error_ratio"] = self.failed_calls / self.calls if self.calls else 0.0
+        if n:
+            metrics["roc/no_tool_call_frac"] = self.no_call / n
+            metrics["roc/format_bad_frac"] = self.fmt_bad / n
+        return metrics

@@ -122,53 +122,15 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     minis = batching.split_minibatches(seqs, algo.optimizer_steps_per_rl_step)
     plans = [backend.plan(mini) for mini in minis]
     stats = StepStats()
-
-    # Old (proximal) logprobs under the weights that will be updated; the engine's
-    # (behaviour) logprobs feed the mismatch metrics and `algorithm.correction`. With one
-    # mini-batch the weights do not move before its only optimizer step, so each micro-batch's
-    # training forward gives its old logprobs too (detached): no separate pass (TRL's
-    # `num_iterations = 1` does the same). With several, they are computed first.
     quant = offpolicy.RatioQuantiles()
-    fused = len(minis) == 1
-    olds: list[list[torch.Tensor | None]] = []
-    refs: list[list[torch.Tensor | None]] = []
-    kl = algo.kl_coef > 0
-    with torch.no_grad():
-        for plan in plans:
-            olds.append([])
-            refs.append([])
-            for mb in plan:
-                t = backend.tensors(mb) if kl or not fused else {}
-                refs[-1].append(backend.reference_logprobs(t, temperature) if kl else None)
-                old = None if fused else backend.logprobs(t, temperature)
-                if old is not None:
-                    _mismatch(stats, quant, old, t)
-                olds[-1].append(old)
+    olds, refs = _old_and_reference_logprobs(backend, plans, algo, temperature, stats, quant)
 
     norms, lr = [], 0.0
     for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
         normalizer = float(sum(s.num_loss_tokens for s in mini))
         for i, (mb, old, ref) in enumerate(zip(plan, old_plan, ref_plan, strict=True)):
-            t = backend.tensors(mb)
-            with backend.accumulate(i, len(plan)):
-                lp, ent = backend.logprobs_and_entropy(t, temperature)
-                if old is None:
-                    old = lp.detach()
-                    _mismatch(stats, quant, old, t)
-                coef, cm = offpolicy.correction_for(algo, old, t["sampling_logprobs"],
-                                                    t["mask"])
-                loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], algo.eps_low,
-                                    algo.eps_high, algo.dual_clip, normalizer=normalizer,
-                                    coef=coef)
-                if ref is not None:
-                    kl_loss, km = kl_penalty(lp, ref, t["mask"], algo.kl_estimator,
-                                             normalizer=normalizer)
-                    loss = loss + algo.kl_coef * kl_loss
-                    stats.add(km)
-                (loss * backend.dp_size).backward()
-            stats.add(m)
-            stats.add(cm)
-            stats.add({"entropy_sum": (ent * t["mask"]).sum()})
+            _train_micro_batch(backend, mb, i, len(plan), old, ref, algo, normalizer,
+                               temperature, stats, quant)
         norm, lr = backend.apply_gradients(lr_scale)
         norms.append(norm)
 
@@ -185,6 +147,63 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
         "train/optimizer_step": float(backend.optimizer_step),
     })
     return out
+
+
+def _old_and_reference_logprobs(
+        backend: StepBackend, plans: list[list[Packed]], algo: AlgorithmSection,
+        temperature: float, stats: StepStats, quant: offpolicy.RatioQuantiles,
+) -> tuple[list[list[torch.Tensor | None]], list[list[torch.Tensor | None]]]:
+    """Per micro-batch of every plan: its old (proximal) log-probs under the weights that will
+    be updated, and its reference log-probs (with `algorithm.kl_coef`); None where not computed
+    here. The engine's (behaviour) logprobs feed the mismatch metrics and
+    `algorithm.correction`. With one mini-batch the weights do not move before its only
+    optimizer step, so each micro-batch's training forward gives its old logprobs too
+    (detached): no separate pass, and None here (TRL's `num_iterations = 1` does the same).
+    With several, they are computed first, here."""
+    fused = len(plans) == 1
+    olds: list[list[torch.Tensor | None]] = []
+    refs: list[list[torch.Tensor | None]] = []
+    kl = algo.kl_coef > 0
+    with torch.no_grad():
+        for plan in plans:
+            olds.append([])
+            refs.append([])
+            for mb in plan:
+                t = backend.tensors(mb) if kl or not fused else {}
+                refs[-1].append(backend.reference_logprobs(t, temperature) if kl else None)
+                old = None if fused else backend.logprobs(t, temperature)
+                if old is not None:
+                    _mismatch(stats, quant, old, t)
+                olds[-1].append(old)
+    return olds, refs
+
+
+def _train_micro_batch(backend: StepBackend, mb: Packed, index: int, count: int,
+                       old: torch.Tensor | None, ref: torch.Tensor | None,
+                       algo: AlgorithmSection, normalizer: float, temperature: float,
+                       stats: StepStats, quant: offpolicy.RatioQuantiles) -> None:
+    """Forward and backward of micro-batch `index` of the `count` feeding one optimizer step:
+    the corrected `grpo_loss` over `normalizer` trained tokens, plus the weighted `kl_penalty`
+    against `ref` when given; its metrics go into `stats`. `old` None: the old log-probs are
+    this forward's, detached (one mini-batch)."""
+    t = backend.tensors(mb)
+    with backend.accumulate(index, count):
+        lp, ent = backend.logprobs_and_entropy(t, temperature)
+        if old is None:
+            old = lp.detach()
+            _mismatch(stats, quant, old, t)
+        coef, cm = offpolicy.correction_for(algo, old, t["sampling_logprobs"], t["mask"])
+        loss, m = grpo_loss(lp, old, t["advantages"], t["mask"], algo.eps_low, algo.eps_high,
+                            algo.dual_clip, normalizer=normalizer, coef=coef)
+        if ref is not None:
+            kl_loss, km = kl_penalty(lp, ref, t["mask"], algo.kl_estimator,
+                                     normalizer=normalizer)
+            loss = loss + algo.kl_coef * kl_loss
+            stats.add(km)
+        (loss * backend.dp_size).backward()
+    stats.add(m)
+    stats.add(cm)
+    stats.add({"entropy_sum": (ent * t["mask"]).sum()})
 
 
 def _mismatch(stats: StepStats, quant: offpolicy.RatioQuantiles, old: torch.Tensor,

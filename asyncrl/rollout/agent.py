@@ -105,6 +105,19 @@ class _EngineWatch:
 _WATCHES: dict[int, _EngineWatch] = {}
 """By `id(engine)`; an entry lives while a stream of that engine is open."""
 
+
+async def _release(engine: Engine, watch: _EngineWatch, deadline: asyncio.Timeout | None,
+                   agen: Any) -> None:
+    """A stream of `engine` closed: drop its deadline from the engine's watch (and the watch,
+    once no stream of that engine is open), and close the stream's generator now."""
+    if deadline is not None:
+        watch.deadlines.pop(deadline, None)
+    if not watch.deadlines:
+        _WATCHES.pop(id(engine), None)
+    aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
+    if aclose is not None:
+        await aclose()
+
 EnvHook = Callable[[Rollout, str], Awaitable["str | None"]]
 """A text environment's turn (`asyncrl.tasks.bridges.textenv`): `await env(rollout, turn_text)` after
 each assistant turn that ends without a tool call; the observation to append as the next user
@@ -341,15 +354,7 @@ class AgentLoop:
 
         Tokens go straight into the rollout's lists (old objects) rather than a per-turn list
         that would live, and be traced by young collections, for the whole turn."""
-        st = self.settings
-        seed = None
-        if st.seed is not None:  # stable across processes (str hash() is salted per process)
-            key = f"{st.seed}:{ro.rollout_id}:{n_turn}" + (f".{part}" if part else "")
-            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
-        sampling = msgspec.structs.replace(self._sampling_base, max_new_tokens=remaining,
-                                           seed=seed)
-        req = GenerateRequest(request_id=f"{ro.rollout_id}/t{n_turn}/{next(self._requests)}",
-                              input_ids=ro.prompt_ids + ro.response_ids, sampling=sampling)
+        req = self._request(ro, n_turn, remaining, part)
         mark = len(ro.response_ids)
         ids = ro.response_ids
         lps = ro.logprobs
@@ -364,7 +369,7 @@ class AgentLoop:
         version = -1
         versions: list[int] = []
         loop = asyncio.get_running_loop()
-        stall = st.stall_timeout_s
+        stall = self.settings.stall_timeout_s
         t0 = time.perf_counter()
         agen = engine.stream(req)
         del req  # the engine holds what it needs; a context list kept here costs GC time
@@ -407,18 +412,25 @@ class AgentLoop:
             self._undo(ro, mark, text, parts)
             raise
         finally:
-            if deadline is not None:
-                watch.deadlines.pop(deadline, None)
-            if not watch.deadlines:
-                _WATCHES.pop(id(engine), None)
-            aclose = getattr(agen, "aclose", None)  # async generators: run their cleanup now
-            if aclose is not None:
-                await aclose()
+            await _release(engine, watch, deadline, agen)
             ro.timing.generation_s += time.perf_counter() - t0
         for v in sorted(versions):  # usually one
             if v not in ro.policy_versions:
                 ro.policy_versions.append(v)
         return finish, opener_at
+
+    def _request(self, ro: Rollout, n_turn: int, remaining: int, part: int) -> GenerateRequest:
+        """The engine request for part `part` of turn `n_turn`: the whole context, at most
+        `remaining` new tokens, and (with a run seed) a seed of its own per turn and part."""
+        st = self.settings
+        seed = None
+        if st.seed is not None:  # stable across processes (str hash() is salted per process)
+            key = f"{st.seed}:{ro.rollout_id}:{n_turn}" + (f".{part}" if part else "")
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
+        sampling = msgspec.structs.replace(self._sampling_base, max_new_tokens=remaining,
+                                           seed=seed)
+        return GenerateRequest(request_id=f"{ro.rollout_id}/t{n_turn}/{next(self._requests)}",
+                               input_ids=ro.prompt_ids + ro.response_ids, sampling=sampling)
 
     @staticmethod
     def _undo(ro: Rollout, mark: int, text: Text | None, parts: int) -> None:

@@ -15,10 +15,10 @@ rank packs its share, and ranks with fewer micro-batches run one-token dummies s
 rank makes the same number of forward/backward calls (DDP and FSDP2 collectives stay matched).
 Every rank is a replica (`dp_size` = world size); see `algo.step` for the loss normalisation.
 
-LoRA (`trainer.lora`, `asyncrl.trainer.lora`): the model's targeted linear layers become PEFT
-LoRA layers, the base is frozen and the optimizer holds only the adapters, from construction
-(`apply_to = "all"`) or from the first RL update (`"rl"`: SFT steps before it train every
-parameter). Weight sync then moves only the adapter (`AdapterTrainer` in `base.py`), and the
+LoRA (`trainer.lora`; the adapter-specific methods are `asyncrl.trainer.lora.LoraFace`, which
+this trainer mixes in): the model's targeted linear layers become PEFT LoRA layers, the base is
+frozen and the optimizer holds only the adapters, from construction (`apply_to = "all"`) or
+from the first RL update (`"rl"`: SFT steps before it train every parameter). Weight sync then moves only the adapter (`AdapterTrainer` in `base.py`), and the
 base once whenever it changed; checkpoints hold the adapter, its optimizer state, and the base
 only when this run trained it. LoRA runs in one process (no DDP/FSDP2).
 
@@ -47,6 +47,7 @@ from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
 from asyncrl.trainer import lm_head, shared_prefix
+from asyncrl.trainer.lora import LoraFace
 
 log = get_logger(__name__)
 
@@ -56,7 +57,7 @@ SHARED_MIN_TOKENS = 16
 STATE_FILE = "trainer.pt"
 
 
-class TorchTrainer:
+class TorchTrainer(LoraFace):
     """Implements `asyncrl.trainer.base.Trainer` for an HF `PreTrainedModel`, and
     `asyncrl.algo.step.StepBackend` for the shared steps.
 
@@ -107,14 +108,7 @@ class TorchTrainer:
         model.train()
         self.model = model
         self._module: Any = model
-        self.lora_cfg = cfg.lora
-        self.peft: Any = None
-        """The `peft.PeftModel` around `model` once the adapter is attached."""
-        self.base_changed = True
-        """The base weights differ from those last sent to the engines (`AdapterTrainer`)."""
-        self.base_version = 0
-        """Policy version of the last push that carried the base weights."""
-        self._base_trained = False
+        self._init_lora(cfg.lora)
         if cfg.lora is not None and self.world_size > 1:
             raise TrainerError("trainer.lora runs in one process; set trainer.parallel = "
                                "'none' and launch without torchrun")
@@ -139,65 +133,6 @@ class TorchTrainer:
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                  lr=a.lr, betas=(a.betas[0], a.betas[1]),
                                  weight_decay=a.weight_decay)
-
-    # ------------------------------------------------------------------------------- LoRA
-    @property
-    def lora_active(self) -> bool:
-        """True once the adapter is attached: syncs and checkpoints carry the adapter."""
-        return self.peft is not None
-
-    def attach_lora(self) -> None:
-        """Freeze the base, add the adapters, and restart the optimizer on them alone (the
-        schedule's step count goes on). Idempotent."""
-        from asyncrl.trainer import lora
-
-        if self.peft is not None or self.lora_cfg is None:
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        self.peft = lora.attach(self.model, self.lora_cfg, self.seed)
-        self.model.train()
-        self.optimizer = self._new_optimizer()
-        self.base_changed = True
-        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        base = sum(p.numel() for n, p in self.model.named_parameters() if ".lora_" not in n)
-        log.info("lora_attached", rank=self.lora_cfg.rank, adapter_params=trainable,
-                 base_params=base, share_of_base=round(trainable / base, 4))
-
-    def adapter_for_sync(self) -> dict[str, torch.Tensor]:
-        """The adapter factors by HF module name (`lora.adapter_tensors`), CPU copies."""
-        from asyncrl.trainer import lora
-
-        return lora.adapter_tensors(self.peft)
-
-    def base_state_for_sync(self) -> dict[str, torch.Tensor]:
-        """The frozen base weights by HF name (views of the live tensors)."""
-        from asyncrl.trainer import lora
-
-        return lora.base_state_dict(self.peft)
-
-    def export_adapter(self, path: str | Path) -> None:
-        """The adapter as a PEFT directory at `path`."""
-        from asyncrl.trainer import lora
-
-        lora.save_adapter(self.peft, path)
-
-    def export_base(self, path: str | Path) -> None:
-        """The frozen base weights as an HF model directory at `path`."""
-        self._save_hf(path, self.base_state_for_sync())
-
-    def weights_pushed(self, version: int, *, with_base: bool, missed: int) -> None:
-        """`AdapterTrainer`: a push carrying the base clears `base_changed` unless an engine
-        missed it, and becomes the base that later adapters name."""
-        if self.lora_active and with_base:
-            self.base_changed = missed > 0
-            self.base_version = version
-
-    def _save_hf(self, path: str | Path, sd: dict[str, torch.Tensor]) -> None:
-        from asyncrl.trainer import lora
-
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        lora.hf_model(self.peft).save_pretrained(out, state_dict=sd, safe_serialization=True)
 
     # ------------------------------------------------------------------ parallel wrappers
     def _wrap(self, model: Any) -> Any:
@@ -421,9 +356,7 @@ class TorchTrainer:
         dict elsewhere (every rank must call it). With LoRA, new tensors with the adapter
         merged in."""
         if self.peft is not None:
-            from asyncrl.trainer import lora
-
-            return lora.merged_state_dict(self.peft)
+            return self._merged_state_dict()
         return self._full_state_dict()
 
     def export_hf(self, path: str | Path) -> None:
@@ -433,12 +366,7 @@ class TorchTrainer:
         model when this run trained it (an SFT stage before `apply_to = "rl"`), and
         `path/merged/` the merged HF model when `lora.merge_on_export` is set."""
         if self.peft is not None:
-            assert self.lora_cfg is not None
-            self.export_adapter(path)
-            if self._base_trained:
-                self.export_base(Path(path) / "base")
-            if self.lora_cfg.merge_on_export:
-                self._save_hf(Path(path) / "merged", self.state_dict_for_sync())
+            self._export_lora(path)
             return
         sd = self._full_state_dict()
         if self.rank == 0:
@@ -453,21 +381,10 @@ class TorchTrainer:
         LoRA attached: the adapter and its optimizer state, plus the base weights only when
         this run trained them (otherwise the base is what the run starts from anyway)."""
         if self.peft is not None:
-            from asyncrl.trainer import lora
-
-            state: dict[str, Any] = {
-                "adapter": lora.adapter_state(self.peft),
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
-                "lora": {"attached": True, "base_trained": self._base_trained}}
-            if self.reference is not None:
-                state["reference"] = self.reference.state_dict()
-            if self._base_trained:
-                state["base"] = {k: v for k, v in self.model.state_dict().items()
-                                 if ".lora_" not in k}
+            lora_state = self._lora_state()
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
-            torch.save(state, out / STATE_FILE)
+            torch.save(lora_state, out / STATE_FILE)
             return
         if self._fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -479,7 +396,7 @@ class TorchTrainer:
         if self.rank == 0:
             out = Path(path)
             out.mkdir(parents=True, exist_ok=True)
-            state = {"model": msd, "optimizer": osd,
+            state: dict[str, Any] = {"model": msd, "optimizer": osd,
                      "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
                      "lora": {"attached": False, "base_trained": self._base_trained}}
             if self.reference is not None:
@@ -517,21 +434,6 @@ class TorchTrainer:
         if "reference" in state:  # a KL run past its first RL update: the same reference
             self.reference = self._frozen_copy()
             self.reference.load_state_dict(state["reference"])
-
-    def _load_lora_state(self, state: dict[str, Any]) -> None:
-        from asyncrl.trainer import lora
-
-        if self.lora_cfg is None:
-            raise TrainerError("the checkpoint holds a LoRA adapter; set trainer.lora to "
-                               "resume it")
-        self.attach_lora()
-        if "base" in state:
-            missing, unexpected = self.model.load_state_dict(state["base"], strict=False)
-            if unexpected or any(".lora_" not in k for k in missing):
-                raise TrainerError(f"checkpoint base weights do not fit the model: "
-                                   f"{(unexpected or missing)[:4]}")
-        lora.load_adapter_state(self.peft, state["adapter"])
-        self.optimizer.load_state_dict(state["optimizer"])
 
     def set_lr(self, lr: float) -> None:
         """Base learning rate from the next optimizer step on (warmup/schedule multiply it)."""

@@ -335,7 +335,7 @@ async def test_a_draining_batch_drops_its_dead_rows(model, tiny_tokenizer, refs)
     """With nothing waiting, rows that stay dead are compacted away within a few steps, even
     while they are fewer than the live ones (they would cost a forward each step until the
     last request ends); outputs are unchanged."""
-    from asyncrl.engine.local.engine import DRAIN_STEPS
+    from asyncrl.engine.local.plan import DRAIN_STEPS
 
     ids, ref = refs
     lens = [2, 3] + [N] * 5  # two leave early, six run on: the dead never outnumber the live

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from grads import record_grads
 from mg_cases import hf_model, rl_batch
 
 from asyncrl.algo.loss import token_entropy, token_logprobs
@@ -40,14 +41,7 @@ def torch_reference(hf):
     tr = TorchTrainer(copy.deepcopy(hf), TorchTrainerConfig(micro_batch_tokens=64),
                       AlgorithmSection(lr=1e-3, optimizer_steps_per_rl_step=2),
                       pad_token_id=0, temperature=0.8)
-    grads: list[dict[str, torch.Tensor]] = []
-    step = tr.optimizer.step
-
-    def recording(*a, **k):
-        grads.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
-        return step(*a, **k)
-
-    tr.optimizer.step = recording
+    grads = record_grads(tr)
     metrics = tr.train_step(rl_batch(0))
     return grads, metrics, tr.model.state_dict()
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from grads import assert_grads_close, on_optimizer_step, record_grads
 from mg_cases import hf_model, rl_batch, sft_examples
 
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig, TorchTrainerConfig
@@ -34,44 +35,18 @@ def megatron_trainer(hf, **algo):
                            AlgorithmSection(**{**ALGO, **algo}), pad_token_id=0, temperature=0.8)
 
 
-def record_torch_grads(tr) -> list[dict[str, torch.Tensor]]:
-    steps: list[dict[str, torch.Tensor]] = []
-    step = tr.optimizer.step
-
-    def recording(*a, **k):
-        steps.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
-        return step(*a, **k)
-
-    tr.optimizer.step = recording
-    return steps
-
-
 def record_megatron_grads(tr) -> list[dict[str, torch.Tensor]]:
     """The clipped gradients each optimizer step applies, under HF names and layouts."""
-    steps: list[dict[str, torch.Tensor]] = []
-    opt = tr._opt.opt
-    step = opt.step
     names = dict(zip(map(id, tr.model.parameters()),
                      (n for n, _ in tr.model.named_parameters()), strict=True))
 
-    def recording(*a, **k):
+    def snapshot() -> dict[str, torch.Tensor]:
         grads: dict[str, torch.Tensor] = {}
         for p in tr._opt.params:
             grads.update(convert.to_hf(names[id(p)], [p.grad.clone()], tr.arch))
-        steps.append(grads)
-        return step(*a, **k)
+        return grads
 
-    opt.step = recording
-    return steps
-
-
-def assert_grads_close(mine, ref):
-    """Gradients, not weights, are compared tightly: Adam's first steps move a weight by about
-    lr * sign(grad), so weights whose gradient is float noise may differ by up to ~lr."""
-    assert len(mine) == len(ref) > 0
-    for a, b in zip(mine, ref, strict=True):
-        for k, g in a.items():
-            torch.testing.assert_close(g, b[k], atol=1e-7, rtol=1e-4, msg=k)
+    return on_optimizer_step(tr._opt.opt, snapshot)
 
 
 def assert_metrics_close(mine, ref):
@@ -83,7 +58,7 @@ def assert_metrics_close(mine, ref):
 def test_grpo_update_equals_the_torch_trainer(cpu_megatron):
     hf = hf_model("qwen3")
     tt, mt = torch_trainer(hf), megatron_trainer(hf)
-    ref_grads, my_grads = record_torch_grads(tt), record_megatron_grads(mt)
+    ref_grads, my_grads = record_grads(tt), record_megatron_grads(mt)
     ref_metrics = tt.train_step(rl_batch(0))
     my_metrics = mt.train_step(rl_batch(0))
 
@@ -101,7 +76,7 @@ def test_grpo_update_equals_the_torch_trainer(cpu_megatron):
 def test_sft_step_equals_the_torch_trainer(cpu_megatron):
     hf = hf_model("qwen2")  # qkv biases, untied output layer
     tt, mt = torch_trainer(hf), megatron_trainer(hf)
-    ref_grads, my_grads = record_torch_grads(tt), record_megatron_grads(mt)
+    ref_grads, my_grads = record_grads(tt), record_megatron_grads(mt)
     ref = tt.sft_step(sft_examples())
     mine = mt.sft_step(sft_examples())
     assert_grads_close(my_grads, ref_grads)

@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from grads import assert_grads_close, record_grads
 from trainer_batches import VOCAB, rl_batch, tiny_model
 
 from asyncrl.algo import batching
@@ -41,20 +42,6 @@ def head_rows(tr: TorchTrainer) -> list[int]:
     tr.model.get_output_embeddings().register_forward_hook(
         lambda _m, _a, out: rows.append(out.reshape(-1, out.shape[-1]).shape[0]))
     return rows
-
-
-def step_grads(tr: TorchTrainer) -> list[dict[str, torch.Tensor]]:
-    """The (clipped) gradients each optimizer step applies."""
-    steps: list[dict[str, torch.Tensor]] = []
-    step = tr.optimizer.step
-
-    def recording(*args, **kwargs):
-        steps.append({n: p.grad.clone() for n, p in tr.model.named_parameters()
-                      if p.grad is not None})
-        return step(*args, **kwargs)
-
-    tr.optimizer.step = recording
-    return steps
 
 
 def one_micro_batch(tr: TorchTrainer, seed: int = 2) -> dict[str, torch.Tensor]:
@@ -106,7 +93,7 @@ def test_rl_steps_equal_the_full_logits_steps(minis):
     ratio quantiles and entropy: every metric and every gradient as with full logits."""
     split, full = pair(budget=96, optimizer_steps_per_rl_step=minis, kl_coef=0.05,
                        correction="tis")
-    gs, gf = step_grads(split), step_grads(full)
+    gs, gf = record_grads(split), record_grads(full)
     batch = rl_batch(2)
     for _ in range(2):
         ms, mf = split.train_step(batch), full.train_step(batch)
@@ -114,10 +101,8 @@ def test_rl_steps_equal_the_full_logits_steps(minis):
     assert ms.keys() == mf.keys() and "train/kl_ref" in ms and "train/mismatch_ratio_p50" in ms
     for k, v in mf.items():
         assert ms[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
-    for a, b in zip(gs, gf, strict=True):
-        assert a.keys() == b.keys()
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], atol=1e-7, rtol=1e-4, msg=k)
+    assert all(a.keys() == b.keys() for a, b in zip(gs, gf, strict=True))
+    assert_grads_close(gs, gf)
 
 
 def test_the_lm_head_computes_one_row_per_trained_token_not_every_position():
@@ -141,7 +126,7 @@ def test_lora_steps_equal_the_full_logits_steps(targets):
     head = split.model.get_output_embeddings()
     assert ("lm_head" in targets) == hasattr(head, "lora_A")
     rows = head_rows(split)
-    gs, gf = step_grads(split), step_grads(full)
+    gs, gf = record_grads(split), record_grads(full)
     for _ in range(2):  # the second step's B is no longer zero
         ms, mf = split.train_step(rl_batch(1)), full.train_step(rl_batch(1))
     assert sum(rows) == 2 * ms["train/tokens"]
@@ -149,8 +134,7 @@ def test_lora_steps_equal_the_full_logits_steps(targets):
     assert ms["train/entropy"] == pytest.approx(mf["train/entropy"], rel=1e-5)
     for a, b in zip(gs, gf, strict=True):
         assert a.keys() == b.keys() and all(".lora_" in k for k in a)
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], atol=1e-7, rtol=1e-4, msg=k)
+    assert_grads_close(gs, gf)
 
 
 def test_a_softcapped_head_splits_exactly():

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from grads import assert_grads_close, record_grads
 from trainer_batches import rl_batch, tiny_model
 
 from asyncrl.algo import batching
@@ -28,30 +29,6 @@ def make(model=None, budget: int = 4096, **algo) -> TorchTrainer:
 
 def params(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.named_parameters()}
-
-
-def capture_grads(tr: TorchTrainer) -> list[dict[str, torch.Tensor]]:
-    """Record the (clipped) gradients each optimizer step applies.
-
-    Adam's first step moves every weight by about lr * sign(grad), so weights whose gradient is
-    float noise differ by up to ~lr between two equivalent runs; gradients compare tightly.
-    """
-    steps: list[dict[str, torch.Tensor]] = []
-    step = tr.optimizer.step
-
-    def recording_step(*args, **kwargs):
-        steps.append({n: p.grad.clone() for n, p in tr.model.named_parameters()})
-        return step(*args, **kwargs)
-
-    tr.optimizer.step = recording_step
-    return steps
-
-
-def assert_grads_close(a, b):
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b, strict=True):
-        for k in x:
-            torch.testing.assert_close(x[k], y[k], atol=1e-7, rtol=1e-4, msg=k)
 
 
 def assert_params_close(a, b, atol=1e-5):
@@ -145,7 +122,7 @@ def test_fused_step_applies_the_gradient_of_the_loss_at_ratio_one():
     batch = rl_batch(2)
     tr = make(budget=24)
     ref = copy.deepcopy(tr.model)
-    got = capture_grads(tr)
+    got = record_grads(tr)
     tr.train_step(batch)
     seqs = batching.sequences_from_batch(batch)
     n = float(sum(s.num_loss_tokens for s in seqs))
@@ -171,7 +148,7 @@ def test_mini_batches_take_several_optimizer_steps_with_ratio_moving_off_one():
 def test_micro_batch_budget_does_not_change_the_update():
     batch = rl_batch(2)
     small, large = make(budget=24), make(budget=100_000)
-    gs, gl = capture_grads(small), capture_grads(large)
+    gs, gl = record_grads(small), record_grads(large)
     ms, ml = small.train_step(batch), large.train_step(batch)
     assert ms["train/micro_batches"] > 3 and ml["train/micro_batches"] == 1
     assert_grads_close(gs, gl)
@@ -184,7 +161,7 @@ def test_gradient_checkpointing_gives_the_same_update():
     plain = make()
     ckpt = TorchTrainer(tiny_model(0), TorchTrainerConfig(gradient_checkpointing=True),
                         AlgorithmSection(lr=1e-3), pad_token_id=0)
-    gp, gc = capture_grads(plain), capture_grads(ckpt)
+    gp, gc = record_grads(plain), record_grads(ckpt)
     plain.train_step(batch)
     ckpt.train_step(batch)
     assert getattr(ckpt.model, "is_activation_checkpointing", None) or \
@@ -292,7 +269,7 @@ def test_cuda_step_matches_cpu_step():
     cpu = make()
     gpu = TorchTrainer(tiny_model(0), TorchTrainerConfig(device="cuda"),
                        AlgorithmSection(lr=1e-3), pad_token_id=0)
-    gc, gg = capture_grads(cpu), capture_grads(gpu)
+    gc, gg = record_grads(cpu), record_grads(gpu)
     mc, mg = cpu.train_step(batch), gpu.train_step(batch)
     assert gpu.device.type == "cuda"
     assert mg["train/loss"] == pytest.approx(mc["train/loss"], abs=1e-4)

@@ -1,9 +1,9 @@
 """The `local` engine: an in-process torch engine with continuous batching over an HF causal LM.
 
 Owns: admission of requests into one running batch under a fixed KV token budget, which row of
-the batched left-padded KV cache each request holds (the cache's row operations are
-`batch.BatchCache`), per-request sampling (greedy,
-temperature, top-p, seeds), stop rules (token ids, strings, `max_new_tokens`), streaming each
+the batched left-padded KV cache each request holds (decided by `plan.Planner`, pure
+bookkeeping without torch; the cache's row operations are `batch.BatchCache`), per-request
+sampling (greedy, temperature, top-p, seeds), stop rules (token ids, strings, `max_new_tokens`), streaming each
 request's tokens to its consumer, preemption when the running batch would outgrow the budget,
 and in-process weight updates with a version number. Does not own: which requests arrive or
 when (the scheduler), tokenization (the caller sends ids), or training.
@@ -47,8 +47,6 @@ alone or batched with others, up to float ties (padding changes summation order 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -58,74 +56,20 @@ from typing import Any
 from asyncrl.engine.base import (
     EngineLoad,
     GenerateRequest,
-    SamplingParams,
     TokenDelta,
     WeightUpdate,
 )
 from asyncrl.engine.local.batch import BatchCache
+from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
 from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
 
-_WAITING, _RUNNING, _DONE = 0, 1, 2
-
-DRAIN_STEPS = 4
-"""Plans in a row with an eighth of the rows dead and nothing waiting before the batch is
-compacted to its live rows (`LocalEngine._plan`)."""
-
-
-class _Seq:
-    """One request's loop-side state. The worker thread reads it but never writes it."""
-
-    __slots__ = ("admit_order", "generated", "generator", "input_ids", "preemptions", "queue",
-                 "rid", "sampling", "state")
-
-    def __init__(self, request: GenerateRequest, queue: asyncio.Queue[Any], generator: Any) -> None:
-        self.rid = request.request_id
-        self.input_ids = list(request.input_ids)
-        self.sampling: SamplingParams = request.sampling
-        self.generated: list[int] = []
-        self.queue = queue
-        self.state = _WAITING
-        self.generator = generator
-        self.admit_order = 0
-        self.preemptions = 0
-
-    @property
-    def held(self) -> int:
-        """KV tokens this request holds while running (its context incl. the pending token)."""
-        return len(self.input_ids) + len(self.generated)
-
-    @property
-    def remaining(self) -> int:
-        return self.sampling.max_new_tokens - len(self.generated)
-
-
-@dataclass
-class _Plan:
-    rows: list[_Seq | None]
-    """The batch's rows after this step, in cache order; None is a dead row (its request left;
-    the row stays in the cache, computed on a dummy token, until a new request takes it or the
-    batch is compacted)."""
-    compact: list[int] | None
-    """Rows of the current cache to keep, in order, before anything else (None: keep all)."""
-    freed: list[int]
-    """Rows (after compaction) whose request left since the last step: masked out this step."""
-    decode: list[int]
-    """Rows that get one decode token: those running before this step."""
-    fill: list[int]
-    """Dead rows taken by requests admitted this step (`prefill` order, first ones)."""
-    prefill: list[_Seq]
-    """Requests admitted this step: prefilled together, then written into `fill`'s rows and,
-    for the rest, appended as new rows."""
-    version: int
-
-
 @dataclass
 class _Out:
-    seq: _Seq
+    seq: Seq
     token: int
     logprob: float
     finish: str | None
@@ -159,7 +103,6 @@ class LocalEngine:
         self.max_running = max_running
         self.peak_kv_tokens = 0
         self.steps = 0
-        self.preemptions = 0
         self.prefills_shared = 0  # admitted requests whose context another one prefilled
         self._torch = torch
         self._new_cache = growing_cache
@@ -169,16 +112,12 @@ class LocalEngine:
         self._merger: Any = None  # engine.adapter.AdapterMerger, made at the first update
         self._tokenizer = tokenizer
         self._threads = threads
-        self._admit_reserve = admit_reserve
         self._pad_id = int(tokenizer.pad_token_id or 0)
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-fwd")
-        self._seqs: dict[str, _Seq] = {}
-        self._waiting: collections.deque[_Seq] = collections.deque()
-        self._rows: list[_Seq | None] = []
-        self._held = 0
-        self._admit_seq = itertools.count()
-        self._drain = 0  # plans in a row with dead rows and nothing waiting (`_plan`)
+        self._seqs: dict[str, Seq] = {}
+        self._planner = Planner(kv_token_budget=kv_token_budget, max_running=max_running,
+                                admit_reserve=admit_reserve, name=name)
         self._batch = BatchCache()
         self._work = asyncio.Event()
         self._step_lock = asyncio.Lock()
@@ -209,7 +148,7 @@ class LocalEngine:
         for seq in list(self._seqs.values()):
             self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
                                          policy_version=self.policy_version))
-        self._rows = []
+        self._planner.rows = []
         self._batch = BatchCache()
         self._executor.shutdown(wait=True)
 
@@ -242,7 +181,7 @@ class LocalEngine:
                 yield item
                 item = None  # not kept alive while waiting (young GC would traverse it)
         finally:
-            if seq.state != _DONE:
+            if seq.state != DONE:
                 self._abort_seq(seq)
 
     async def abort(self, request_id: str) -> None:
@@ -250,10 +189,15 @@ class LocalEngine:
         if seq is not None:
             self._abort_seq(seq)
 
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted so far (a request preempted twice counts twice)."""
+        return self._planner.preemptions
+
     async def load(self) -> EngineLoad:
-        return EngineLoad(kv_tokens_used=self._held, kv_tokens_capacity=self.kv_token_budget,
-                          running=sum(1 for s in self._rows if s is not None and s.state == _RUNNING),
-                          waiting=len(self._waiting))
+        pl = self._planner
+        return EngineLoad(kv_tokens_used=pl.held, kv_tokens_capacity=self.kv_token_budget,
+                          running=pl.running, waiting=len(pl.waiting))
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """Copy new weights into the model between steps, then bump `policy_version`.
@@ -272,7 +216,7 @@ class LocalEngine:
         log.info("engine_weights_updated", engine=self.name, version=update.version)
 
     # ------------------------------------------------------------------ loop-side state
-    def _submit(self, request: GenerateRequest) -> _Seq | None:
+    def _submit(self, request: GenerateRequest) -> Seq | None:
         if self._driver is None or self._closing:
             raise EngineUnavailable(f"{self.name}: engine is not running (use `async with`)")
         sp = request.sampling
@@ -291,117 +235,52 @@ class LocalEngine:
         gen = None
         if sp.seed is not None and sp.temperature > 0:
             gen = self._torch.Generator(device="cpu").manual_seed(sp.seed)
-        seq = _Seq(request, asyncio.Queue(), gen)
+        seq = Seq(request, asyncio.Queue(), gen)
         self._seqs[seq.rid] = seq
-        self._waiting.append(seq)
+        self._planner.waiting.append(seq)
         self._work.set()
         return seq
 
-    def _finish(self, seq: _Seq, final: TokenDelta | BaseException) -> None:
-        if seq.state == _RUNNING:
-            self._held -= seq.held
-        elif seq.state == _WAITING:
-            try:
-                self._waiting.remove(seq)
-            except ValueError:
-                pass
-        seq.state = _DONE
+    def _finish(self, seq: Seq, final: TokenDelta | BaseException) -> None:
+        self._planner.leave(seq)
         self._seqs.pop(seq.rid, None)
         seq.queue.put_nowait(final)
 
-    def _abort_seq(self, seq: _Seq) -> None:
-        if seq.state != _DONE:
+    def _abort_seq(self, seq: Seq) -> None:
+        if seq.state != DONE:
             self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
                                          policy_version=self.policy_version))
 
-    def _plan(self) -> _Plan:
-        """Decide this step: rows freed, compaction, preemptions, admissions and where the
-        admitted go. Keeps held <= budget."""
-        rows = list(self._rows)
-        freed = [i for i, s in enumerate(rows) if s is not None and s.state != _RUNNING]
-        for i in freed:
-            rows[i] = None
-        live = [i for i, s in enumerate(rows) if s is not None]
-        # Each decode row grows by one token; preempt the newest rows until that fits.
-        while live and self._held + len(live) > self.kv_token_budget:
-            j = max(live, key=lambda i: rows[i].admit_order)  # type: ignore[union-attr]
-            victim = rows[j]
-            assert victim is not None
-            live.remove(j)
-            rows[j] = None
-            freed.append(j)
-            self._held -= victim.held
-            victim.state = _WAITING
-            victim.preemptions += 1
-            self.preemptions += 1
-            self._waiting.appendleft(victim)
-            log.debug("engine_preempt", engine=self.name, request_id=victim.rid)
-        projected = self._held + len(live)
-        prefill: list[_Seq] = []
-        while self._waiting and len(live) + len(prefill) < self.max_running:
-            seq = self._waiting[0]
-            reserve = min(seq.remaining - 1, self._admit_reserve)
-            if projected + seq.held + 1 + reserve > self.kv_token_budget:
-                break  # strict FIFO: the head waits for room, nothing overtakes it
-            self._waiting.popleft()
-            seq.state = _RUNNING
-            seq.admit_order = next(self._admit_seq)
-            self._held += seq.held
-            projected += seq.held + 1
-            prefill.append(seq)
-        # Dead rows cost a forward each step but moving the cache costs a copy of all of it:
-        # compact when the dead would outnumber the live after the admitted fill them, or when
-        # an eighth of the rows have stayed dead for DRAIN_STEPS plans with nothing waiting to
-        # take them (the batch draining at the end of a wave: the copy pays for itself within
-        # a few steps, and a request that comes back soon, a tool call's continuation, still
-        # finds its dead row).
-        compact = None
-        dead = len(rows) - len(live) - min(len(rows) - len(live), len(prefill))
-        self._drain = self._drain + 1 if (dead and not self._waiting and
-                                          dead >= len(rows) // 8) else 0
-        if dead > len(live) + len(prefill) or self._drain > DRAIN_STEPS:
-            compact, rows = live, [rows[i] for i in live]
-            freed, live = [], list(range(len(live)))
-            self._drain = 0
-        holes = [i for i, s in enumerate(rows) if s is None][:len(prefill)]
-        for i, seq in zip(holes, prefill, strict=False):
-            rows[i] = seq
-        rows.extend(prefill[len(holes):])
-        self._rows = rows
-        return _Plan(rows=rows, compact=compact, freed=freed, decode=live, fill=holes,
-                     prefill=prefill, version=self.policy_version)
-
-    def _apply(self, plan: _Plan, outs: list[_Out]) -> None:
+    def _apply(self, plan: Plan, outs: list[_Out]) -> None:
         # Finished requests first: their consumers (often a tool call about to fire) wake
         # before the rest of the batch's deltas are handed out.
         outs.sort(key=lambda o: o.finish is None)
         for o in outs:
             seq = o.seq
-            if seq.state != _RUNNING:  # aborted while the step ran
+            if seq.state != RUNNING:  # aborted while the step ran
                 continue
             seq.generated.append(o.token)
-            self._held += 1
+            self._planner.held += 1
             delta = TokenDelta(token_ids=[o.token], logprobs=[o.logprob], finish_reason=o.finish,
                                policy_version=plan.version)
             if o.finish is not None:
                 self._finish(seq, delta)
             else:
                 seq.queue.put_nowait(delta)
-        self.peak_kv_tokens = max(self.peak_kv_tokens, self._held)
-        assert self._held <= self.kv_token_budget, "KV budget invariant broken"
+        self.peak_kv_tokens = max(self.peak_kv_tokens, self._planner.held)
+        assert self._planner.held <= self.kv_token_budget, "KV budget invariant broken"
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
-            if not self._waiting and not any(
-                    s is not None and s.state == _RUNNING for s in self._rows):
+            if self._planner.idle:
                 self._work.clear()
                 await self._work.wait()
                 continue
             async with self._step_lock:
                 if self._closing:
                     break
-                plan = self._plan()
+                plan = self._planner.plan(self.policy_version)
                 if not plan.decode and not plan.prefill:
                     continue
                 try:
@@ -410,9 +289,9 @@ class LocalEngine:
                     log.error("engine_step_failed", engine=self.name, error=repr(e))
                     err = EngineError(f"{self.name}: forward failed: {e!r}")
                     for seq in [plan.rows[i] for i in plan.decode] + plan.prefill:
-                        if seq is not None and seq.state != _DONE:
+                        if seq is not None and seq.state != DONE:
                             self._finish(seq, err)
-                    self._rows = []
+                    self._planner.rows = []
                     self._batch = BatchCache()
                     continue
                 self.steps += 1
@@ -426,7 +305,7 @@ class LocalEngine:
             raise EngineError(f"{self.name}: only full-attention models are supported "
                               f"(layer types {sorted(types)})")
 
-    def _step(self, plan: _Plan) -> list[_Out]:
+    def _step(self, plan: Plan) -> list[_Out]:
         torch = self._torch
         outs: list[_Out] = []
         with torch.inference_mode():
@@ -456,7 +335,7 @@ class LocalEngine:
                 outs.extend(self._prefill(plan.prefill, plan.fill))
         return outs
 
-    def _prefill(self, seqs: list[_Seq], fill: list[int]) -> list[_Out]:
+    def _prefill(self, seqs: list[Seq], fill: list[int]) -> list[_Out]:
         """Prefill `seqs` together, write the first `len(fill)` into those dead rows, append
         the rest as new rows.
 
@@ -503,14 +382,14 @@ class LocalEngine:
             self._batch.append(cache, mask, torch.tensor(lens[n:], device=self._device))
         return self._sample(logits, seqs)
 
-    def _sample(self, logits: Any, seqs: list[_Seq]) -> list[_Out]:
+    def _sample(self, logits: Any, seqs: list[Seq]) -> list[_Out]:
         toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
                                 [s.sampling.top_p for s in seqs], [s.generator for s in seqs],
                                 self._generator)
         return [_Out(s, tok, lp, self._finish_reason(s, tok))
                 for s, tok, lp in zip(seqs, toks, lps, strict=True)]
 
-    def _finish_reason(self, seq: _Seq, tok: int) -> str | None:
+    def _finish_reason(self, seq: Seq, tok: int) -> str | None:
         sp = seq.sampling
         if tok in sp.stop_token_ids:
             return "stop"
@@ -520,7 +399,7 @@ class LocalEngine:
             return "length"
         return None
 
-    def _stop_string_hit(self, seq: _Seq, tok: int) -> bool:
+    def _stop_string_hit(self, seq: Seq, tok: int) -> bool:
         """True when a stop string ends inside the text of the newest token."""
         longest = max(len(s) for s in seq.sampling.stop_strings)
         tail = [*seq.generated[-(longest + 2):], tok]
