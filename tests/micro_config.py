@@ -1,7 +1,8 @@
 """The micro curriculum's shared TOML sections, for the tests that run `asyncrl train` end to
 end in seconds: a one-layer Qwen3 with a tokenizer trained on the task, and tiny_math data.
-Each test adds its own `[run]`, `[rollout]`, stages and the rest (`MICRO_RL_TAIL`: two RL steps
-that save every rollout). Also how those tests run a command (`run_ok`) and read a run's metric
+Each test adds its own `[run]`, stages and the rest: `micro_rollout(...)` the `[rollout]` and
+`[roc]` (with the test's changes), `MICRO_ENGINE` the engine and sandbox, `MICRO_RL_TAIL` two
+RL steps that save every rollout. Also how those tests run a command (`run_ok`) and read a run's metric
 rows (`metric_rows`) and saved rollouts (`saved_rollouts`)."""
 
 from __future__ import annotations
@@ -39,6 +40,34 @@ train_size = 64
 eval_size = 8
 levels = [1, 2]
 """
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)
+
+
+def micro_rollout(roc: dict[str, object] | None = None, **rollout: object) -> str:
+    """`[rollout]` and `[roc]` of a micro run: two prompts of four samples kept as groups of
+    two, two turns of at most 24 tokens in markdown, RoC with one positive and one negative;
+    `rollout` and `roc` add or replace keys (a value of None drops one)."""
+    keys = {"prompts_per_step": 2, "samples_per_prompt": 4, "group_size": 2, "max_turns": 2,
+            "max_response_tokens": 24, "tool_format": "markdown", **rollout}
+    roc_keys = {"min_pos": 1, "min_neg": 1, **(roc or {})}
+    lines = ["[rollout]"] + [f"{k} = {_toml_value(v)}" for k, v in keys.items() if v is not None]
+    lines += ["[roc]"] + [f"{k} = {_toml_value(v)}" for k, v in roc_keys.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+MICRO_ENGINE = """\
+[engine]
+kv_token_budget = 8192
+[sandbox]
+workers = 1
+time_limit_s = 2.0
+"""
+"""The local engine and one sandbox worker of a micro run (a two-second tool limit)."""
 
 
 MICRO_RL_TAIL = """\

@@ -166,7 +166,7 @@ def test_a_run_loads_each_split_of_its_task_once(plugin_dir: Path) -> None:
     """`asyncrl train` on a plugin source: the source is built once for the whole run (both
     splits, the tokenizer corpus, reward and tools, training and evaluation all read what the
     runtime opened) and closed once when the run ends."""
-    from micro_config import MICRO_RL_TAIL, metric_rows, run_ok
+    from micro_config import MICRO_RL_TAIL, metric_rows, micro_rollout, run_ok
 
     (plugin_dir / "counted.py").write_text(textwrap.dedent('''
         from asyncrl.tasks.task import TaskSource
@@ -192,17 +192,8 @@ def test_a_run_loads_each_split_of_its_task_once(plugin_dir: Path) -> None:
         [task]
         reward = "myplug:spelled"
         tools = ["python"]
-        [rollout]
-        prompts_per_step = 2
-        samples_per_prompt = 2
-        group_size = 2
-        max_turns = 1
-        max_response_tokens = 8
-        tool_format = "markdown"
-        [roc]
-        min_pos = 0
-        min_neg = 0
-        """) + MICRO_RL_TAIL)
+        """) + micro_rollout(roc={"min_pos": 0, "min_neg": 0}, samples_per_prompt=2,
+                             max_turns=1, max_response_tokens=8) + MICRO_RL_TAIL)
     run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
             str(plugin_dir / "run")], cwd=plugin_dir, python_path=f"{ROOT}:{plugin_dir}")
     assert (plugin_dir / "calls.txt").read_text().split() == ["load", "close"]

@@ -136,7 +136,8 @@ class MulTaskset(vf.Taskset[MulTask, Config]):
 def test_asyncrl_train_runs_rl_steps_on_a_verifiers_taskset(tmp_path) -> None:
     import sys
 
-    from micro_config import MICRO_MODEL, MICRO_RL_TAIL, ROOT, metric_rows, run_ok, saved_rollouts
+    from micro_config import (MICRO_MODEL, MICRO_RL_TAIL, ROOT, metric_rows, micro_rollout,
+                              run_ok, saved_rollouts)
 
     (tmp_path / "mul_env.py").write_text(E2E_TASKSET)
     cfg = tmp_path / "vf.toml"
@@ -147,17 +148,7 @@ eval = "generator:mul_env:MulTaskset"
 max_prompt_tokens = 400  # the Hermes tool prompt, in a 400-token vocabulary
 [data.generator_options]
 eval_size = 2
-[rollout]
-prompts_per_step = 2
-samples_per_prompt = 4
-group_size = 2
-max_turns = 2
-max_response_tokens = 24
-tool_format = "hermes"
-[roc]
-min_pos = 1
-min_neg = 1
-""" + MICRO_RL_TAIL)
+""" + micro_rollout(tool_format="hermes") + MICRO_RL_TAIL)
     run_dir = tmp_path / "run"
     run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
             str(run_dir)], cwd=tmp_path, python_path=f"{ROOT}:{tmp_path}")

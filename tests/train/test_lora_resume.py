@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_MODEL, RUN_ENV, metric_rows, run_ok
+from micro_config import MICRO_MODEL, RUN_ENV, metric_rows, micro_rollout, run_ok
 
 from asyncrl.checkpoint import load_checkpoint
 
@@ -76,19 +76,8 @@ name = "lora-resume"
 seed = 5
 [model]
 path = "{base}"
-""" + DATA + """[rollout]
-prompts_per_step = 2
-samples_per_prompt = 4
-group_size = 2
-max_turns = 2
-max_response_tokens = 32
-tool_format = "markdown"
-seed_requests = true
-[roc]
-min_pos = 1
-min_neg = 1
-reject_equal_reward = false
-[algorithm]
+""" + DATA + micro_rollout(roc={"reject_equal_reward": False}, max_response_tokens=32,
+                              seed_requests=True) + """[algorithm]
 lr = 1e-2
 [engine]
 kv_token_budget = 8192

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from micro_config import MICRO_MODEL
+from micro_config import MICRO_ENGINE, MICRO_MODEL, micro_rollout
 
 from asyncrl import config
 from asyncrl.errors import CheckpointError
@@ -41,22 +41,7 @@ max_prompt_tokens = 256
 train_size = 32
 eval_size = 4
 levels = [1]
-[rollout]
-prompts_per_step = 2
-samples_per_prompt = 4
-group_size = 2
-max_turns = 2
-max_response_tokens = 24
-tool_format = "markdown"
-[roc]
-min_pos = 1
-min_neg = 1
-[engine]
-kv_token_budget = 8192
-[sandbox]
-workers = 1
-time_limit_s = 2.0
-[[stages]]
+""" + micro_rollout() + MICRO_ENGINE + """[[stages]]
 name = "sft"
 kind = "sft"
 steps = 10

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_DATA, MICRO_MODEL, metric_rows
+from micro_config import MICRO_DATA, MICRO_ENGINE, MICRO_MODEL, metric_rows, micro_rollout
 
 from asyncrl import config
 from asyncrl.cli.plan import dry_run
@@ -24,24 +24,9 @@ MICRO = """
 [run]
 name = "micro"
 seed = 3
-""" + MICRO_MODEL + MICRO_DATA + """[rollout]
-prompts_per_step = 2
-samples_per_prompt = 4
-group_size = 2
-max_turns = 2
-max_response_tokens = 24
-tool_format = "markdown"
-[roc]
-min_pos = 1
-min_neg = 1
-[algorithm]
+""" + MICRO_MODEL + MICRO_DATA + micro_rollout() + """[algorithm]
 lr = 1e-3
-[engine]
-kv_token_budget = 8192
-[sandbox]
-workers = 1
-time_limit_s = 2.0
-[[stages]]
+""" + MICRO_ENGINE + """[[stages]]
 name = "sft"
 kind = "sft"
 steps = 2
