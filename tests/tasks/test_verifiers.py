@@ -136,8 +136,15 @@ class MulTaskset(vf.Taskset[MulTask, Config]):
 def test_asyncrl_train_runs_rl_steps_on_a_verifiers_taskset(tmp_path) -> None:
     import sys
 
-    from micro_config import (MICRO_MODEL, MICRO_RL_TAIL, ROOT, metric_rows, micro_rollout,
-                              run_ok, saved_rollouts)
+    from micro_config import (
+        MICRO_MODEL,
+        MICRO_RL_TAIL,
+        ROOT,
+        metric_rows,
+        micro_rollout,
+        run_ok,
+        saved_rollouts,
+    )
 
     (tmp_path / "mul_env.py").write_text(E2E_TASKSET)
     cfg = tmp_path / "vf.toml"
