@@ -58,7 +58,7 @@ def from_environment(env: Any, *, tokenizer: Any = None, size: int = 0) -> Task:
     read, required for an infinite one): its tasks, its `@vf.tool`s, and verifiers' own
     `Task.score` as the reward (`tokenizer`: the policy's, to read the rollout's turns as
     messages; see `asyncrl.tasks.bridges.verifiers`). To train on one, name it in a curriculum
-    instead (`data.train = "generator:module:MyTaskset"`, docs/recipe.md).
+    instead (`data.train = "generator:module:MyTaskset"`, docs/tasks.md).
 
     Else an object of the classic shape written by hand: `env.dataset` (rows with `question`
     or a chat `prompt`, `answer`, optional `id`/`task`), `env.rubric` (`funcs` and `weights`,
