@@ -247,7 +247,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
                              [t.schema for t in task.tools] or None)
         runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,
-                               env=task.env)
+                               env=task.env, reward_timeout_s=cfg.rollout.reward_timeout_s)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

@@ -18,6 +18,7 @@ from asyncrl import config as config_mod
 from asyncrl import train
 from asyncrl.cli import plan
 from asyncrl.errors import ConfigError, RunStopped
+from asyncrl.rollout.blocking import describe_stuck
 from asyncrl.rollout.eventloop import run as run_loop
 from asyncrl.rundir import pick_run_dir
 
@@ -51,6 +52,9 @@ def cmd_train(args: Any) -> int:
               f" {train.stop_summary(rd, again)}", file=sys.stderr)
         num = signal.Signals.__members__.get(e.signal_name, signal.SIGINT)
         return 128 + int(num)  # 130 for SIGINT, 143 for SIGTERM: what a shell expects
+    stuck = describe_stuck()
+    if stuck:  # the run ended; what hung is not waited for, but a person should know
+        print(f"asyncrl: warning: {stuck}", file=sys.stderr)
     print(f"run directory: {rd}")
     print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
           f"{rd / 'report' / 'viewer.html'} (open it in a browser)")

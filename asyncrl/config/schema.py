@@ -163,6 +163,13 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     """Tool-call syntax: Hermes `<tool_call>{json}</tool_call>` or ```python fences."""
     tool_output_max_chars: PosInt = 256
     """Tool output longer than this is cut in the middle (head and tail kept)."""
+    tool_timeout_s: PosFloat = 120.0
+    """Deadline on one tool call or one text-environment step, seconds: past it the call
+    is answered `timeout` / the rollout fails, and a sync call that never returns is left on
+    a daemon thread (it does not keep the process alive)."""
+    reward_timeout_s: PosFloat = 60.0
+    """Deadline on one rollout's reward (and the environment step it may run), seconds: past
+    it the rollout scores 0 (`reward_timeout`)."""
     tools: bool = True
     """Offer the Python tool at all (False = plain CoT rollouts)."""
     seed_requests: bool = False

@@ -273,6 +273,8 @@ class RolloutRunner:
             if res.detail or res.errors:
                 ro.reward_detail, ro.reward_errors = dict(res.detail), list(res.errors)
         except TimeoutError:
+            log.warning("reward_timeout", rollout_id=ro.rollout_id,
+                        timeout_s=self.reward_timeout_s)
             ro.reward, ro.reward_status = 0.0, "reward_timeout"
         except Exception as e:  # a broken reward scores 0 and is recorded; the group goes on
             log.warning("reward_error", rollout_id=ro.rollout_id, error=repr(e))

@@ -16,13 +16,13 @@ the bridges), or the checks `config check` runs (`asyncrl.tasks.check`).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.blocking import call_sync
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.task import TaskContext, TaskSource
 
@@ -79,8 +79,8 @@ def as_reward(fn: Callable[..., Any], name: str) -> RewardFn:
         not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
     async def reward(problem: Problem, rollout: Rollout) -> RewardResult:
-        out = await fn(problem, rollout) if is_async else await asyncio.to_thread(
-            fn, problem, rollout)
+        out = await fn(problem, rollout) if is_async else await call_sync(
+            fn, problem, rollout, what=f"reward {name!r}")
         if inspect.isawaitable(out):
             out = await out
         if isinstance(out, RewardResult):

@@ -12,7 +12,9 @@ Each assistant turn that ends without a tool call is the action of one `step`: w
 False the observations' text becomes the next user turn (tokens with loss mask 0, turn role
 `environment`), as SkyRL appends observation tokens; `done` ends the rollout. A turn cut by the
 response budget is stepped when the rollout is rewarded. The rollout's reward is the sum of its
-step rewards (each in `reward_detail` as `step_N`). Sync methods run on worker threads;
+step rewards (each in `reward_detail` as `step_N`). Sync methods run on daemon threads
+(`asyncrl.rollout.blocking`: a step that never returns is cut by its deadline and does not
+keep the process alive);
 an environment that raises fails that rollout only (status `failed`, `error` says
 `environment: ...`), never the run.
 
@@ -25,7 +27,6 @@ answer is `extras.reward_spec.ground_truth`), `train_file`, `eval_file` (SkyRL d
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.blocking import call_sync
 from asyncrl.tasks.task import TaskSource
 
 
@@ -66,15 +68,16 @@ class TextEnvRunner:
         sess = self.sessions.get(ro.rollout_id)
         if sess is None:
             problem = self.problems[ro.prompt_id]
-            env = await asyncio.to_thread(self.make_env, problem)
+            env = await call_sync(self.make_env, problem, what="environment make_env")
             init = getattr(env, "init", None)
             if init is not None:
-                await asyncio.to_thread(init, [{"role": "user", "content": problem.question}])
+                await call_sync(init, [{"role": "user", "content": problem.question}],
+                                what="environment init")
             sess = self.sessions[ro.rollout_id] = _Session(env)
         return sess
 
     async def _step(self, sess: _Session, turn: int, text: str) -> dict[str, Any]:
-        out = await asyncio.to_thread(sess.env.step, text)
+        out = await call_sync(sess.env.step, text, what="environment step")
         sess.steps_at.add(turn)
         sess.rewards.append(float(out.get("reward") or 0.0))
         sess.done = bool(out.get("done"))
@@ -111,7 +114,7 @@ class TextEnvRunner:
         finally:
             close = getattr(sess.env, "close", None) if sess is not None else None
             if close is not None:
-                await asyncio.to_thread(close)
+                await call_sync(close, what="environment close")
 
 
 def text_env_source(name: str, train: list[Problem], eval_: list[Problem],
