@@ -244,6 +244,11 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         task = bind(loaded, ctx)
         if task.close is not None:
             stack.callback(task.close)
+        why = fmt.uncallable([t.name for t in task.tools])
+        if why:  # config check says so first; an embedding program gets the same rule
+            from asyncrl.tasks.check import FORMAT_FIX
+
+            raise ConfigError("rollout.tool_format", f"{why}: {FORMAT_FIX}")
         system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
                              [t.schema for t in task.tools] or None)
         runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,

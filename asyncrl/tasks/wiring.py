@@ -143,19 +143,31 @@ def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:
     return out
 
 
+def source_tools(source: TaskSource, ctx: TaskContext) -> list[Tool]:
+    """The task source's own tools; a raising `tools()` is a config error naming its key."""
+    assert source.tools is not None
+    try:
+        return list(source.tools(ctx))
+    except ConfigError:
+        raise
+    except Exception as e:  # a plugin's bug: say whose, at config time, not as a traceback
+        raise ConfigError("task.tools", f"task source {source.name!r}: its tools() raised "
+                          f"{type(e).__name__}: {e}") from e
+
+
 def build_tools(specs: Sequence[str], source: TaskSource | None,
                 ctx: TaskContext) -> list[Tool]:
     """The run's tools from `[task] tools`; names must be unique."""
     tools: list[Tool] = []
     for spec in specs:
         if spec == "auto":
-            tools += (list(source.tools(ctx)) if source is not None and source.tools is not None
+            tools += (source_tools(source, ctx) if source is not None and source.tools is not None
                       else _python(ctx))
         elif spec == "source":
             if source is None or source.tools is None:
                 raise ConfigError("task.tools", "\"source\": the task source has no tools of "
                                   "its own")
-            tools += list(source.tools(ctx))
+            tools += source_tools(source, ctx)
         elif spec == "python":
             tools += _python(ctx)
         else:

@@ -36,6 +36,14 @@ async def spelled(problem, rollout):
 def letters(word: str) -> str:
     """The letters of a word, dash-separated."""
     return "-".join(word)
+
+def broken_tools(options, seed):
+    from asyncrl.tasks.task import TaskSource
+
+    def tools(ctx):
+        raise AttributeError("'TaskConfig' object has no attribute 'tools'")
+    train, eval_ = make(options, seed)
+    return TaskSource(name="broken", train=train, eval=eval_, tools=tools)
 '''
 
 
@@ -209,3 +217,37 @@ def test_a_run_loads_each_split_of_its_task_once(plugin_dir: Path) -> None:
     (data,) = metric_rows(plugin_dir / "run", "data")
     assert (data["train"], data["eval"]) == (4, 1)
     assert [r["step"] for r in metric_rows(plugin_dir / "run", "rl_step")] == [1, 2]
+
+
+def test_config_check_names_the_resolved_tools(plugin_dir: Path) -> None:
+    """Issue 54 M2: the plan listed `tools: auto`, not what the model is offered."""
+    cfg = config.load(_curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]'))
+    assert ("tools: python_code_with_standard_io, letters (task.tools = ['python', "
+            "'myplug:letters'], format hermes)") in check_task(cfg)
+
+
+def test_markdown_with_a_tool_other_than_python_is_refused(plugin_dir: Path) -> None:
+    """Issue 54 H3: config check, the dry run and train passed it; the model trained on a
+    prompt offering Python it did not have and never saw its tool. The rule is the one the
+    embedding API applies (`ToolFormat.uncallable`)."""
+    cfg = config.load(_curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]'),
+                      ["rollout.tool_format=markdown"])
+    with pytest.raises(ConfigError) as e:
+        check_task(cfg)
+    assert e.value.key == "rollout.tool_format"
+    assert "calls only python_code_with_standard_io; letters could never be called" in str(
+        e.value) and 'rollout.tool_format = "hermes"' in str(e.value)
+    ok = config.load(_curriculum(plugin_dir, 'tools = ["python"]'),
+                     ["rollout.tool_format=markdown"])
+    assert any(line.startswith("tools: python_code_with_standard_io") for line in
+               check_task(ok))
+
+
+def test_a_source_whose_tools_raise_is_a_config_error(plugin_dir: Path) -> None:
+    """Issue 54 M1: config check said ok, then train died with a raw traceback."""
+    p = _curriculum(plugin_dir, "")
+    p.write_text(p.read_text().replace("generator:myplug:make", "generator:myplug:broken_tools"))
+    with pytest.raises(ConfigError) as e:
+        check_task(config.load(p))
+    assert e.value.key == "task.tools"
+    assert "task source 'broken': its tools() raised AttributeError" in str(e.value)
