@@ -2,7 +2,8 @@
 
 Owns: the naming rule (`output_dir/name`, then `name-2`, `name-3`, ... so that a finished run
 is never reused or overwritten), what `--resume` and an explicit `--run-dir` pick, and the one
-console line that says so. Does not own: what goes into a run directory (the train loop, the
+console line that says so, and the removal of a directory a failed start left
+(`discard_failed_start`). Does not own: what goes into a run directory (the train loop, the
 metrics writer, the report).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 from asyncrl.config import RunConfig
 from asyncrl.errors import CheckpointError
 
-__all__ = ["pick_run_dir", "run_dir_for"]
+__all__ = ["discard_failed_start", "pick_run_dir", "run_dir_for"]
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -23,6 +24,18 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 def _holds_run(d: Path) -> bool:
     return (d / "metrics.jsonl").exists() or (d / "checkpoints").exists()
+
+
+def discard_failed_start(rd: Path, created: bool) -> bool:
+    """After a run failed to start: remove `rd` if this invocation created it and it holds no
+    run yet (no metrics, no checkpoint), so the next start takes its name instead of
+    `name-N`. True when removed. A directory that existed before is never touched."""
+    if not created or not rd.is_dir() or _holds_run(rd):
+        return False
+    import shutil
+
+    shutil.rmtree(rd, ignore_errors=True)
+    return not rd.exists()
 
 
 def pick_run_dir(cfg: RunConfig, run_dir: str | None, resume: bool) -> tuple[Path, str]:

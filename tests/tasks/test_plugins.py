@@ -251,3 +251,34 @@ def test_a_source_whose_tools_raise_is_a_config_error(plugin_dir: Path) -> None:
         check_task(config.load(p))
     assert e.value.key == "task.tools"
     assert "task source 'broken': its tools() raised AttributeError" in str(e.value)
+
+
+def test_train_refuses_markdown_with_a_plugin_tool_and_leaves_no_run_dir(plugin_dir: Path
+                                                                          ) -> None:
+    """Issue 54 H3 and M1: train refuses it too (the same rule, after the tools are built),
+    and the failed start leaves no directory behind: the next start is not `c-2`."""
+    from micro_config import RUN_ENV
+
+    p = _curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]')
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(p), "--set",
+                           "rollout.tool_format=markdown", "--set", f"run.output_dir="
+                           f"\"{plugin_dir / 'runs'}\"", "--set", "run.name=\"c\""],
+                          cwd=plugin_dir, capture_output=True, text=True, timeout=300,
+                          env={**RUN_ENV, "PYTHONPATH": f"{ROOT}:{plugin_dir}"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "config error: rollout.tool_format: the markdown tool format calls only" in proc.stderr
+    assert f"removed {plugin_dir / 'runs' / 'c'}" in proc.stderr
+    assert not (plugin_dir / "runs" / "c").exists()
+
+
+def test_a_failed_start_directory_is_removed_only_when_it_holds_no_run(tmp_path: Path) -> None:
+    from asyncrl.rundir import discard_failed_start
+
+    rd = tmp_path / "r"
+    rd.mkdir()
+    (rd / "log.jsonl").write_text("{}\n")
+    assert not discard_failed_start(rd, created=False) and rd.exists()  # not ours
+    (rd / "metrics.jsonl").write_text("{}\n")
+    assert not discard_failed_start(rd, created=True) and rd.exists()  # a run's
+    (rd / "metrics.jsonl").unlink()
+    assert discard_failed_start(rd, created=True) and not rd.exists()
