@@ -46,6 +46,15 @@ def cmd_train(args: Any) -> int:
     again = resume_command(args.config, rd, args.set)
     created = not rd.exists()
     try:
+        return _run(cfg, args, rd, again, created)
+    finally:
+        stuck = describe_stuck()
+        if stuck:  # the run ended; what hung is not waited for, but a person should know
+            print(f"asyncrl: warning: {stuck}", file=sys.stderr)
+
+
+def _run(cfg: Any, args: Any, rd: Any, again: str, created: bool) -> int:
+    try:
         rd = run_loop(train.train_async(cfg, resume=args.resume, run_dir=str(rd),
                                         resume_command=again))
     except RunStopped as e:
@@ -57,9 +66,6 @@ def cmd_train(args: Any) -> int:
         if discard_failed_start(rd, created):  # the next start takes this name again
             print(f"asyncrl: the run did not start; removed {rd}", file=sys.stderr)
         raise
-    stuck = describe_stuck()
-    if stuck:  # the run ended; what hung is not waited for, but a person should know
-        print(f"asyncrl: warning: {stuck}", file=sys.stderr)
     print(f"run directory: {rd}")
     print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
           f"{rd / 'report' / 'viewer.html'} (open it in a browser)")

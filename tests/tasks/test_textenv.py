@@ -190,4 +190,7 @@ reject_equal_reward = false
     out = proc.stdout + proc.stderr
     assert "sync_call_abandoned" in out and "environment step" in out, out[-3000:]
     assert "never returned after their deadline (environment step" in proc.stderr
+    # every rollout failed or went unscored: the run stops in its first step (issue 54 M3)
+    assert proc.returncode == 1, out[-3000:]
+    assert "so the run stops" in proc.stderr and "RL step 1" in proc.stderr
     assert took < 200, took
