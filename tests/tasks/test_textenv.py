@@ -74,6 +74,42 @@ async def test_an_env_that_raises_fails_its_rollout_only(tiny_tokenizer) -> None
     assert (ro.reward, ro.reward_status) == (0.0, "no_answer")
 
 
+class _Returns:
+    def __init__(self, out):
+        self.out = out
+
+    def step(self, action: str):
+        return self.out
+
+
+@pytest.mark.parametrize(("out", "why"), [
+    (("Higher.", 0.0, False, {}), "step returned a gym-style tuple"),
+    ("Higher.", "step returned a str"),
+    ({"observations": [], "reward": 1.0}, "step returned no bool 'done'"),
+    ({"observations": "Higher.", "reward": 0.0, "done": False}, "step returned 'observations' = 'Higher.'"),
+    ({"observations": [], "reward": "1", "done": True}, "step returned 'reward' = '1', not a number"),
+], ids=["gym_tuple", "bare_string", "no_done", "str_observations", "str_reward"])
+async def test_a_step_of_the_wrong_shape_says_the_expected_one(tiny_tokenizer, out, why
+                                                               ) -> None:
+    """Issue 54 M4: a gym tuple gave `'tuple' object has no attribute 'get'`, and a missing
+    `done` was silently "not done" even after a reward of 1.0."""
+    from asyncrl.observe.metrics import rollout_stats
+
+    probs = [Problem(id="p", question="Guess", answer="3")]
+    src = text_env_source("shape", probs, [], lambda p: _Returns(out))
+    ro, _ = await _run(tiny_tokenizer, src, ["3<|im_end|>"])
+    assert ro.status.value == "failed" and ro.error.startswith(f"environment: {why}")
+    assert '"done": bool' in ro.error  # the expected shape, stated
+    # the same fault in a turn cut by the budget is stepped at reward time: counted the same
+    # way, once (issue 54 M5)
+    cut, _ = await _run(tiny_tokenizer, src, ["3 3 3 3 3 3 3 3 3 3"],
+                        RolloutSettings(max_response_tokens=4, max_turns=5))
+    assert (cut.reward_status, cut.reward_errors[0][:len(why) + 13]) == (
+        "reward_error", f"environment: {why}")
+    m = rollout_stats([ro, cut])
+    assert (m["rollout/env_error_count"], m["rollout/reward_error_count"]) == (2.0, 0.0)
+
+
 def test_a_wrong_skyrl_env_id_says_did_you_mean(tmp_path) -> None:
     with pytest.raises(ConfigError, match="did you mean 'gsm8k_multi_turn'"):
         skyrl_source({"env": "gsm8k_multiturn", "train_file": _file(tmp_path, ROWS)}, 0)

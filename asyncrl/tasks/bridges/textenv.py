@@ -27,6 +27,7 @@ answer is `extras.reward_spec.ground_truth`), `train_file`, `eval_file` (SkyRL d
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,39 @@ class _Session:
     done: bool = False
     steps_at: set[int] = field(default_factory=set)
     """Assistant turn indices already stepped."""
+
+
+STEP_SHAPE = ('{"observations": [{"role": "user", "content": str}, ...], "reward": float, '
+              '"done": bool, "metadata": {...} (optional)}')
+"""What `step` returns (skyrl-gym's `BaseTextEnvStepOutput`)."""
+
+
+class EnvironmentFault(Exception):
+    """A text environment raised or broke its contract. Its text starts `environment: `, the
+    same whether the step ran during a turn (the rollout fails) or when the rollout was
+    rewarded (a turn cut by the budget: `reward_error`), so each fault is counted once, as
+    `rollout/env_error_count`."""
+
+
+def checked_step(out: Any) -> dict[str, Any]:
+    """`step`'s return, checked against `STEP_SHAPE`; `EnvironmentFault` saying what is wrong
+    (a gym tuple, a bare string, a missing `done`) otherwise."""
+    def bad(why: str) -> EnvironmentFault:
+        return EnvironmentFault(f"environment: step returned {why}; expected {STEP_SHAPE}")
+
+    if not isinstance(out, dict):
+        kind = "a gym-style tuple" if isinstance(out, tuple) else f"a {type(out).__name__}"
+        raise bad(kind)
+    if "done" not in out or not isinstance(out["done"], bool):
+        raise bad("no bool 'done'" if "done" not in out else
+                  f"'done' = {out['done']!r}, not a bool")
+    reward = out.get("reward", 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise bad(f"'reward' = {reward!r}, not a number")
+    obs = out.get("observations") or []
+    if not isinstance(obs, list) or not all(isinstance(m, dict) for m in obs):
+        raise bad(f"'observations' = {obs!r:.60}, not a list of messages")
+    return {**out, "reward": float(reward or 0.0), "observations": obs}
 
 
 class TextEnvRunner:
@@ -77,10 +111,10 @@ class TextEnvRunner:
         return sess
 
     async def _step(self, sess: _Session, turn: int, text: str) -> dict[str, Any]:
-        out = await call_sync(sess.env.step, text, what="environment step")
+        out = checked_step(await call_sync(sess.env.step, text, what="environment step"))
         sess.steps_at.add(turn)
-        sess.rewards.append(float(out.get("reward") or 0.0))
-        sess.done = bool(out.get("done"))
+        sess.rewards.append(float(out["reward"]))
+        sess.done = out["done"]
         return out
 
     async def turn(self, ro: Rollout, text: str) -> str | None:
@@ -105,8 +139,13 @@ class TextEnvRunner:
                 t = spans[-1]
                 if self.tokenizer is None:
                     raise ValueError("stepping a cut turn needs the tokenizer (TaskContext)")
-                await self._step(sess, last, self.tokenizer.decode(
-                    ro.response_ids[t.start:t.end], skip_special_tokens=True))
+                try:
+                    await self._step(sess, last, self.tokenizer.decode(
+                        ro.response_ids[t.start:t.end], skip_special_tokens=True))
+                except (EnvironmentFault, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # the environment's: said as during a turn
+                    raise EnvironmentFault(f"environment: {e!r}"[:500]) from e
             if sess is None or not sess.rewards:  # never stepped (a failed rollout)
                 return RewardResult(reward=0.0, status="no_answer")
             detail = {f"step_{i + 1}": r for i, r in enumerate(sess.rewards)}
