@@ -9,13 +9,38 @@ metrics writer, the report).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.errors import CheckpointError
 
-__all__ = ["discard_failed_start", "pick_run_dir", "run_dir_for"]
+__all__ = ["PROMPT_FILE", "discard_failed_start", "pick_run_dir", "read_prompt", "run_dir_for",
+           "write_prompt"]
+
+PROMPT_FILE = "prompt.json"
+"""What a run's prompts were rendered with, beside `config.json`: `{"system_prompt": the
+system text the runner used, "tools": the tool schemas listed}`. The config alone cannot say
+it: a task source brings its own system text and tools (a verifiers taskset), and the text
+the run used is that, the format's text and the tool list together
+(`asyncrl.tasks.wiring.system_text`). `asyncrl.policy.load_policy` reads it."""
+
+
+def write_prompt(run_dir: Path, system_prompt: str, tools: list[dict[str, Any]]) -> None:
+    """Record the system text and the tool schemas a run renders its prompts with."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / PROMPT_FILE).write_text(json.dumps(
+        {"system_prompt": system_prompt, "tools": tools}, ensure_ascii=False, indent=1) + "\n")
+
+
+def read_prompt(run_dir: Path) -> dict[str, Any] | None:
+    """`write_prompt`'s record, or None for a run written before it existed."""
+    path = run_dir / PROMPT_FILE
+    if not path.exists():
+        return None
+    return dict(json.loads(path.read_text()))
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
