@@ -282,3 +282,15 @@ def test_a_failed_start_directory_is_removed_only_when_it_holds_no_run(tmp_path:
     assert not discard_failed_start(rd, created=True) and rd.exists()  # a run's
     (rd / "metrics.jsonl").unlink()
     assert discard_failed_start(rd, created=True) and not rd.exists()
+
+
+def test_a_plugin_returning_dict_rows_is_a_config_error_naming_the_type() -> None:
+    """Issue 54 M6: `AttributeError: 'dict' object has no attribute 'question'` from config
+    check and train."""
+    from asyncrl.tasks.source import adapt
+
+    rows = [{"id": "a", "question": "q", "answer": "1"}]
+    with pytest.raises(ConfigError) as e:
+        adapt(lambda options, seed: (rows, rows), "myplug:make", {}, 0)
+    assert e.value.key == "data.train"
+    assert "train item 0 is a dict, not an asyncrl.Problem" in str(e.value)
