@@ -67,8 +67,10 @@ async def call_sync(fn: Callable[..., T], /, *args: Any, what: str, **kwargs: An
         call_id = _next_id
 
     def work() -> None:
+        ok: bool = True
+        value: Any = None
         try:
-            ok, value = True, ctx.run(fn, *args, **kwargs)
+            value = ctx.run(fn, *args, **kwargs)
         except BaseException as e:  # handed to the awaiting coroutine, which re-raises it
             ok, value = False, e
         with _lock:
