@@ -33,7 +33,6 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, cast
 
-from asyncrl import formats
 from asyncrl.engine.base import Engine
 from asyncrl.errors import BudgetError, EngineUnavailable, ModelError
 from asyncrl.log import get_logger
@@ -103,11 +102,10 @@ async def _prepare(problems: Sequence[Problem], engines: Sequence[Engine],
     if system_prompt is None:
         system_prompt = policy.system_prompt if policy is not None else ""
     fmt = settings.tool_format
-    uncallable = [t.name for t in tools if t.name != formats.PYTHON_TOOL]
-    if fmt.name == "markdown" and uncallable:
-        raise ValueError(f"the markdown tool format calls only {formats.PYTHON_TOOL}; "
-                         f"{', '.join(uncallable)} could never be called: use "
-                         "settings.tool_format = formats.HERMES for tools of your own")
+    why = fmt.uncallable([t.name for t in tools])
+    if why:
+        raise ValueError(f"{why}: use settings.tool_format = formats.HERMES for tools of "
+                         "your own")
     if tools and system_prompt and fmt.name == "hermes" and fmt._prompt is None and not any(
             t.name in system_prompt for t in tools):
         # the built-in formats' system_prompt replaces their whole system text (that is what a

@@ -87,6 +87,21 @@ class ToolFormat:
     end_of_turn: str = IM_END
     """The text that ends an assistant message (SFT transcripts train it): ChatML's
     `<|im_end|>`, or the model template's own end-of-turn token (`templates.bind_format`)."""
+    only_tool: str | None = None
+    """The one tool this syntax can call (markdown: the Python tool); None: any tool."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    def uncallable(self, tool_names: list[str]) -> str:
+        """Why some of `tool_names` could never be called in this format (empty: all can).
+        The one rule for curricula (`asyncrl.tasks.check`, the runtime) and the embedding
+        API: a model trained or prompted with such a tool would never see it."""
+        bad = [n for n in tool_names if self.only_tool is not None and n != self.only_tool]
+        if not bad:
+            return ""
+        return (f"the {self.name} tool format calls only {self.only_tool}; "
+                f"{', '.join(bad)} could never be called")
 
     def parse(self, turn_text: str) -> Call | Malformed | None:
         """The call that ends `turn_text` (text of one assistant turn), if any."""
@@ -212,7 +227,7 @@ def _md_render(code: str, stdin: str) -> str:
 
 
 MARKDOWN = ToolFormat("markdown", ("```\n",), _MD_SYSTEM, _md_parse, _md_response, _md_render,
-                      _continues=_md_continues)
+                      _continues=_md_continues, only_tool=PYTHON_TOOL)
 
 FORMATS: dict[str, ToolFormat] = {"hermes": HERMES, "markdown": MARKDOWN}
 

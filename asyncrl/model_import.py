@@ -17,6 +17,7 @@ Loads torch and transformers only inside `import_model`.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +129,12 @@ def _load_gguf(path: Path, dtype: str) -> tuple[Any, Any]:
 
     from asyncrl import modeling
 
-    try:
-        import gguf  # noqa: F401  (transformers' reader needs it; say so plainly)
-    except ImportError:
-        raise ModelError("reading a GGUF file needs the `gguf` package: pip install gguf") from None
+    # transformers' GGUF reader needs `gguf`, and its from_pretrained refuses a gguf_file
+    # without `accelerate` (transformers 5); both are the `gguf` extra: say so plainly
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelError(f"reading a GGUF file needs {' and '.join(missing)}: "
+                         "pip install 'asyncrl[gguf]' (or pip install gguf accelerate)")
     try:
         with modeling._no_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -28,6 +28,7 @@ from asyncrl import formats, modeling, templates
 from asyncrl.config import RunConfig, from_dict
 from asyncrl.errors import BudgetError, ConfigError, ModelError
 from asyncrl.rollout.agent import RolloutSettings
+from asyncrl.rundir import read_prompt
 
 if TYPE_CHECKING:
     from asyncrl.engine.local.engine import LocalEngine
@@ -79,7 +80,10 @@ class Policy:
     path: Path
     """The directory the weights came from (`RUN/final` for a run directory)."""
     system_prompt: str
-    """The curriculum's `data.system_prompt` ("" = the tool format's default text)."""
+    """The system text training rendered its prompts with (a run directory's `prompt.json`:
+    `data.system_prompt`, or the task source's own text followed by the format's text and the
+    tool list), else the curriculum's `data.system_prompt`; "" = the tool format's default
+    text."""
     settings: RolloutSettings
     """Defaults for rollouts: the curriculum's tool format (bound to the chat template),
     `max_turns`, response budget (eval's, else the last stage's, else the rollout section's),
@@ -236,8 +240,10 @@ def load_policy(path: str | Path, *, dtype: str = "float32") -> Policy:
     name = cfg.rollout.tool_format if cfg is not None else "hermes"
     mode = cfg.data.chat_template if cfg is not None else "auto"
     fmt = templates.bind_format(formats.get_format(name), tokenizer, mode)
-    return Policy(model=model, tokenizer=tokenizer, path=model_dir,
-                  system_prompt=cfg.data.system_prompt if cfg is not None else "",
+    saved = read_prompt(p) if cfg is not None else None
+    system = (saved["system_prompt"] if saved is not None  # what training rendered
+              else cfg.data.system_prompt if cfg is not None else "")
+    return Policy(model=model, tokenizer=tokenizer, path=model_dir, system_prompt=system,
                   settings=_settings(cfg, fmt, tokenizer),
                   max_prompt_tokens=(cfg.data.max_prompt_tokens if cfg is not None
                                      else DEFAULT_MAX_PROMPT_TOKENS),

@@ -200,6 +200,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
     from asyncrl.engine.registry import build_engines
     from asyncrl.rollout import RolloutRunner
+    from asyncrl.rundir import write_prompt
     from asyncrl.tasks.open import TaskSpec, bind, load_task
     from asyncrl.tasks.task import TaskContext
     from asyncrl.tasks.wiring import system_text
@@ -244,10 +245,17 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         task = bind(loaded, ctx)
         if task.close is not None:
             stack.callback(task.close)
+        why = fmt.uncallable([t.name for t in task.tools])
+        if why:  # config check says so first; an embedding program gets the same rule
+            from asyncrl.tasks.check import FORMAT_FIX
+
+            raise ConfigError("rollout.tool_format", f"{why}: {FORMAT_FIX}")
         system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
                              [t.schema for t in task.tools] or None)
+        if with_trainer:  # what an embedding program needs to render the trained prompt
+            write_prompt(run_dir, system, [t.schema for t in task.tools])
         runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,
-                               env=task.env)
+                               env=task.env, reward_timeout_s=cfg.rollout.reward_timeout_s)
         isolation = getattr(client, "isolation", "unknown")
         log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
                  isolation=isolation, trainer=cfg.trainer.kind)

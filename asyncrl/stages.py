@@ -107,7 +107,7 @@ def rollout_settings(cfg: RunConfig, fmt: ToolFormat, stop_token_ids: tuple[int,
     return RolloutSettings(
         max_response_tokens=budget, max_turns=r.max_turns, temperature=temp, top_p=top_p,
         tool_format=fmt, tool_output_max_chars=r.tool_output_max_chars,
-        stop_token_ids=stop_token_ids,
+        tool_timeout_s=r.tool_timeout_s, stop_token_ids=stop_token_ids,
         seed=(zlib.crc32(f"{cfg.run.seed}:{seed_key}".encode()) & 0x7FFFFFFF
               if r.seed_requests else None),
     )

@@ -205,3 +205,27 @@ def test_the_smollm2_wheel_imports_and_generates(tmp_path):
     with torch.no_grad():
         gen = model.generate(ids, max_new_tokens=12, do_sample=False)
     assert "Paris" in tok.decode(gen[0, ids.shape[1]:])
+
+
+def test_a_gguf_import_without_accelerate_names_the_extra(llama_and_gguf, tmp_path,
+                                                         monkeypatch):
+    """Issue 54: after the README's first command, the README's SmolLM2 import stopped with
+    transformers' "accelerate is required when loading a GGUF file"; the `gguf` extra now
+    holds accelerate, and without it the error names the extra before transformers runs."""
+    import importlib.util
+
+    from asyncrl.errors import ModelError
+    from asyncrl.model_import import import_model
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.raises(ModelError, match=r"needs accelerate: pip install 'asyncrl\[gguf\]'"):
+        import_model(str(llama_and_gguf[1]), tmp_path / "out")
+    import tomllib
+
+    from micro_config import ROOT
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(d.startswith("accelerate") for d in extras["gguf"])

@@ -20,6 +20,8 @@ from typing import Any
 from asyncrl import __version__
 from asyncrl.errors import AsyncRLError, ConfigError
 
+TASK_LINES = ("task source", "reward:", "tools:", "text environment:")
+
 
 def _cmd_config_check(args: argparse.Namespace) -> int:
     from asyncrl import config
@@ -31,7 +33,9 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     # is checked on a laptop): each missing one said, as `train --dry-run` says it, and an
     # error only under --strict. An unknown component or a bad value fails either way.
     missing: list[ConfigError] = []
-    dry_run(cfg, missing=missing)
+    for line in dry_run(cfg, missing=missing):
+        if line.startswith(TASK_LINES):  # what the run trains on, as the dry run says it
+            print(line, file=sys.stderr)
     for e in missing:
         print(f"{'error' if args.strict else 'warning'}: {e} (missing on this machine; a real "
               "run needs it)", file=sys.stderr)

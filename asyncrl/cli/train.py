@@ -18,8 +18,9 @@ from asyncrl import config as config_mod
 from asyncrl import train
 from asyncrl.cli import plan
 from asyncrl.errors import ConfigError, RunStopped
+from asyncrl.rollout.blocking import describe_stuck
 from asyncrl.rollout.eventloop import run as run_loop
-from asyncrl.rundir import pick_run_dir
+from asyncrl.rundir import discard_failed_start, pick_run_dir
 
 
 def cmd_train(args: Any) -> int:
@@ -43,6 +44,16 @@ def cmd_train(args: Any) -> int:
     rd, note = pick_run_dir(cfg, args.run_dir, args.resume)
     print(f"asyncrl: {note}", file=sys.stderr)
     again = resume_command(args.config, rd, args.set)
+    created = not rd.exists()
+    try:
+        return _run(cfg, args, rd, again, created)
+    finally:
+        stuck = describe_stuck()
+        if stuck:  # the run ended; what hung is not waited for, but a person should know
+            print(f"asyncrl: warning: {stuck}", file=sys.stderr)
+
+
+def _run(cfg: Any, args: Any, rd: Any, again: str, created: bool) -> int:
     try:
         rd = run_loop(train.train_async(cfg, resume=args.resume, run_dir=str(rd),
                                         resume_command=again))
@@ -51,6 +62,10 @@ def cmd_train(args: Any) -> int:
               f" {train.stop_summary(rd, again)}", file=sys.stderr)
         num = signal.Signals.__members__.get(e.signal_name, signal.SIGINT)
         return 128 + int(num)  # 130 for SIGINT, 143 for SIGTERM: what a shell expects
+    except Exception:  # a start that failed before its first step leaves no directory
+        if discard_failed_start(rd, created):  # the next start takes this name again
+            print(f"asyncrl: the run did not start; removed {rd}", file=sys.stderr)
+        raise
     print(f"run directory: {rd}")
     print(f"report: {rd / 'report' / 'summary.md'}; trajectory viewer: "
           f"{rd / 'report' / 'viewer.html'} (open it in a browser)")

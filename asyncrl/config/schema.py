@@ -163,6 +163,13 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     """Tool-call syntax: Hermes `<tool_call>{json}</tool_call>` or ```python fences."""
     tool_output_max_chars: PosInt = 256
     """Tool output longer than this is cut in the middle (head and tail kept)."""
+    tool_timeout_s: PosFloat = 120.0
+    """Deadline on one tool call or one text-environment step, seconds: past it the call
+    is answered `timeout` / the rollout fails, and a sync call that never returns is left on
+    a daemon thread (it does not keep the process alive)."""
+    reward_timeout_s: PosFloat = 60.0
+    """Deadline on one rollout's reward (and the environment step it may run), seconds: past
+    it the rollout scores 0 (`reward_timeout`)."""
     tools: bool = True
     """Offer the Python tool at all (False = plain CoT rollouts)."""
     seed_requests: bool = False
@@ -442,6 +449,14 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise _bad("stages", f"stage names must be unique, got {names}")
+        r, roc = self.rollout, self.roc
+        if (roc.kind == "roc" and roc.min_pos + roc.min_neg > r.group_size
+                and any(st.kind == "rl" for st in self.stages)):
+            # RoC's floors must fit in G (asyncrl.algo.roc.check_config); said here, so that
+            # config check and the dry run refuse it, not the first RL step
+            raise ValueError(f"roc.min_pos: min_pos + min_neg = {roc.min_pos + roc.min_neg} "
+                             f"exceeds rollout.group_size = {r.group_size} (lower the floors, "
+                             "e.g. roc.min_pos = 1 and roc.min_neg = 1)")
         lora = getattr(self.trainer, "lora", None)
         if lora is not None:
             self._check_lora_engine()

@@ -28,7 +28,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from asyncrl.errors import EngineError
+from asyncrl.errors import EngineError, RewardError
 from asyncrl.records import Group, RolloutStatus
 from asyncrl.tasks.rewards.math import plain_number
 
@@ -93,12 +93,39 @@ def all_failed(groups: Sequence[Group]) -> str | None:
     return None
 
 
+SCORING_FAILED = ("reward_error", "reward_timeout")
+"""`Rollout.reward_status` values that mean the reward (or the environment step it ran)
+failed as a whole: no score of the model's answer exists."""
+
+
+def none_scored(groups: Sequence[Group]) -> str | None:
+    """The first failure when no rollout of `groups` was scored (each one failed, or its
+    reward raised or timed out as a whole), else None. A reward or environment that fails on
+    every rollout trains on nothing and reports 0% as the model's: a run must stop instead.
+    A reward part that raised while the others counted (`reward_errors` with status `ok`)
+    is a score."""
+    rollouts = [r for g in groups for r in g.rollouts]
+    if not rollouts or not all(r.status == RolloutStatus.FAILED
+                               or r.reward_status in SCORING_FAILED for r in rollouts):
+        return None
+    r = rollouts[0]
+    if r.status == RolloutStatus.FAILED:
+        return r.error or "no error recorded"
+    return f"{r.reward_status}: {r.reward_errors[0] if r.reward_errors else 'no error recorded'}"
+
+
 def some_answered(groups: list[Group], what: str) -> list[Group]:
-    """`groups`, unless every rollout in them failed (`all_failed`): then `EngineError`, so a
-    run stops (exit 1) rather than train on nothing and report 0% as the model's."""
+    """`groups`, unless every rollout in them failed (`all_failed`): then `EngineError`; or
+    unless none was scored (`none_scored`: the reward or the environment failed on each):
+    then `RewardError`. Either way a run stops (exit 1) rather than train on nothing and
+    report 0% as the model's."""
     if (error := all_failed(groups)) is not None:
         raise EngineError(f"every rollout of {what} failed, so the run stops rather than "
                           f"report it as wrong answers; the first error: {error}")
+    if (error := none_scored(groups)) is not None:
+        raise RewardError(f"the reward (or the environment) failed on every rollout of "
+                          f"{what}, so the run stops rather than train on nothing; the first "
+                          f"failure: {error}")
     return groups
 
 

@@ -58,22 +58,29 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
         f"{prefix}/no_answer_frac": _mean([float(r.answer is None) for r in rs]),
         f"{prefix}/reward_timeout_count": float(
             sum(r.reward_status == "reward_timeout" for r in rs)),
-        # the reward check raised or its host failed twice (`asyncrl.tasks.rewards.math.MathReward`)
+        # the reward check raised or its host failed twice (`asyncrl.tasks.rewards.math.MathReward`);
+        # a text environment's fault at reward time is an env error, below, not this
         f"{prefix}/reward_error_count": float(
-            sum(r.reward_status == "reward_error" for r in rs)),
+            sum(r.reward_status == "reward_error" and not _env_fault(r) for r in rs)),
         # a part of the reward raised and scored 0 while the others counted (a verifiers
         # reward function, a rubric function: `Rollout.reward_errors`)
         f"{prefix}/reward_part_error_count": float(
             sum(bool(r.reward_errors) and r.reward_status != "reward_error" for r in rs)),
-        # a text environment raised: the rollout failed (`asyncrl.tasks.bridges.textenv`)
-        f"{prefix}/env_error_count": float(
-            sum(r.status == RolloutStatus.FAILED and r.error.startswith("environment:")
-                for r in rs)),
+        # a text environment raised or broke its contract, during a turn (the rollout failed)
+        # or in the step its reward ran (`asyncrl.tasks.bridges.textenv`): counted once, here
+        f"{prefix}/env_error_count": float(sum(_env_fault(r) for r in rs)),
         f"{prefix}/failed_count": float(sum(r.status == RolloutStatus.FAILED for r in rs)),
         f"{prefix}/tool_wait_s_mean": _mean([r.timing.tool_wait_s for r in rs]),
         f"{prefix}/generation_s_mean": _mean([r.timing.generation_s for r in rs]),
         **_reward_parts(rs, prefix),
     }
+
+
+def _env_fault(r: Rollout) -> bool:
+    if r.status == RolloutStatus.FAILED:
+        return r.error.startswith("environment:")
+    return r.reward_status == "reward_error" and bool(r.reward_errors) and \
+        r.reward_errors[0].startswith("environment:")
 
 
 def _reward_parts(rs: list[Rollout], prefix: str) -> dict[str, float]:

@@ -49,6 +49,16 @@ from asyncrl.rollout.tools import Tool, ToolOutcome
 log = get_logger(__name__)
 
 
+def env_error_text(e: BaseException, timeout_s: float | None = None) -> str:
+    """How a text environment's fault reads, the same wherever it surfaced (a turn's step, or
+    the step a reward runs): `environment: ...`. A fault that already says so (the bridge's
+    `EnvironmentFault`) is kept as is."""
+    if isinstance(e, TimeoutError) and timeout_s is not None:
+        return f"environment: step did not answer within {timeout_s:g}s"
+    text = str(e)
+    return text if text.startswith("environment: ") else f"environment: {e!r}"
+
+
 class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How one rollout is sampled. Built per stage by the train loop (and eval)."""
 
@@ -286,9 +296,10 @@ class AgentLoop:
             async with asyncio.timeout(self.settings.tool_timeout_s):
                 obs = await self.env(ro, turn_text)
         except Exception as e:  # the environment's bug (or its deadline) fails this rollout only
-            log.warning("environment_raised", rollout_id=ro.rollout_id, error=repr(e)[:300])
-            return self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR,
-                               error=f"environment: {e!r}"[:500], text=text)
+            error = env_error_text(e, self.settings.tool_timeout_s)
+            log.warning("environment_raised", rollout_id=ro.rollout_id, error=error[:300])
+            return self.finish(ro, RolloutStatus.FAILED, StopReason.ERROR, error=error[:500],
+                               text=text)
         if obs is None:
             return self.finish(ro, RolloutStatus.COMPLETED, reason, text=text)
         if n_turn + 1 >= self.settings.max_turns:

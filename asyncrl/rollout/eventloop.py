@@ -20,6 +20,11 @@ import gc
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+from asyncrl.log import get_logger
+from asyncrl.rollout import blocking
+
+log = get_logger(__name__)
+
 T = TypeVar("T")
 
 
@@ -108,10 +113,17 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None, freeze: bool
     `freeze`: `freeze_gc()` first, so full collections during the run scan only what the run
     allocates (objects created later, e.g. a model loaded inside `main`, can be frozen by
     calling `freeze_gc()` again once they are loaded).
+
+    User code that never returned after its deadline (`asyncrl.rollout.blocking`) does not
+    delay the return; it is named in a `sync_calls_stuck` warning.
     """
     if freeze:
         freeze_gc()
     uv = _uvloop()
-    if uv is not None:
-        return uv.run(main, debug=debug)
-    return asyncio.run(main, debug=debug)
+    try:
+        if uv is not None:
+            return uv.run(main, debug=debug)
+        return asyncio.run(main, debug=debug)
+    finally:
+        if blocking.stuck():
+            log.warning("sync_calls_stuck", detail=blocking.describe_stuck())

@@ -26,7 +26,7 @@ from asyncrl.errors import EngineUnavailable
 from asyncrl.log import bind_contextvars, get_logger
 from asyncrl.records import Group, Problem, RewardResult, Rollout, RolloutStatus, StopReason
 from asyncrl.rollout.admission import AdmissionPolicy, Ask
-from asyncrl.rollout.agent import AgentLoop, EnvHook, RolloutSettings
+from asyncrl.rollout.agent import AgentLoop, EnvHook, RolloutSettings, env_error_text
 from asyncrl.rollout.codec import Codec
 from asyncrl.rollout.eventloop import quiet_gc
 from asyncrl.rollout.scheduler import Lease, Scheduler
@@ -273,8 +273,12 @@ class RolloutRunner:
             if res.detail or res.errors:
                 ro.reward_detail, ro.reward_errors = dict(res.detail), list(res.errors)
         except TimeoutError:
+            log.warning("reward_timeout", rollout_id=ro.rollout_id,
+                        timeout_s=self.reward_timeout_s)
             ro.reward, ro.reward_status = 0.0, "reward_timeout"
         except Exception as e:  # a broken reward scores 0 and is recorded; the group goes on
-            log.warning("reward_error", rollout_id=ro.rollout_id, error=repr(e))
+            # a text environment's fault reads the same as during a turn (`environment: `)
+            error = env_error_text(e) if str(e).startswith("environment: ") else repr(e)
+            log.warning("reward_error", rollout_id=ro.rollout_id, error=error[:300])
             ro.reward, ro.reward_status = 0.0, "reward_error"
-            ro.reward_errors = [repr(e)[:300]]
+            ro.reward_errors = [error[:300]]

@@ -17,10 +17,11 @@ import re
 from typing import TYPE_CHECKING
 
 from asyncrl.errors import ConfigError
+from asyncrl.formats import PYTHON_TOOL, get_format
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.source import load_source, source_name
 from asyncrl.tasks.task import TaskContext, TaskSource
-from asyncrl.tasks.wiring import REWARD_NAMES, TOOL_NAMES, _as_tools, _names
+from asyncrl.tasks.wiring import REWARD_NAMES, TOOL_NAMES, _as_tools, _names, source_tools
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -87,11 +88,45 @@ def check_task(cfg: RunConfig) -> list[str]:
     own = reward in ("auto", "source") and source is not None and source.reward is not None
     lines.append(f"reward: {reward}" + (" (the task source's own)" if own else
                                         " (math)" if reward == "auto" else ""))
-    for spec in cfg.task.tools:
-        if spec not in TOOL_NAMES:
-            _as_tools(resolve(spec, kind="tools", key="task.tools", builtins=_names(TOOL_NAMES)), spec,
-                      TaskContext())
-        elif spec == "source" and (source is None or source.tools is None):
-            raise ConfigError("task.tools", "\"source\": the task source has no tools of its own")
-    lines.append(f"tools: {', '.join(cfg.task.tools) if cfg.rollout.tools else '(none)'}")
+    names = resolved_tools(cfg, source)
+    if not cfg.rollout.tools:
+        lines.append("tools: (none)")
+    else:
+        lines.append(f"tools: {', '.join(names) or '(none)'} (task.tools = "
+                     f"{list(cfg.task.tools)}, format {cfg.rollout.tool_format})")
+        why = get_format(cfg.rollout.tool_format).uncallable(names)
+        if why:
+            raise ConfigError("rollout.tool_format", f"{why}: {FORMAT_FIX}")
+    if source is not None and source.env is not None:
+        lines.append(f"text environment: {source.name} (each rollout steps its own; "
+                     "observations become user turns)")
     return lines
+
+
+FORMAT_FIX = 'set rollout.tool_format = "hermes" for tools other than the Python one'
+"""How a curriculum fixes a tool its format cannot call (`ToolFormat.uncallable`)."""
+
+
+def resolved_tools(cfg: RunConfig, source: TaskSource | None) -> list[str]:
+    """The names of the tools `[task] tools` gives the model, in order, built as a run builds
+    them but with no sandbox (the Python tool is named, not opened). Raises `ConfigError`
+    naming `task.tools` for an unknown name or a source whose tools fail to build."""
+    if not cfg.rollout.tools:
+        return []
+    ctx = TaskContext(max_output_chars=cfg.rollout.tool_output_max_chars)
+    names: list[str] = []
+    for spec in cfg.task.tools:
+        if spec == "python" or (spec == "auto" and (source is None or source.tools is None)):
+            names.append(PYTHON_TOOL)
+        elif spec in ("auto", "source"):
+            if source is None or source.tools is None:
+                raise ConfigError("task.tools", "\"source\": the task source has no tools of "
+                                  "its own")
+            names += [t.name for t in source_tools(source, ctx)]
+        else:
+            obj = resolve(spec, kind="tools", key="task.tools", builtins=_names(TOOL_NAMES))
+            names += [t.name for t in _as_tools(obj, spec, ctx)]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError("task.tools", f"two tools are named {dup[0]!r}")
+    return names

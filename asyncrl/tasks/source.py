@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from asyncrl.errors import ConfigError
+from asyncrl.records import Problem
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.task import TaskSource
 
@@ -80,13 +81,25 @@ def _is_from(obj: Any, package: str) -> bool:
                for c in classes)
 
 
+def _rows_checked(src: TaskSource, key: str) -> TaskSource:
+    """`src`, unless a split holds something other than `Problem`s (dict rows, strings): a
+    config error naming the key and the expected type, not a traceback later."""
+    for split, rows in (("train", src.train), ("eval", src.eval)):
+        bad = next(((i, r) for i, r in enumerate(rows) if not isinstance(r, Problem)), None)
+        if bad is not None:
+            raise ConfigError(key, f"task source {src.name!r}: {split} item {bad[0]} is a "
+                              f"{type(bad[1]).__name__}, not an asyncrl.Problem (build rows "
+                              "as Problem(id=..., question=..., answer=...))")
+    return src
+
+
 def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
           key: str = "data.train") -> TaskSource:
     """`obj` (what a source name resolved to) as a `TaskSource`."""
     from asyncrl.tasks.families.base import TaskFamily
 
     if isinstance(obj, TaskSource):
-        return obj
+        return _rows_checked(obj, key)
     if isinstance(obj, TaskFamily):
         try:
             opts = obj.resolve_options(options)
@@ -107,7 +120,7 @@ def adapt(obj: Any, name: str, options: dict[str, Any], seed: int, *,
                           "functions need verifiers' own parser and State. Port it to "
                           "verifiers.v1 (0.4) and name its Taskset")
     if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(s, list) for s in obj):
-        return TaskSource(name=name, train=list(obj[0]), eval=list(obj[1]))
+        return _rows_checked(TaskSource(name=name, train=list(obj[0]), eval=list(obj[1])), key)
     if callable(obj):
         try:
             made = obj(options, seed)

@@ -16,13 +16,13 @@ the bridges), or the checks `config check` runs (`asyncrl.tasks.check`).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.blocking import call_sync
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.task import TaskContext, TaskSource
 
@@ -79,8 +79,8 @@ def as_reward(fn: Callable[..., Any], name: str) -> RewardFn:
         not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__))
 
     async def reward(problem: Problem, rollout: Rollout) -> RewardResult:
-        out = await fn(problem, rollout) if is_async else await asyncio.to_thread(
-            fn, problem, rollout)
+        out = await fn(problem, rollout) if is_async else await call_sync(
+            fn, problem, rollout, what=f"reward {name!r}")
         if inspect.isawaitable(out):
             out = await out
         if isinstance(out, RewardResult):
@@ -143,19 +143,31 @@ def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:
     return out
 
 
+def source_tools(source: TaskSource, ctx: TaskContext) -> list[Tool]:
+    """The task source's own tools; a raising `tools()` is a config error naming its key."""
+    assert source.tools is not None
+    try:
+        return list(source.tools(ctx))
+    except ConfigError:
+        raise
+    except Exception as e:  # a plugin's bug: say whose, at config time, not as a traceback
+        raise ConfigError("task.tools", f"task source {source.name!r}: its tools() raised "
+                          f"{type(e).__name__}: {e}") from e
+
+
 def build_tools(specs: Sequence[str], source: TaskSource | None,
                 ctx: TaskContext) -> list[Tool]:
     """The run's tools from `[task] tools`; names must be unique."""
     tools: list[Tool] = []
     for spec in specs:
         if spec == "auto":
-            tools += (list(source.tools(ctx)) if source is not None and source.tools is not None
+            tools += (source_tools(source, ctx) if source is not None and source.tools is not None
                       else _python(ctx))
         elif spec == "source":
             if source is None or source.tools is None:
                 raise ConfigError("task.tools", "\"source\": the task source has no tools of "
                                   "its own")
-            tools += list(source.tools(ctx))
+            tools += source_tools(source, ctx)
         elif spec == "python":
             tools += _python(ctx)
         else:

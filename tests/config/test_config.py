@@ -353,3 +353,17 @@ def test_seed_requests_are_refused_for_vllms_cpu_build() -> None:
         from_dict(d)
     d["engine"]["env"] = {}  # a GPU vLLM honours seeds
     from_dict(d)
+
+
+def test_roc_floors_larger_than_the_group_are_refused_at_config_time() -> None:
+    """Issue 54 M1: the defaults 2 + 2 with a group of 2 passed config check and the dry run,
+    then failed train ~13 s in, once the model was built."""
+    over = ["rollout.group_size=2", "rollout.samples_per_prompt=4"]
+    with pytest.raises(ConfigError) as ei:
+        config.from_dict(config.apply_overrides(minimal(), over))
+    assert ei.value.key == "roc.min_pos"
+    assert "min_pos + min_neg = 4 exceeds rollout.group_size = 2" in str(ei.value)
+    ok = config.from_dict(config.apply_overrides(minimal(), [*over, "roc.min_pos=1",
+                                                             "roc.min_neg=1"]))
+    assert ok.roc.min_pos == 1
+    config.from_dict(config.apply_overrides(minimal(), [*over, "roc.kind=\"grpo_all\""]))

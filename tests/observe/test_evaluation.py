@@ -206,3 +206,25 @@ def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:
     assert some_answered(one_ok, "RL step 3") is one_ok
     with pytest.raises(EngineError, match=r"every rollout of RL step 3 failed.*156 KV tokens"):
         some_answered([_group("a", [down, down])], "RL step 3")
+
+
+def test_a_run_stops_when_no_rollout_of_a_batch_was_scored() -> None:
+    """Issue 54 M3: a reward plugin (or a text environment stepped at reward time) that
+    raised on every rollout trained 3 steps on nothing and exited 0."""
+    from asyncrl.errors import RewardError
+    from asyncrl.observe.evaluation import none_scored, some_answered
+
+    def scored(i: int, status: str, errors: list[str]) -> Rollout:
+        r = _rollout(i, None, 0.0)
+        return Rollout(**{**{f: getattr(r, f) for f in Rollout.__struct_fields__},
+                          "reward_status": status, "reward_errors": errors})
+
+    bad = scored(0, "reward_error", ["KeyError(\"gold answer column 'solution' not found\")"])
+    slow = scored(1, "reward_timeout", [])
+    part = scored(2, "ok", ["broken: ValueError: bug"])  # one part raised; the rest counted
+    assert none_scored([_group("a", [bad, part])]) is None
+    some_answered([_group("a", [bad, part])], "RL step 1")
+    assert none_scored([_group("a", [slow, bad])]) == "reward_timeout: no error recorded"
+    with pytest.raises(RewardError, match=r"failed on every rollout of RL step 1.*"
+                                          r"reward_error: KeyError"):
+        some_answered([_group("a", [bad, slow])], "RL step 1")

@@ -36,6 +36,14 @@ async def spelled(problem, rollout):
 def letters(word: str) -> str:
     """The letters of a word, dash-separated."""
     return "-".join(word)
+
+def broken_tools(options, seed):
+    from asyncrl.tasks.task import TaskSource
+
+    def tools(ctx):
+        raise AttributeError("'TaskConfig' object has no attribute 'tools'")
+    train, eval_ = make(options, seed)
+    return TaskSource(name="broken", train=train, eval=eval_, tools=tools)
 '''
 
 
@@ -200,3 +208,80 @@ def test_a_run_loads_each_split_of_its_task_once(plugin_dir: Path) -> None:
     (data,) = metric_rows(plugin_dir / "run", "data")
     assert (data["train"], data["eval"]) == (4, 1)
     assert [r["step"] for r in metric_rows(plugin_dir / "run", "rl_step")] == [1, 2]
+
+
+def test_config_check_names_the_resolved_tools(plugin_dir: Path) -> None:
+    """Issue 54 M2: the plan listed `tools: auto`, not what the model is offered."""
+    cfg = config.load(_curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]'))
+    assert ("tools: python_code_with_standard_io, letters (task.tools = ['python', "
+            "'myplug:letters'], format hermes)") in check_task(cfg)
+
+
+def test_markdown_with_a_tool_other_than_python_is_refused(plugin_dir: Path) -> None:
+    """Issue 54 H3: config check, the dry run and train passed it; the model trained on a
+    prompt offering Python it did not have and never saw its tool. The rule is the one the
+    embedding API applies (`ToolFormat.uncallable`)."""
+    cfg = config.load(_curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]'),
+                      ["rollout.tool_format=markdown"])
+    with pytest.raises(ConfigError) as e:
+        check_task(cfg)
+    assert e.value.key == "rollout.tool_format"
+    assert "calls only python_code_with_standard_io; letters could never be called" in str(
+        e.value) and 'rollout.tool_format = "hermes"' in str(e.value)
+    ok = config.load(_curriculum(plugin_dir, 'tools = ["python"]'),
+                     ["rollout.tool_format=markdown"])
+    assert any(line.startswith("tools: python_code_with_standard_io") for line in
+               check_task(ok))
+
+
+def test_a_source_whose_tools_raise_is_a_config_error(plugin_dir: Path) -> None:
+    """Issue 54 M1: config check said ok, then train died with a raw traceback."""
+    p = _curriculum(plugin_dir, "")
+    p.write_text(p.read_text().replace("generator:myplug:make", "generator:myplug:broken_tools"))
+    with pytest.raises(ConfigError) as e:
+        check_task(config.load(p))
+    assert e.value.key == "task.tools"
+    assert "task source 'broken': its tools() raised AttributeError" in str(e.value)
+
+
+def test_train_refuses_markdown_with_a_plugin_tool_and_leaves_no_run_dir(plugin_dir: Path
+                                                                          ) -> None:
+    """Issue 54 H3 and M1: train refuses it too (the same rule, after the tools are built),
+    and the failed start leaves no directory behind: the next start is not `c-2`."""
+    from micro_config import RUN_ENV
+
+    p = _curriculum(plugin_dir, 'tools = ["python", "myplug:letters"]')
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(p), "--set",
+                           "rollout.tool_format=markdown", "--set", f"run.output_dir="
+                           f"\"{plugin_dir / 'runs'}\"", "--set", "run.name=\"c\""],
+                          cwd=plugin_dir, capture_output=True, text=True, timeout=300,
+                          env={**RUN_ENV, "PYTHONPATH": f"{ROOT}:{plugin_dir}"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "config error: rollout.tool_format: the markdown tool format calls only" in proc.stderr
+    assert f"removed {plugin_dir / 'runs' / 'c'}" in proc.stderr
+    assert not (plugin_dir / "runs" / "c").exists()
+
+
+def test_a_failed_start_directory_is_removed_only_when_it_holds_no_run(tmp_path: Path) -> None:
+    from asyncrl.rundir import discard_failed_start
+
+    rd = tmp_path / "r"
+    rd.mkdir()
+    (rd / "log.jsonl").write_text("{}\n")
+    assert not discard_failed_start(rd, created=False) and rd.exists()  # not ours
+    (rd / "metrics.jsonl").write_text("{}\n")
+    assert not discard_failed_start(rd, created=True) and rd.exists()  # a run's
+    (rd / "metrics.jsonl").unlink()
+    assert discard_failed_start(rd, created=True) and not rd.exists()
+
+
+def test_a_plugin_returning_dict_rows_is_a_config_error_naming_the_type() -> None:
+    """Issue 54 M6: `AttributeError: 'dict' object has no attribute 'question'` from config
+    check and train."""
+    from asyncrl.tasks.source import adapt
+
+    rows = [{"id": "a", "question": "q", "answer": "1"}]
+    with pytest.raises(ConfigError) as e:
+        adapt(lambda options, seed: (rows, rows), "myplug:make", {}, 0)
+    assert e.value.key == "data.train"
+    assert "train item 0 is a dict, not an asyncrl.Problem" in str(e.value)

@@ -74,6 +74,42 @@ async def test_an_env_that_raises_fails_its_rollout_only(tiny_tokenizer) -> None
     assert (ro.reward, ro.reward_status) == (0.0, "no_answer")
 
 
+class _Returns:
+    def __init__(self, out):
+        self.out = out
+
+    def step(self, action: str):
+        return self.out
+
+
+@pytest.mark.parametrize(("out", "why"), [
+    (("Higher.", 0.0, False, {}), "step returned a gym-style tuple"),
+    ("Higher.", "step returned a str"),
+    ({"observations": [], "reward": 1.0}, "step returned no bool 'done'"),
+    ({"observations": "Higher.", "reward": 0.0, "done": False}, "step returned 'observations' = 'Higher.'"),
+    ({"observations": [], "reward": "1", "done": True}, "step returned 'reward' = '1', not a number"),
+], ids=["gym_tuple", "bare_string", "no_done", "str_observations", "str_reward"])
+async def test_a_step_of_the_wrong_shape_says_the_expected_one(tiny_tokenizer, out, why
+                                                               ) -> None:
+    """Issue 54 M4: a gym tuple gave `'tuple' object has no attribute 'get'`, and a missing
+    `done` was silently "not done" even after a reward of 1.0."""
+    from asyncrl.observe.metrics import rollout_stats
+
+    probs = [Problem(id="p", question="Guess", answer="3")]
+    src = text_env_source("shape", probs, [], lambda p: _Returns(out))
+    ro, _ = await _run(tiny_tokenizer, src, ["3<|im_end|>"])
+    assert ro.status.value == "failed" and ro.error.startswith(f"environment: {why}")
+    assert '"done": bool' in ro.error  # the expected shape, stated
+    # the same fault in a turn cut by the budget is stepped at reward time: counted the same
+    # way, once (issue 54 M5)
+    cut, _ = await _run(tiny_tokenizer, src, ["3 3 3 3 3 3 3 3 3 3"],
+                        RolloutSettings(max_response_tokens=4, max_turns=5))
+    assert (cut.reward_status, cut.reward_errors[0][:len(why) + 13]) == (
+        "reward_error", f"environment: {why}")
+    m = rollout_stats([ro, cut])
+    assert (m["rollout/env_error_count"], m["rollout/reward_error_count"]) == (2.0, 0.0)
+
+
 def test_a_wrong_skyrl_env_id_says_did_you_mean(tmp_path) -> None:
     with pytest.raises(ConfigError, match="did you mean 'gsm8k_multi_turn'"):
         skyrl_source({"env": "gsm8k_multiturn", "train_file": _file(tmp_path, ROWS)}, 0)
@@ -132,3 +168,65 @@ def test_skyrl_dataset_rows_in_skyrls_own_layout_are_read(tmp_path) -> None:
     src = skyrl_source({"env": "gsm8k_multi_turn", "train_file": _file(tmp_path, rows)}, 0)
     assert [(p.question, p.answer) for p in src.train] == [("What is 2 + 2?", "4")]
     assert src.dropped == {"missing_field": 1}
+
+
+HUNG_ENV = '''
+import time
+from asyncrl.records import Problem
+from asyncrl.tasks.bridges.textenv import text_env_source
+
+
+class Hung:
+    def step(self, action):
+        time.sleep(3600)  # a socket read with no timeout, a deadlock: it never returns
+
+
+def make_source(options, seed):
+    probs = [Problem(id=f"p{i}", question=f"Guess a number {i}", answer="3") for i in range(8)]
+    return text_env_source("hung", probs[:6], probs[6:], lambda p: Hung())
+'''
+
+
+def test_a_run_whose_env_step_hangs_ends_and_names_it(tmp_path) -> None:
+    """Issue 54 H1: each step was cut at its deadline, `run_done` was logged, and then the
+    process never exited (the default executor's thread was joined at shutdown). Now the
+    run ends within its deadlines plus a few seconds and says what hung."""
+    import subprocess
+    import time
+
+    from micro_config import RUN_ENV
+
+    (tmp_path / "hung_env.py").write_text(HUNG_ENV)
+    cfg = tmp_path / "hung.toml"
+    cfg.write_text(MICRO_MODEL + """
+[data]
+train = "generator:hung_env:make_source"
+eval = "generator:hung_env:make_source"
+max_prompt_tokens = 256
+[rollout]
+prompts_per_step = 2
+samples_per_prompt = 2
+group_size = 2
+max_turns = 2
+max_response_tokens = 16
+tools = false
+tool_timeout_s = 1.0
+reward_timeout_s = 1.0
+[roc]
+kind = "grpo_all"
+reject_equal_reward = false
+""" + MICRO_RL_TAIL.replace("steps = 2", "steps = 1").replace("every_steps = 2",
+                                                                "every_steps = 0"))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg),
+                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+                          env={**RUN_ENV, "PYTHONPATH": f"{Path(__file__).parents[2]}"},
+                          capture_output=True, text=True, timeout=240)
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert "sync_call_abandoned" in out and "environment step" in out, out[-3000:]
+    assert "never returned after their deadline (environment step" in proc.stderr
+    # every rollout failed or went unscored: the run stops in its first step (issue 54 M3)
+    assert proc.returncode == 1, out[-3000:]
+    assert "so the run stops" in proc.stderr and "RL step 1" in proc.stderr
+    assert took < 200, took

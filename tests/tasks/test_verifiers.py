@@ -124,7 +124,7 @@ class Config(vf.TasksetConfig):
 class MulTaskset(vf.Taskset[MulTask, Config]):
     def load(self):
         return [MulTask(Data(id=f"m{a}x{b}", prompt=f"What is {a} times {b}?",
-                             answer=str(a * b)), self.config.task)
+                             answer=str(a * b), system_prompt="Multiply."), self.config.task)
                 for a in range(11, 15) for b in range(21, 24)]
 
     @classmethod
@@ -133,7 +133,7 @@ class MulTaskset(vf.Taskset[MulTask, Config]):
 '''
 
 
-def test_asyncrl_train_runs_rl_steps_on_a_verifiers_taskset(tmp_path) -> None:
+def test_asyncrl_train_runs_rl_steps_on_a_verifiers_taskset(tmp_path, monkeypatch) -> None:
     import sys
 
     from micro_config import (
@@ -179,6 +179,33 @@ eval_size = 2
     assert "| reward parts that raised (that part scored 0) | 16 |" in summary
     viewer = (run_dir / "report" / "viewer.html").read_text()
     assert "broken: ValueError: bug in a reward function" in viewer
+    # Issue 54 H2: the policy of the run directory renders, token for token, the prompt training
+    # rendered: the task's own system text, the format's text and the tool list
+    import asyncio
+
+    from fakes.scripted_engine import ScriptedEngine
+
+    from asyncrl.api import from_environment, load_policy, rollouts
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = load_policy(run_dir)
+    assert policy.system_prompt.startswith("Multiply.\n\n") and "multiply" in (
+        policy.system_prompt)
+    from mul_env import MulTaskset
+
+    task = from_environment(MulTaskset, tokenizer=policy.tokenizer)
+    by_id = {p.id: p for p in task.problems}
+    saved = {r["prompt_id"]: r["prompt_ids"] for r in rolls}
+    eng = ScriptedEngine([policy.tokenizer.encode("42")], policy.tokenizer)
+
+    async def embedded() -> None:  # the embedding guide's call, with no system_prompt
+        async for _ in rollouts([by_id[i] for i in list(saved)[:2]], engines=[eng],
+                                policy=policy, tools=task.tools, reward_fn=task.reward_fn):
+            pass
+
+    asyncio.run(embedded())
+    assert sorted(list(r.input_ids) for r in eng.requests) == sorted(saved[i] for i in
+                                                                     list(saved)[:2])
 
 
 def test_the_example_curriculum_names_a_verifiers_taskset_and_checks() -> None:

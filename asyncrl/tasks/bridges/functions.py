@@ -11,6 +11,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, get_type_hints
 
+from asyncrl.rollout.blocking import call_sync
 from asyncrl.rollout.tools import FunctionTool
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean",
@@ -41,11 +42,16 @@ def function_tool(fn: Callable[..., Any], *, name: str | None = None,
     """`fn` as a tool. Its schema comes from the signature (`int` -> integer, `float` ->
     number, `bool`, `str`, `list`, `dict`; other or missing hints -> string; parameters
     without a default are required) and the docstring's first paragraph. A sync `fn` runs on
-    a worker thread so it cannot stall the loop; its return value is turned into text."""
+    a daemon thread so it cannot stall the loop, and one that never returns is cut at
+    `timeout_s` without keeping the process alive; its return value is turned into text."""
+    schema = _schema(fn, name, description)
     if asyncio.iscoroutinefunction(fn):
         call = fn
     else:
+        what = f"tool {schema['function']['name']!r}"
+
         async def call(**arguments: Any) -> str:
-            return str(await asyncio.to_thread(fn, **arguments))
-    return FunctionTool(call, _schema(fn, name, description), timeout_s=timeout_s,
-                        max_output_chars=max_output_chars)
+            # a daemon thread: a call that never returns is cut by the deadline and cannot
+            # keep the process alive (asyncrl.rollout.blocking)
+            return str(await call_sync(fn, what=what, **arguments))
+    return FunctionTool(call, schema, timeout_s=timeout_s, max_output_chars=max_output_chars)

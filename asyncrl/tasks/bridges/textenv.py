@@ -12,7 +12,9 @@ Each assistant turn that ends without a tool call is the action of one `step`: w
 False the observations' text becomes the next user turn (tokens with loss mask 0, turn role
 `environment`), as SkyRL appends observation tokens; `done` ends the rollout. A turn cut by the
 response budget is stepped when the rollout is rewarded. The rollout's reward is the sum of its
-step rewards (each in `reward_detail` as `step_N`). Sync methods run on worker threads;
+step rewards (each in `reward_detail` as `step_N`). Sync methods run on daemon threads
+(`asyncrl.rollout.blocking`: a step that never returns is cut by its deadline and does not
+keep the process alive);
 an environment that raises fails that rollout only (status `failed`, `error` says
 `environment: ...`), never the run.
 
@@ -33,6 +35,7 @@ from typing import Any
 
 from asyncrl.errors import ConfigError
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.rollout.blocking import call_sync
 from asyncrl.tasks.task import TaskSource
 
 
@@ -43,6 +46,39 @@ class _Session:
     done: bool = False
     steps_at: set[int] = field(default_factory=set)
     """Assistant turn indices already stepped."""
+
+
+STEP_SHAPE = ('{"observations": [{"role": "user", "content": str}, ...], "reward": float, '
+              '"done": bool, "metadata": {...} (optional)}')
+"""What `step` returns (skyrl-gym's `BaseTextEnvStepOutput`)."""
+
+
+class EnvironmentFault(Exception):
+    """A text environment raised or broke its contract. Its text starts `environment: `, the
+    same whether the step ran during a turn (the rollout fails) or when the rollout was
+    rewarded (a turn cut by the budget: `reward_error`), so each fault is counted once, as
+    `rollout/env_error_count`."""
+
+
+def checked_step(out: Any) -> dict[str, Any]:
+    """`step`'s return, checked against `STEP_SHAPE`; `EnvironmentFault` saying what is wrong
+    (a gym tuple, a bare string, a missing `done`) otherwise."""
+    def bad(why: str) -> EnvironmentFault:
+        return EnvironmentFault(f"environment: step returned {why}; expected {STEP_SHAPE}")
+
+    if not isinstance(out, dict):
+        kind = "a gym-style tuple" if isinstance(out, tuple) else f"a {type(out).__name__}"
+        raise bad(kind)
+    if "done" not in out or not isinstance(out["done"], bool):
+        raise bad("no bool 'done'" if "done" not in out else
+                  f"'done' = {out['done']!r}, not a bool")
+    reward = out.get("reward", 0.0)
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise bad(f"'reward' = {reward!r}, not a number")
+    obs = out.get("observations") or []
+    if not isinstance(obs, list) or not all(isinstance(m, dict) for m in obs):
+        raise bad(f"'observations' = {obs!r:.60}, not a list of messages")
+    return {**out, "reward": float(reward or 0.0), "observations": obs}
 
 
 class TextEnvRunner:
@@ -66,18 +102,19 @@ class TextEnvRunner:
         sess = self.sessions.get(ro.rollout_id)
         if sess is None:
             problem = self.problems[ro.prompt_id]
-            env = await asyncio.to_thread(self.make_env, problem)
+            env = await call_sync(self.make_env, problem, what="environment make_env")
             init = getattr(env, "init", None)
             if init is not None:
-                await asyncio.to_thread(init, [{"role": "user", "content": problem.question}])
+                await call_sync(init, [{"role": "user", "content": problem.question}],
+                                what="environment init")
             sess = self.sessions[ro.rollout_id] = _Session(env)
         return sess
 
     async def _step(self, sess: _Session, turn: int, text: str) -> dict[str, Any]:
-        out = await asyncio.to_thread(sess.env.step, text)
+        out = checked_step(await call_sync(sess.env.step, text, what="environment step"))
         sess.steps_at.add(turn)
-        sess.rewards.append(float(out.get("reward") or 0.0))
-        sess.done = bool(out.get("done"))
+        sess.rewards.append(float(out["reward"]))
+        sess.done = out["done"]
         return out
 
     async def turn(self, ro: Rollout, text: str) -> str | None:
@@ -102,8 +139,13 @@ class TextEnvRunner:
                 t = spans[-1]
                 if self.tokenizer is None:
                     raise ValueError("stepping a cut turn needs the tokenizer (TaskContext)")
-                await self._step(sess, last, self.tokenizer.decode(
-                    ro.response_ids[t.start:t.end], skip_special_tokens=True))
+                try:
+                    await self._step(sess, last, self.tokenizer.decode(
+                        ro.response_ids[t.start:t.end], skip_special_tokens=True))
+                except (EnvironmentFault, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # the environment's: said as during a turn
+                    raise EnvironmentFault(f"environment: {e!r}"[:500]) from e
             if sess is None or not sess.rewards:  # never stepped (a failed rollout)
                 return RewardResult(reward=0.0, status="no_answer")
             detail = {f"step_{i + 1}": r for i, r in enumerate(sess.rewards)}
@@ -111,7 +153,7 @@ class TextEnvRunner:
         finally:
             close = getattr(sess.env, "close", None) if sess is not None else None
             if close is not None:
-                await asyncio.to_thread(close)
+                await call_sync(close, what="environment close")
 
 
 def text_env_source(name: str, train: list[Problem], eval_: list[Problem],
