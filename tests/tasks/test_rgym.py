@@ -94,3 +94,32 @@ async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
 
     assert await score(ds[0]["answer"]) == 1.0
     assert await score(str(int(ds[0]["answer"], 16))) == 0.0  # decimal for a hex question
+
+
+@pytest.mark.parametrize(("gen", "pred", "gold"), [
+    ("chain_sum", "1 2", "12"), ("gcd", "1\\text{ or }2", "12"),
+    ("basic_arithmetic", "-1 5", "-15"), ("products", "4\n9", "49"),
+    ("prime_factorization", "2 3", "23"), ("gsm_symbolic", "1 606.5", "1606.5"),
+])
+def test_whitespace_inside_a_number_is_no_number(gen, pred, gold) -> None:
+    """G11: `_clean` deleted all whitespace and `\\text{}`, so `1 2` was 12 and `2 3` the
+    prime 23 (last round's F5/F6, back in the reasoning-gym checks)."""
+    assert check(gen, pred, gold) is False
+    assert check(gen, "2 \\times 3" if gen == "prime_factorization" else gold,
+                 "2 × 3" if gen == "prime_factorization" else gold) is True
+
+
+def test_a_decimal_gsm_symbolic_gold_is_scorable_and_no_unscorable_item_is_kept(
+        monkeypatch) -> None:
+    """G10: gsm_symbolic was checked as integer-only, but about 1 item in 450 has a decimal
+    gold (`1606.5`): kept, and unscorable even by its own gold."""
+    from asyncrl.tasks.families import gym_checks, rgym
+
+    assert check("gsm_symbolic", "1606.5", "1606.5") is True
+    assert check("gsm_symbolic", "1,606.50", "1606.5") is True
+    assert check("gsm_symbolic", "-1606.5", "1606.5") is False
+    assert check("gsm_symbolic", "1606", "1606.5") is False
+    # any gold its own rule does not credit is dropped as unanswerable, not kept
+    assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is False
+    monkeypatch.setattr(gym_checks, "check", lambda g, p, gold: False)
+    assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is True

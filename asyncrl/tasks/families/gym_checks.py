@@ -16,7 +16,9 @@ evaluates products (`866` "equals" `2 × 433`).
 
 Rules:
 - `integer`: both exact integers (thousands separators allowed), equal. No partial credit;
-  the sign counts.
+  the sign counts. `decimal` (`gsm_symbolic`): the same for plain decimals (`1606.5`).
+- Whitespace inside a number makes it no number (`1 2` is not 12, `2 3` not 23), and
+  `\\text{...}` keeps its contents.
 - `significant`: `power_function` asks for 3 significant figures (e-notation): both read as
   decimals (`9.36e-18`, `9.36 \\times 10^{-18}`), equal when rounded to 3 significant figures.
 - `lowest_terms`: `fraction_simplification`: `a/b` or `\\frac{a}{b}` with gcd(a, b) = 1 and
@@ -40,9 +42,13 @@ from asyncrl.formats import extract_answer
 from asyncrl.records import Problem, RewardResult, Rollout
 
 INTEGER = frozenset({"basic_arithmetic", "chain_sum", "products", "simple_equations",
-                     "gsm_symbolic", "gcd", "lcm", "count_bits", "leg_counting"})
-"""Generators with integer answers (checked exactly: `rg.score_answer` credits a negated
-`gsm_symbolic` answer and part-credits wrong ones)."""
+                     "gcd", "lcm", "count_bits", "leg_counting"})
+"""Generators with integer answers (checked exactly: `rg.score_answer` part-credits wrong
+ones)."""
+DECIMAL = frozenset({"gsm_symbolic"})
+"""Generators whose answers are plain decimals, mostly integers (checked exactly:
+`rg.score_answer` credits a negated `gsm_symbolic` answer; about 1 item in 450 has a decimal
+gold such as `1606.5`, which an integer rule could never credit)."""
 MATH = frozenset({"polynomial_equations", "complex_arithmetic", "number_format",
                   "decimal_chain_sum"})
 """Generators math-verify scores right (checked in the killable host)."""
@@ -53,8 +59,12 @@ ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
 problems are drawn."""
 
 _MAX_CHARS = 200
-_NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$|\s|\\text\{[^}]*\}")
+_NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$")
+_TEXT = re.compile(r"\\text\{([^}]*)\}")
+_SPLIT_NUMBER = re.compile(r"[\d.,]\s+[\d.,]")
+"""Whitespace inside a number: `1 2` is not 12, nor `2 3` the prime 23."""
 _INT = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)$")
+_PLAIN_DECIMAL = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$")
 _TIMES10 = re.compile(r"^([+-]?\d+(?:\.\d+)?)(?:\\times|\\cdot|\*|×)10\^\{?([+-]?\d{1,3})\}?$")
 _SLASH = re.compile(r"^([+-]?\d+)/(\d+)$")
 _FRAC = re.compile(r"^([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{(\d+)\}$")
@@ -62,7 +72,18 @@ _FACTOR_SEP = re.compile(r"\\times|\\cdot|[×*x·]")
 
 
 def _clean(text: str) -> str:
-    return _NOISE.sub("", text.strip()).rstrip(".")
+    """`text` without LaTeX spacing, `\\left`/`\\right`, `$` and whitespace; `\\text{...}` keeps
+    its contents (`1\\text{ or }2` is not 12). Whitespace inside a number is kept, so no rule
+    reads it as one number (as `asyncrl.tasks.rewards.math.plain_number`)."""
+    s = _TEXT.sub(r"\1", _NOISE.sub("", text)).strip().rstrip(".")
+    return s if _SPLIT_NUMBER.search(s) else "".join(s.split())
+
+
+def _exact_decimal(text: str) -> Decimal | None:
+    s = _clean(text)
+    if len(s) > _MAX_CHARS or not _PLAIN_DECIMAL.match(s):
+        return None
+    return Decimal(s.replace(",", ""))
 
 
 def _integer(text: str) -> int | None:
@@ -130,6 +151,9 @@ def check(generator: str, pred: str, gold: str) -> bool | None:
     if generator in INTEGER:
         a, b = _integer(pred), _integer(gold)
         return a is not None and a == b
+    if generator in DECIMAL:
+        x, y = _exact_decimal(pred), _exact_decimal(gold)
+        return x is not None and x == y
     if generator == "power_function":
         x, y = _decimal(pred), _decimal(gold)
         return x is not None and y is not None and _sig3(x) == _sig3(y)
