@@ -123,3 +123,27 @@ def test_a_decimal_gsm_symbolic_gold_is_scorable_and_no_unscorable_item_is_kept(
     assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is False
     monkeypatch.setattr(gym_checks, "check", lambda g, p, gold: False)
     assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is True
+
+
+def test_number_format_credits_only_the_right_candidate_in_any_of_its_printings() -> None:
+    """G3: number_format went to the math reward, whose fast path took any e-notation answer
+    within a relative 1e-6: every wrong candidate written in e-notation scored 1.0."""
+    ds = reasoning_gym.create_dataset("number_format", seed=0, size=40)
+    wrong = right = 0
+    for e in ds:
+        gold = str(e["answer"])
+        for shown, value in zip(e["metadata"]["formatted_candidates"],
+                                e["metadata"]["candidates"], strict=True):
+            ok = value == e["metadata"]["solution"]
+            assert check("number_format", shown, gold) is ok, (shown, gold)
+            wrong, right = wrong + (not ok), right + ok
+        assert check("number_format", f"{float(gold):.7e}", gold) is False  # a rounding
+    assert wrong > 40 and right == 40
+
+
+def test_an_answer_in_e_notation_is_compared_exactly_unless_the_gold_is_a_printed_float(
+        ) -> None:
+    assert numeric_verdict("1e6", "1000001") is False  # was True (relative 1e-6)
+    assert numeric_verdict("1.234568e8", "123456789") is False
+    assert numeric_verdict("1.23456789e8", "123456789") is True
+    assert numeric_verdict("9.36e-18", "9.360000138304076e-18") is True

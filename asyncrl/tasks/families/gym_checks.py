@@ -21,6 +21,8 @@ Rules:
   `\\text{...}` keeps its contents.
 - `significant`: `power_function` asks for 3 significant figures (e-notation): both read as
   decimals (`9.36e-18`, `9.36 \\times 10^{-18}`), equal when rounded to 3 significant figures.
+- `same_float`: `number_format` (pick a candidate written with commas or in e-notation): the
+  answer's exact value equal to the gold's within a float's printing noise (1e-12 relative).
 - `lowest_terms`: `fraction_simplification`: `a/b` or `\\frac{a}{b}` with gcd(a, b) = 1 and
   the gold's value.
 - `prime_factors`: `prime_factorization`: factors separated by ×, *, x or `\\times` (a power
@@ -40,6 +42,7 @@ from typing import Any
 
 from asyncrl.formats import extract_answer
 from asyncrl.records import Problem, RewardResult, Rollout
+from asyncrl.tasks.rewards.math import plain_number
 
 INTEGER = frozenset({"basic_arithmetic", "chain_sum", "products", "simple_equations",
                      "gcd", "lcm", "count_bits", "leg_counting"})
@@ -49,8 +52,7 @@ DECIMAL = frozenset({"gsm_symbolic"})
 """Generators whose answers are plain decimals, mostly integers (checked exactly:
 `rg.score_answer` credits a negated `gsm_symbolic` answer; about 1 item in 450 has a decimal
 gold such as `1606.5`, which an integer rule could never credit)."""
-MATH = frozenset({"polynomial_equations", "complex_arithmetic", "number_format",
-                  "decimal_chain_sum"})
+MATH = frozenset({"polynomial_equations", "complex_arithmetic", "decimal_chain_sum"})
 """Generators math-verify scores right (checked in the killable host)."""
 
 ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
@@ -105,6 +107,15 @@ def _decimal(text: str) -> Decimal | None:
         return None
 
 
+def _same_float(pred: str, gold: str) -> bool:
+    """`number_format`: the answer is the candidate whose value is the gold's. Candidates are
+    printed with commas, trailing zeros or in e-notation from a float (`5.926413263049999e+08`
+    for 592641326.305), and differ from each other from about the 8th significant digit: equal
+    within a relative 1e-12 (a float's printing noise), never a rounding of the gold."""
+    a, b = plain_number(_clean(pred)), plain_number(_clean(gold))
+    return a is not None and b is not None and abs(a - b) <= Fraction(1, 10**12) * abs(b)
+
+
 def _sig3(x: Decimal) -> Decimal:
     return x if x == 0 else Decimal(f"{x:.2e}")
 
@@ -151,6 +162,8 @@ def check(generator: str, pred: str, gold: str) -> bool | None:
     if generator in INTEGER:
         a, b = _integer(pred), _integer(gold)
         return a is not None and a == b
+    if generator == "number_format":
+        return _same_float(pred, gold)
     if generator in DECIMAL:
         x, y = _exact_decimal(pred), _exact_decimal(gold)
         return x is not None and x == y
