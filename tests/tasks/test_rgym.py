@@ -80,9 +80,9 @@ def test_the_math_reward_reads_e_notation_as_a_number() -> None:
 
 async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
     ds = reasoning_gym.create_dataset("bitwise_arithmetic", seed=0, size=1)
-    from asyncrl.tasks.families.gym_checks import ENTRIES
+    from asyncrl.tasks.families.gym_checks import remember
 
-    ENTRIES[("bitwise_arithmetic", ds[0]["question"])] = dict(ds[0])
+    remember("bitwise_arithmetic", ds[0]["question"], ds[0], ds)
     p = Problem(id="b", question=ds[0]["question"], answer=ds[0]["answer"],
                 source="reasoning_gym/bitwise_arithmetic")
     reward = GymReward(None)
@@ -147,3 +147,29 @@ def test_an_answer_in_e_notation_is_compared_exactly_unless_the_gold_is_a_printe
     assert numeric_verdict("1.234568e8", "123456789") is False
     assert numeric_verdict("1.23456789e8", "123456789") is True
     assert numeric_verdict("9.36e-18", "9.360000138304076e-18") is True
+
+
+async def test_reasoning_gyms_scorer_uses_the_runs_generator_config_built_once(
+        monkeypatch) -> None:
+    """G5: `rg_score` built a dataset with the default config on every call: the run's
+    decimal places were ignored (an answer off by 9e-4 scored 1.0 where 12 digits were
+    asked for), and arc_agi spent 0.41 s of CPU per reward on the event loop."""
+    opts = {"generators": ["decimal_arithmetic"], "train_size": 4, "eval_size": 1,
+            "generator_config": {"decimal_arithmetic": {
+                "min_num_decimal_places": 5, "max_num_decimal_places": 6, "precision": 12}}}
+    train, _ = generate("reasoning_gym", opts, 0)
+    built = []
+    real = reasoning_gym.create_dataset
+    monkeypatch.setattr(reasoning_gym, "create_dataset",
+                        lambda *a, **k: built.append(a) or real(*a, **k))
+    reward = GymReward(None)
+
+    async def score(p: Problem, answer: str) -> float:
+        ro = Rollout(rollout_id="r", prompt_id=p.id, group_id="g", policy_version=0,
+                     prompt_ids=[], response_text=f"\\boxed{{{answer}}}")
+        return (await reward(p, ro)).reward
+
+    for p in train:
+        assert await score(p, p.answer) == 1.0
+        assert await score(p, str(float(p.answer) + 9e-4)) == 0.0
+    assert built == []

@@ -27,12 +27,16 @@ Rules:
   the gold's value.
 - `prime_factors`: `prime_factorization`: factors separated by ×, *, x or `\\times` (a power
   `p^k` counts k times), all prime, the same multiset as the gold's.
-- reasoning-gym's `score_answer` (other generators): credit only at 1.0, an exception scores
-  0 (status `reward_error`), and `bitwise_arithmetic`'s answer must keep the gold's base.
+- reasoning-gym's `score_answer` (other generators), by the dataset built with the run's
+  `generator_config` (kept, never rebuilt per call; run on a worker thread): credit only at
+  1.0, an exception scores 0 (status `reward_error`), and `bitwise_arithmetic`'s answer must
+  keep the gold's base.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import re
 from collections import Counter
 from decimal import Decimal, InvalidOperation
@@ -55,10 +59,27 @@ gold such as `1606.5`, which an integer rule could never credit)."""
 MATH = frozenset({"polynomial_equations", "complex_arithmetic", "decimal_chain_sum"})
 """Generators math-verify scores right (checked in the killable host)."""
 
-ENTRIES: dict[tuple[str, str], dict[str, Any]] = {}
-"""reasoning-gym's own item (answer and metadata) by (generator, question), for its
-`score_answer` (some generators score from the metadata); filled by `asyncrl.tasks.families.rgym` as
-problems are drawn."""
+ENTRIES: dict[tuple[str, str], tuple[dict[str, Any], Any]] = {}
+"""reasoning-gym's own item (answer and metadata) and the dataset that drew it, by (generator,
+question), for its `score_answer`: some generators score from the metadata, and some read the
+dataset's config (`decimal_arithmetic`'s tolerance, `puzzle24`'s range, `time_intervals`'
+scale, `polynomial_equations`' penalties), so an item is scored by the dataset built with the
+run's `generator_config`. Filled by `asyncrl.tasks.families.rgym` (`remember`) as problems are
+drawn."""
+
+
+def remember(generator: str, question: str, entry: dict[str, Any], dataset: Any) -> None:
+    """Keep `entry` and the `dataset` (built with the run's config) that drew it."""
+    ENTRIES[(generator, question)] = (dict(entry), dataset)
+
+
+@functools.cache
+def _default_dataset(generator: str) -> Any:
+    """A dataset with reasoning-gym's default config, built once: for problems read from a
+    file, whose drawing dataset this process never built."""
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(generator, seed=0, size=1)
 
 _MAX_CHARS = 200
 _NOISE = re.compile(r"\\[,!;: ]|\\left|\\right|\$")
@@ -180,13 +201,11 @@ def check(generator: str, pred: str, gold: str) -> bool | None:
     return None
 
 
-def rg_score(generator: str, pred: str, entry: dict[str, Any]) -> bool:
-    """reasoning-gym's own `score_answer` on its item `entry` (answer and metadata), guarded:
-    credit only at 1.0, and a bitwise answer must be written in the gold's base. Raises what
-    the scorer raises."""
-    import reasoning_gym
-
-    ds = reasoning_gym.create_dataset(generator, seed=0, size=1)
+def rg_score(generator: str, pred: str, entry: dict[str, Any], dataset: Any = None) -> bool:
+    """reasoning-gym's own `score_answer` on its item `entry` (answer and metadata), by the
+    `dataset` that drew it (None: one with the default config), guarded: credit only at 1.0,
+    and a bitwise answer must be written in the gold's base. Raises what the scorer raises."""
+    ds = dataset if dataset is not None else _default_dataset(generator)
     gold = str(entry.get("answer", ""))
     if generator == "bitwise_arithmetic" and gold.lstrip("-").startswith("0x") and \
             not pred.strip().lstrip("-").lower().startswith("0x"):
@@ -212,9 +231,10 @@ class GymReward:
             return await self.math(problem, rollout)
         if verdict is None:
             try:
-                entry = ENTRIES.get((generator, problem.question),
-                                    {"answer": problem.answer, "metadata": {}})
-                verdict = rg_score(generator, answer, entry)
+                entry, ds = ENTRIES.get((generator, problem.question),
+                                        ({"answer": problem.answer, "metadata": {}}, None))
+                # off the event loop: some scorers take a tenth of a second or more
+                verdict = await asyncio.to_thread(rg_score, generator, answer, entry, ds)
             except Exception as e:  # reasoning-gym's scorer raises on forms it cannot read
                 return RewardResult(reward=0.0, status="reward_error", answer=answer,
                                     errors=[f"score_answer: {type(e).__name__}: {e}"[:300]])

@@ -164,7 +164,7 @@ def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
             dropped["duplicate_question"] += 1
             continue
         taken.add(question)
-        gym_checks.ENTRIES[(name, question)] = dict(entry)
+        gym_checks.remember(name, question, entry, ds)
         out.append(Problem(id=f"rg-{name}-{split}-{idx:06d}", question=question,
                            answer=str(entry["answer"]).strip(), source=f"{NAME}/{name}",
                            difficulty=float(level)))
