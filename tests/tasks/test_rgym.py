@@ -173,3 +173,49 @@ async def test_reasoning_gyms_scorer_uses_the_runs_generator_config_built_once(
         assert await score(p, p.answer) == 1.0
         assert await score(p, str(float(p.answer) + 9e-4)) == 0.0
     assert built == []
+
+
+async def test_a_reasoning_gym_eval_behind_a_file_train_set_is_scored_by_its_own_check(
+        tmp_path) -> None:
+    """G4: the reward and environment were built from data.train's source only, so a
+    reasoning-gym data.eval behind a problem file was scored by the math reward (`866`
+    credited for `2 × 433`) while `config check` said the source's own check was used."""
+    import json
+
+    import msgspec
+    from micro_config import ROOT
+
+    from asyncrl import config
+    from asyncrl.tasks.check import check_task
+    from asyncrl.tasks.open import TaskSpec, bind, load_task
+    from asyncrl.tasks.task import TaskContext
+
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text(json.dumps({"id": "t0", "question": "2+2?", "answer": "4"}) + "\n")
+    opts = {"generators": ["prime_factorization"], "train_size": 1, "eval_size": 3}
+    cfg = config.load(ROOT / "curricula" / "tiny.toml")
+    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
+        cfg.data, train=str(train_file), eval="generator:reasoning_gym",
+        generator_options=opts))
+    assert any(line.startswith("reward: auto; train (math); eval (the eval source's own)")
+               for line in check_task(cfg))
+
+    spec = TaskSpec(train=str(train_file), eval="generator:reasoning_gym", options=opts,
+                    tools=())
+    task = bind(load_task(spec), TaskContext(reward_host=object()))
+
+    async def score(p: Problem, answer: str) -> float:
+        ro = Rollout(rollout_id="r", prompt_id=p.id, group_id="g", policy_version=0,
+                     prompt_ids=[], response_text=f"\\boxed{{{answer}}}")
+        return (await task.reward_fn(p, ro)).reward
+
+    assert await score(task.problems[0], "4") == 1.0  # the file's problems: the math reward
+    assert any(" × " in p.answer for p in task.held_out)
+    for p in task.held_out:
+        factors = [int(f) for f in p.answer.split(" × ")]
+        product = 1
+        for f in factors:
+            product *= f
+        assert await score(p, p.answer) == 1.0
+        if len(factors) > 1:
+            assert await score(p, str(product)) == 0.0  # math-verify would credit it
