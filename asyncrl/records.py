@@ -103,6 +103,12 @@ class Turn(_Rec, kw_only=True):
     """Index into `Rollout.tool_calls` for the call this turn made or answered."""
 
 
+CORRECT_AT = 1.0
+"""A rollout whose reward states no correctness is correct at this reward or above: the
+verifiable-reward convention (1 right, 0 wrong) that graded rewards keep for a right answer
+(`correct` weight 1 plus shaping parts)."""
+
+
 class Timing(_Rec, kw_only=True):
     queued_s: float = 0.0
     """Waiting for admission (all turns)."""
@@ -130,6 +136,9 @@ class Rollout(_Rec, kw_only=True):
     answer: str | None = None
     """Final answer text extracted by the reward (the `\\boxed{}` content)."""
     reward: float = 0.0
+    correct: bool | None = None
+    """Whether the answer is right, as the reward stated it (`RewardResult.correct`); None:
+    the reward did not say, and `is_correct` reads the reward (`CORRECT_AT`)."""
     reward_status: str = ""
     """`ok`, `no_answer`, `reward_timeout`, `reward_error`, or empty before rewarding."""
     reward_detail: dict[str, float] = {}
@@ -153,6 +162,14 @@ class Rollout(_Rec, kw_only=True):
     @property
     def num_response_tokens(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def is_correct(self) -> bool:
+        """Whether the rollout counts as solving its problem, everywhere a run asks (eval
+        accuracy, avg@k, pass@k, maj@k; RoC's positives; the hard-problem filter): the
+        reward's own verdict when it stated one (`correct`), else `reward >= CORRECT_AT`
+        (full credit, so a shaping term alone, such as 0.1 for format, is not a solve)."""
+        return self.correct if self.correct is not None else self.reward >= CORRECT_AT
 
     @property
     def tool_error_ratio(self) -> float | None:
@@ -203,6 +220,9 @@ class RewardResult(_Rec, kw_only=True):
     reward: float
     status: str
     """`ok`, `no_answer`, `reward_timeout` or `reward_error`."""
+    correct: bool | None = None
+    """Whether the answer is right, for a reward that knows apart from its value (a graded
+    reward with a shaping term); None: `reward >= CORRECT_AT` (see `Rollout.is_correct`)."""
     answer: str | None = None
     detail: dict[str, float] = {}
     """Named parts of the reward (recorded on the rollout as `reward_detail`)."""

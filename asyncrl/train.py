@@ -235,7 +235,7 @@ class StageRunner:
                 probs, stage.hard_filter_problems)
         groups = await self._rollouts(probs, stage.hard_filter_k, self._settings(
             stage, seed_key=f"filter:{self.state.stage_index}"))
-        correct = {g.problem.id: sum(r.reward > 0 for r in g.rollouts) for g in groups}
+        correct = {g.problem.id: sum(r.is_correct for r in g.rollouts) for g in groups}
         hard = hard_problem_ids(correct, stage.hard_filter_k)
         if not hard:  # everything solved: keep training on all rather than on nothing
             hard = set(correct)

@@ -20,8 +20,9 @@ Penalties (the released rStar2-Agent code, on our records instead of re-parsed t
 - `p_total = p_err + p_format`, in [0, 2].
 
 Aborted and failed rollouts (infrastructure, not the policy, ended them) are never kept; the
-rules below run on the others. Selection of `roc.kind = "roc"` for a group of n rollouts, P positives (reward > 0) and
-N negatives, cut to G:
+rules below run on the others. Selection of `roc.kind = "roc"` for a group of n rollouts, P
+positives (`Rollout.is_correct`: the reward's verdict, else full credit) and N negatives, cut
+to G:
 1. n <= G: keep everything (nothing to cut; a short group is never padded).
 2. `k_pos = round_half_up(P * G / n)`, `k_neg = G - k_pos` (the ratio of the 2G set, within
    rounding; the released code rounds both and can miss G by one, which we avoid).
@@ -74,7 +75,7 @@ class RocOutcome(msgspec.Struct, frozen=True, kw_only=True):
     p_format: list[float]
     """Format penalty per rollout."""
     positive: list[bool]
-    """reward > 0, per rollout."""
+    """`Rollout.is_correct`, per rollout."""
 
     @property
     def p_total(self) -> list[float]:
@@ -221,7 +222,7 @@ def select(group: Group, cfg: RocSection, group_size: int, rng: random.Random) -
     """
     errs = [p_err(r, cfg.no_tool_call_penalty) for r in group.rollouts]
     fmts = [p_format(r) for r in group.rollouts]
-    positive = [r.reward > 0 for r in group.rollouts]
+    positive = [r.is_correct for r in group.rollouts]
     usable = [i for i, r in enumerate(group.rollouts) if r.status not in UNUSABLE]
     kept = SELECT_KINDS[cfg.kind]([positive[i] for i in usable],
                                   [errs[i] + fmts[i] for i in usable], cfg, group_size, rng)

@@ -4,15 +4,25 @@ Owns: the estimators and their edge cases, `summarize` (every metric of an eval 
 groups), the printed table and the JSON results file. Does not own: sampling the rollouts or
 rewarding them (`asyncrl eval` and the train loop do that, then call `summarize`).
 
-Definitions, per problem with n samples of which c are correct (reward > 0), averaged over
-problems:
+Definitions, per problem with n samples of which c are correct, averaged over problems. A
+sample is correct by `Rollout.is_correct`: the reward's own verdict when it states one
+(`RewardResult.correct`), else full credit, `reward >= 1` (so a shaping term alone, a rubric's
+format part or a verifiers `weight=0.1` reward, is not a right answer). `correct_stated_ratio`
+says how many samples were judged by the reward's verdict rather than by the threshold.
+A sample's answer (its maj@k vote, and `no_answer_ratio`) is the reward's `answer` when it
+gives one, else the final answer the format marks in the response (`formats.extract_answer`:
+the last `\\boxed{}`, inside the last `<answer>` block when there is one), as a plugin reward
+returning a number, a rubric or a text environment give none; `answer_from_response_ratio`
+says how many were read that way.
 - avg@k: c / n, the mean pass@1 over the samples (the report's "average of k samples").
 - pass@k: the unbiased estimator of Chen et al. 2021, 1 - C(n-c, k) / C(n, k), computed as a
   product so it neither overflows nor loses precision for large n.
 - maj@k: 1 if the most frequent answer among the first k samples is correct. Answers the
   reward judged correct are all equivalent to the ground truth, so they vote as one class;
   other answers vote by their text (whitespace removed); samples with no answer do not vote.
-  Ties go to the class whose first vote came earliest in sample order.
+  Ties go to the class whose first vote came earliest in sample order. A problem where no
+  sample votes counts 0; when no sample of the whole evaluation has an answer (an environment
+  whose answers are not `\\boxed{}`), maj@k is not reported at all rather than read 0.
 - tool_error_ratio_correct: failed / all tool calls of the *correct* samples: how clean the
   policy's own right answers are (the policy-level form of RoC's claim, which the trained-on
   positives show only after RoC's selection).
@@ -29,7 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.errors import EngineError, RewardError
-from asyncrl.records import Group, RolloutStatus
+from asyncrl.formats import extract_answer
+from asyncrl.records import Group, Rollout, RolloutStatus
 from asyncrl.tasks.rewards.math import plain_number
 
 
@@ -81,6 +92,11 @@ def maj_at_k(answers: Sequence[str | None], correct: Sequence[bool]) -> float:
     best = max(votes.values())
     winner = next(key for key, n in votes.items() if n == best)  # earliest among the tied
     return 1.0 if winner is _CORRECT else 0.0
+
+
+def final_answer(r: Rollout) -> str | None:
+    """The sample's answer: the reward's, else the one the format marks in the response."""
+    return r.answer if r.answer is not None else extract_answer(r.response_text)
 
 
 def all_failed(groups: Sequence[Group]) -> str | None:
@@ -138,10 +154,13 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
 
     Each group needs at least k rollouts; failed or truncated rollouts count as samples (with
     the reward they were given). pass@k and avg@k use all n samples of a group; maj@k uses the
-    first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K,
+    first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K (absent
+    when no sample has an answer),
     response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
     (failed / all calls), tool_error_ratio_correct (the same over correct samples),
-    no_answer_ratio, truncated_ratio, failed_ratio (rollouts that failed in the engine or
+    no_answer_ratio, answer_from_response_ratio and correct_stated_ratio (which rule gave the
+    answers and the verdicts: module docstring), truncated_ratio, failed_ratio (rollouts that
+    failed in the engine or
     the loop, not in the model: they count as wrong answers, and this says how many of the
     wrong ones are no answer of the model's at all); then, when problems carry a difficulty (a generator's
     level), per level n: `accuracy_L{n}` = avg@k over its problems and, for k > 1,
@@ -157,14 +176,16 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         if len(rs) < k:
             raise ValueError(f"group {g.group_id} (problem {g.problem.id}) has {len(rs)} "
                              f"samples, fewer than k={k}")
-        ok = [r.reward > 0 for r in rs]
+        ok = [r.is_correct for r in rs]
         avg.append(sum(ok) / len(rs))
         pass_k.append(pass_at_k(len(rs), sum(ok), k))
-        maj.append(maj_at_k([r.answer for r in rs[:k]], ok[:k]))
+        maj.append(maj_at_k([final_answer(r) for r in rs[:k]], ok[:k]))
     rollouts = [r for g in groups for r in g.rollouts]
+    answers = [final_answer(r) for r in rollouts]
+    voted = any(a is not None and a.strip() for a in answers)
     calls = sum(len(r.tool_calls) for r in rollouts)
     failed = sum(c.failed for r in rollouts for c in r.tool_calls)
-    right = [r for r in rollouts if r.reward > 0]
+    right = [r for r in rollouts if r.is_correct]
     right_calls = sum(len(r.tool_calls) for r in right)
     right_failed = sum(c.failed for r in right for c in r.tool_calls)
     accuracy = _mean(avg)
@@ -177,7 +198,8 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         levels[f"accuracy_L{lv}"] = _mean([a for a, _ in xs])
         if k > 1:
             levels[f"avg@{k}_L{lv}"] = _mean([a for a, _ in xs])
-            levels[f"maj@{k}_L{lv}"] = _mean([m for _, m in xs])
+            if voted:
+                levels[f"maj@{k}_L{lv}"] = _mean([m for _, m in xs])
     return {
         "problems": float(len(groups)),
         "samples": float(len(rollouts)),
@@ -185,12 +207,15 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "accuracy": accuracy,
         f"avg@{k}": accuracy,
         f"pass@{k}": _mean(pass_k),
-        f"maj@{k}": _mean(maj),
+        **({f"maj@{k}": _mean(maj)} if voted else {}),
         "response_tokens_mean": _mean([float(r.num_response_tokens) for r in rollouts]),
         "tool_calls_per_problem": calls / len(rollouts),
         "tool_error_ratio": failed / calls if calls else 0.0,
         "tool_error_ratio_correct": right_failed / right_calls if right_calls else 0.0,
-        "no_answer_ratio": _mean([float(r.answer is None) for r in rollouts]),
+        "no_answer_ratio": _mean([float(a is None) for a in answers]),
+        "answer_from_response_ratio": _mean([float(r.answer is None and a is not None)
+                                             for r, a in zip(rollouts, answers, strict=True)]),
+        "correct_stated_ratio": _mean([float(r.correct is not None) for r in rollouts]),
         "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
         "failed_ratio": _mean([float(r.status == RolloutStatus.FAILED) for r in rollouts]),
         **levels,

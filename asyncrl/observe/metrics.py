@@ -35,7 +35,7 @@ def rollout_stats(rollouts: Iterable[Rollout], prefix: str = "rollout") -> dict[
     if not rs:
         return {f"{prefix}/count": 0.0}
     with_calls = [r for r in rs if r.tool_calls]
-    pos_with_calls = [r for r in with_calls if r.reward > 0]
+    pos_with_calls = [r for r in with_calls if r.is_correct]
     calls = sum(len(r.tool_calls) for r in rs)
     failed = sum(sum(c.failed for c in r.tool_calls) for r in rs)
     pos_calls = sum(len(r.tool_calls) for r in pos_with_calls)

@@ -258,10 +258,12 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     evals = [r for r in (s.before, s.after) if r]
     avg = sampled_key(evals, "eval/avg@*")
     maj = sampled_key(evals, "eval/maj@*")
+    if maj.endswith("*") and not avg.endswith("*"):  # no sample had an answer: maj@k n/a
+        maj = avg.replace("/avg@", "/maj@")
     temps = [_number(r.get("eval/temperature")) for r in evals]
     temp = next((x for x in temps if x is not None), None)
     # sampled columns when the evals sampled (at temperature 0 they are the greedy answer again)
-    sampled = not avg.endswith("*") and not maj.endswith("*") and temp != 0.0
+    sampled = not avg.endswith("*") and temp != 0.0
     cols = ["checkpoint", "step", "accuracy"]
     if sampled:
         cols += [avg.removeprefix("eval/"), maj.removeprefix("eval/"), "tool errors (correct)"]

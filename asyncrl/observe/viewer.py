@@ -119,7 +119,7 @@ def roc_decision(group: Group, index: int, trained: bool, no_tool_call_penalty: 
                         else f"p_total {pt:.2f}")
     if not group.kept:
         return "-", "RoC did not run on this group"
-    if ro.reward > 0:
+    if ro.is_correct:
         return "dropped", f"RoC cut: positive not drawn (p_total {pt:.2f})"
     return "dropped", "RoC cut: negative not sampled"
 
@@ -144,7 +144,7 @@ def rollout_view(group: Group, index: int, *, trained: bool, decode: Decoder | N
         "id": ro.rollout_id, "problem_id": group.problem.id, "question": group.problem.question,
         "prompt": decode(ro.prompt_ids) if decode is not None else "",
         "truth": group.problem.answer, "answer": ro.answer, "reward": ro.reward,
-        "correct": ro.reward > 0, "tool_error": any(c.failed for c in ro.tool_calls),
+        "correct": ro.is_correct, "tool_error": any(c.failed for c in ro.tool_calls),
         "status": ro.status.value, "stop_reason": ro.stop_reason.value, "error": ro.error,
         "policy_version": ro.policy_version, "tokens": len(ro.response_ids),
         "turns": _turns(ro, decode), "calls": calls, "roc": decision, "roc_why": why,
@@ -170,7 +170,8 @@ def _section(title: str, kind: str, step: int, groups: Sequence[Group], *,
 def eval_figures(groups: Sequence[Group]) -> list[dict[str, Any]]:
     """An eval section's figures, for all problems and per level: problems, samples per
     problem (k), avg@k, maj@k, pass@k and the tool-error ratio of the correct answers
-    (`asyncrl.observe.evaluation.summarize`; k = the fewest samples any problem has)."""
+    (`asyncrl.observe.evaluation.summarize`; k = the fewest samples any problem has); maj is
+    None (shown n/a) when no sample has an answer."""
     from asyncrl.observe.evaluation import summarize
 
     groups = [g for g in groups if g.rollouts]
@@ -185,7 +186,8 @@ def eval_figures(groups: Sequence[Group]) -> list[dict[str, Any]]:
     for name, gs in levels.items():
         m = summarize(gs, k)
         out.append({"level": name, "problems": len(gs), "k": k,
-                    "avg": round(m[f"avg@{k}"], 4), "maj": round(m[f"maj@{k}"], 4),
+                    "avg": round(m[f"avg@{k}"], 4),
+                    "maj": round(m[f"maj@{k}"], 4) if f"maj@{k}" in m else None,
                     "pass": round(m[f"pass@{k}"], 4),
                     "tool_errors_correct": round(m["tool_error_ratio_correct"], 4)})
     return out

@@ -270,6 +270,7 @@ class RolloutRunner:
             async with asyncio.timeout(self.reward_timeout_s):
                 res = await self.reward_fn(problem, ro)
             ro.reward, ro.reward_status, ro.answer = float(res.reward), res.status, res.answer
+            ro.correct = res.correct
             if res.detail or res.errors:
                 ro.reward_detail, ro.reward_errors = dict(res.detail), list(res.errors)
         except TimeoutError:

@@ -53,11 +53,30 @@ def check_generator_options(cfg: RunConfig) -> None:
             raise ConfigError(f"data.generator_options{where}", str(e)) from None
 
 
+def reward_line(reward: str, train: TaskSource | None, eval_: TaskSource | None,
+                apart: bool) -> str:
+    """The plan's `reward:` line: what scores each split, as `asyncrl.tasks.open.bind` builds
+    it (a `data.eval` source other than `data.train`'s scores its problems with its own)."""
+    from asyncrl.tasks.open import eval_reward_spec
+
+    def what(src: TaskSource | None) -> str:
+        own = reward in ("auto", "source") and src is not None and src.reward is not None
+        return " (the task source's own)" if own else " (math)" if reward == "auto" else ""
+
+    line = f"reward: {reward}{what(train)}"
+    if apart and eval_ is not None:
+        which = eval_reward_spec(reward, train, eval_)
+        held = what(train) if which is None else (
+            " (the eval source's own)" if which == "source" else f" ({which})")
+        line = f"reward: {reward}; train{what(train) or ' ' + reward}; eval{held or ' ' + reward}"
+    return line
+
+
 def check_task(cfg: RunConfig) -> list[str]:
     """Import every plugin the config names, build the task source and one item of each
     split; the plan lines. Raises `ConfigError` naming the key."""
     lines: list[str] = []
-    source = None
+    by_split: dict[str, TaskSource] = {}
     loaded: dict[str, TaskSource] = {}
     for key in ("train", "eval"):
         src = getattr(cfg.data, key)
@@ -76,7 +95,8 @@ def check_task(cfg: RunConfig) -> list[str]:
         dropped = f", dropped {dict(d)}" if d else ""
         lines.append(f"task source {src}: {len(split)} {key} problems{dropped}; first: "
                      f"{first.question[:60]!r} -> {first.answer[:20]!r}")
-        source = source or s
+        by_split[key] = s
+    source = by_split.get("train")  # what the runtime builds the reward and tools from
     reward = cfg.task.reward
     if reward not in REWARD_NAMES:
         obj = resolve(reward, kind="rewards", key="task.reward", builtins=_names(REWARD_NAMES))
@@ -85,9 +105,8 @@ def check_task(cfg: RunConfig) -> list[str]:
                               "function")
     elif reward == "source" and (source is None or source.reward is None):
         raise ConfigError("task.reward", "\"source\": the task source has no reward of its own")
-    own = reward in ("auto", "source") and source is not None and source.reward is not None
-    lines.append(f"reward: {reward}" + (" (the task source's own)" if own else
-                                        " (math)" if reward == "auto" else ""))
+    lines.append(reward_line(reward, source, by_split.get("eval"),
+                             cfg.data.eval != cfg.data.train))
     names = resolved_tools(cfg, source)
     if not cfg.rollout.tools:
         lines.append("tools: (none)")

@@ -66,6 +66,9 @@ class LoadedTask:
     """The task source `spec.train` names; None for a file."""
     train: LoadResult | None
     eval: LoadResult | None
+    eval_source: TaskSource | None = None
+    """The task source `spec.eval` names when it is not `spec.train`'s; None otherwise. Its
+    own reward and environment score the held-out problems (`bind`)."""
 
     @property
     def solution_code(self) -> Any:
@@ -78,13 +81,9 @@ class LoadedTask:
         return solution_code
 
 
-def _split(spec: str, split: str, source: TaskSource | None, options: Mapping[str, Any],
-           seed: int) -> LoadResult:
+def _split(spec: str, split: str, source: TaskSource | None) -> LoadResult:
     if source is None:
-        name = source_name(spec, f"data.{split}")
-        if name is None:
-            return read_problem_file(spec)
-        source = load_source(name, options, seed, key=f"data.{split}")
+        return read_problem_file(spec)
     dropped = source.dropped if split == "train" else source.dropped_eval
     return LoadResult(list(source.train if split == "train" else source.eval),
                       dict(sorted(dropped.items())))
@@ -94,24 +93,33 @@ def load_task(spec: TaskSpec) -> LoadedTask:
     """Read each split of `spec` once: one task source serves both splits when both name it."""
     name = source_name(spec.train, "data.train")
     source = load_source(name, spec.options, spec.seed) if name is not None else None
-    train = (_split(spec.train, "train", source, spec.options, spec.seed)
-             if "train" in spec.splits else None)
-    evals = None
+    train = _split(spec.train, "train", source) if "train" in spec.splits else None
+    evals = eval_source = None
     if spec.eval and "eval" in spec.splits:
-        evals = _split(spec.eval, "eval", source if spec.eval == spec.train else None,
-                       spec.options, spec.seed)
-    return LoadedTask(spec=spec, source=source, train=train, eval=evals)
+        eval_source = source
+        if spec.eval != spec.train:
+            eval_name = source_name(spec.eval, "data.eval")
+            eval_source = (load_source(eval_name, spec.options, spec.seed, key="data.eval")
+                           if eval_name is not None else None)
+        evals = _split(spec.eval, "eval", eval_source)
+        eval_source = eval_source if eval_source is not source else None
+    return LoadedTask(spec=spec, source=source, train=train, eval=evals,
+                      eval_source=eval_source)
 
 
 def bind(loaded: LoadedTask, ctx: TaskContext) -> Task:
-    """The loaded task with its reward, tools and environment built over `ctx`."""
+    """The loaded task with its reward, tools and environment built over `ctx`. The held-out
+    problems of a `data.eval` source other than `data.train`'s are scored by that source's own
+    reward and environment (`split_routed`); the tools and system text are `data.train`'s."""
     spec, src = loaded.spec, loaded.source
     try:
         tools = build_tools(spec.tools, src, ctx) if spec.tools else []
         reward = build_reward(spec.reward, src, ctx)
         env = src.env(ctx) if src is not None and src.env is not None else None
+        if loaded.eval_source is not None and loaded.eval is not None:
+            reward, env = split_routed(loaded, ctx, reward, env)
     except BaseException:
-        _close(src)
+        _close(src, loaded.eval_source)
         raise
     skipped = {k: r.skipped for k, r in (("train", loaded.train), ("eval", loaded.eval))
                if r is not None}
@@ -121,12 +129,56 @@ def bind(loaded: LoadedTask, ctx: TaskContext) -> Task:
                 system_prompt=(src.system_prompt or None) if src is not None else None,
                 skipped=skipped, solution_code=loaded.solution_code,
                 name=src.name if src is not None else spec.train,
-                close=(lambda: _close(src)) if src is not None else None)
+                close=(lambda: _close(src, loaded.eval_source))
+                if src is not None or loaded.eval_source is not None else None)
 
 
-def _close(src: TaskSource | None) -> None:
-    if src is not None and src.close is not None:
-        src.close()
+def eval_reward_spec(spec: str, train_source: TaskSource | None,
+                     eval_source: TaskSource) -> str | None:
+    """The reward the held-out split of a source other than `data.train`'s is scored with, as
+    a `[task] reward` name; None: the training split's reward. `auto` is per split (the
+    source's own check, else `math`); `source` takes the eval source's own when it has one; a
+    named reward scores both splits."""
+    if spec in ("auto", "source") and eval_source.reward is not None:
+        return "source"
+    if spec == "auto" and train_source is not None and train_source.reward is not None:
+        return "math"
+    return None
+
+
+def split_routed(loaded: LoadedTask, ctx: TaskContext, reward: Any, env: Any
+                 ) -> tuple[Any, Any]:
+    """(reward, env) that score each held-out problem of `loaded.eval_source` with that
+    source's own reward and environment, and every other problem as before. Problems are told
+    apart by id, so an id in both splits is a `ConfigError`."""
+    ev, spec = loaded.eval_source, loaded.spec
+    assert ev is not None and loaded.eval is not None
+    eval_ids = {p.id for p in loaded.eval.problems}
+    shared = sorted(eval_ids & {p.id for p in (loaded.train.problems if loaded.train else [])})
+    if shared:
+        raise ConfigError("data.eval", f"problem id {shared[0]!r} is in both data.train and "
+                          f"data.eval ({spec.eval}), whose sources score differently")
+    which = eval_reward_spec(spec.reward, loaded.source, ev)
+    eval_reward = reward if which is None else build_reward(which, ev, ctx)
+    eval_env = ev.env(ctx) if ev.env is not None else None
+    if eval_reward is reward and eval_env is None:
+        return reward, env
+
+    async def routed_reward(problem: Problem, rollout: Any) -> Any:
+        fn = eval_reward if problem.id in eval_ids else reward
+        return await fn(problem, rollout)
+
+    async def routed_env(rollout: Any, text: str) -> str | None:
+        hook = eval_env if rollout.prompt_id in eval_ids else env
+        return None if hook is None else await hook(rollout, text)
+
+    return routed_reward, (routed_env if eval_env is not None else env)
+
+
+def _close(*sources: TaskSource | None) -> None:
+    for src in sources:
+        if src is not None and src.close is not None:
+            src.close()
 
 
 def open_task(spec: TaskSpec, ctx: TaskContext) -> Task:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from itertools import combinations
 from pathlib import Path
 
@@ -228,3 +229,50 @@ def test_a_run_stops_when_no_rollout_of_a_batch_was_scored() -> None:
     with pytest.raises(RewardError, match=r"failed on every rollout of RL step 1.*"
                                           r"reward_error: KeyError"):
         some_answered([_group("a", [bad, slow])], "RL step 1")
+
+
+def _texted(i: int, text: str, reward: float, *, answer: str | None = None,
+            correct: bool | None = None) -> Rollout:
+    return Rollout(rollout_id=f"r{i}", prompt_id="p", group_id="g", policy_version=0,
+                   prompt_ids=[1], response_text=text, answer=answer, reward=reward,
+                   correct=correct)
+
+
+def test_a_shaping_term_alone_is_not_a_right_answer() -> None:
+    """G7: "correct" meant reward > 0, so four wrong answers with a 0.1 format part read
+    accuracy 1.0 and pass@4 1.0, and RoC took them as positives."""
+    from asyncrl.algo import roc
+    from asyncrl.config import RocSection
+
+    wrong = _group("a", [_texted(i, f"\\boxed{{{i}}}", 0.1) for i in range(4)])
+    s = summarize([wrong], k=4)
+    assert (s["accuracy"], s["pass@4"], s["maj@4"]) == (0.0, 0.0, 0.0)
+    assert s["correct_stated_ratio"] == 0.0
+    assert roc.select(wrong, RocSection(), 4, random.Random(0)).positive == [False] * 4
+    # a graded right answer (1 + a shaping part) is right; a reward's own verdict wins
+    mixed = _group("b", [_texted(0, "\\boxed{5}", 1.1), _texted(1, "\\boxed{5}", 0.4,
+                                                                     correct=True),
+                         _texted(2, "\\boxed{6}", 1.0, correct=False),
+                         _texted(3, "\\boxed{7}", 0.0)])
+    s = summarize([mixed], k=4)
+    assert s["accuracy"] == 0.5 and s["maj@4"] == 1.0 and s["correct_stated_ratio"] == 0.5
+
+
+def test_maj_votes_with_the_answer_in_the_response_when_the_reward_gives_none() -> None:
+    """G6: maj@k voted only with `RewardResult.answer`; a plugin reward returning a float, a
+    rubric, skyrl_gym and openenv give none: every sample right read maj@4 = 0.0."""
+    right = _group("a", [_texted(i, f"so it is \\boxed{{5}} ({i})", 1.0) for i in range(4)])
+    s = summarize([right], k=4)
+    assert (s["avg@4"], s["pass@4"], s["maj@4"]) == (1.0, 1.0, 1.0)
+    assert s["no_answer_ratio"] == 0.0 and s["answer_from_response_ratio"] == 1.0
+    # wrong answers that agree pool by their value, however the reply around them reads
+    pooled = _group("b", [_texted(0, "\\boxed{5}", 1.0), _texted(1, "it is \\boxed{4}", 0.0),
+                          _texted(2, "so: \\boxed{4.0}", 0.0)])
+    assert summarize([pooled], k=3)["maj@3"] == 0.0
+    # no sample has an answer anywhere: maj@k is not reported, rather than read 0
+    silent = _group("c", [_texted(i, "#### 5", 1.0) for i in range(2)])
+    s = summarize([silent], k=2)
+    assert "maj@2" not in s and s["avg@2"] == 1.0 and s["no_answer_ratio"] == 1.0
+    from asyncrl.observe.viewer import eval_figures
+
+    assert eval_figures([silent])[0]["maj"] is None

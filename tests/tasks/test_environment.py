@@ -5,6 +5,7 @@ scoring, and plain reward functions become one reward, each isolated."""
 from __future__ import annotations
 
 import json
+from typing import Literal, Optional
 
 import pytest
 from fakes.scripted_engine import ScriptedEngine
@@ -88,3 +89,19 @@ async def test_a_rubric_needs_as_many_weights_as_functions() -> None:
     ro = Rollout(rollout_id="r", prompt_id="p", group_id="g", policy_version=0, prompt_ids=[])
     res = await reward(Problem(id="p", question="is it 7?", answer="7"), ro)
     assert (res.reward, res.status) == (1.0, "ok")
+
+
+def forecast(city: str, days: int | None = None, scale: Optional[float] = None,  # noqa: UP045
+             hours: list[int] | None = None, unit: Literal["c", "f"] = "c") -> str:
+    """Forecast."""
+    return f"{city} {days} {scale} {hours} {unit}"
+
+
+def test_optional_and_generic_parameters_keep_their_json_types() -> None:
+    """G14: `int | None` and `Optional[float]` were declared strings, so the model was told to
+    pass "3" where the function wants 3."""
+    props = function_tool(forecast).schema["function"]["parameters"]["properties"]
+    assert props == {"city": {"type": "string"}, "days": {"type": "integer"},
+                     "scale": {"type": "number"},
+                     "hours": {"type": "array", "items": {"type": "integer"}},
+                     "unit": {"type": "string", "enum": ["c", "f"]}}

@@ -80,9 +80,9 @@ def test_the_math_reward_reads_e_notation_as_a_number() -> None:
 
 async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
     ds = reasoning_gym.create_dataset("bitwise_arithmetic", seed=0, size=1)
-    from asyncrl.tasks.families.gym_checks import ENTRIES
+    from asyncrl.tasks.families.gym_checks import remember
 
-    ENTRIES[("bitwise_arithmetic", ds[0]["question"])] = dict(ds[0])
+    remember("bitwise_arithmetic", ds[0]["question"], ds[0], ds)
     p = Problem(id="b", question=ds[0]["question"], answer=ds[0]["answer"],
                 source="reasoning_gym/bitwise_arithmetic")
     reward = GymReward(None)
@@ -94,3 +94,128 @@ async def test_the_family_reward_guards_reasoning_gyms_own_scorer() -> None:
 
     assert await score(ds[0]["answer"]) == 1.0
     assert await score(str(int(ds[0]["answer"], 16))) == 0.0  # decimal for a hex question
+
+
+@pytest.mark.parametrize(("gen", "pred", "gold"), [
+    ("chain_sum", "1 2", "12"), ("gcd", "1\\text{ or }2", "12"),
+    ("basic_arithmetic", "-1 5", "-15"), ("products", "4\n9", "49"),
+    ("prime_factorization", "2 3", "23"), ("gsm_symbolic", "1 606.5", "1606.5"),
+])
+def test_whitespace_inside_a_number_is_no_number(gen, pred, gold) -> None:
+    """G11: `_clean` deleted all whitespace and `\\text{}`, so `1 2` was 12 and `2 3` the
+    prime 23 (last round's F5/F6, back in the reasoning-gym checks)."""
+    assert check(gen, pred, gold) is False
+    assert check(gen, "2 \\times 3" if gen == "prime_factorization" else gold,
+                 "2 × 3" if gen == "prime_factorization" else gold) is True
+
+
+def test_a_decimal_gsm_symbolic_gold_is_scorable_and_no_unscorable_item_is_kept(
+        monkeypatch) -> None:
+    """G10: gsm_symbolic was checked as integer-only, but about 1 item in 450 has a decimal
+    gold (`1606.5`): kept, and unscorable even by its own gold."""
+    from asyncrl.tasks.families import gym_checks, rgym
+
+    assert check("gsm_symbolic", "1606.5", "1606.5") is True
+    assert check("gsm_symbolic", "1,606.50", "1606.5") is True
+    assert check("gsm_symbolic", "-1606.5", "1606.5") is False
+    assert check("gsm_symbolic", "1606", "1606.5") is False
+    # any gold its own rule does not credit is dropped as unanswerable, not kept
+    assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is False
+    monkeypatch.setattr(gym_checks, "check", lambda g, p, gold: False)
+    assert rgym._unanswerable("gsm_symbolic", {"answer": "1606.5"}) is True
+
+
+def test_number_format_credits_only_the_right_candidate_in_any_of_its_printings() -> None:
+    """G3: number_format went to the math reward, whose fast path took any e-notation answer
+    within a relative 1e-6: every wrong candidate written in e-notation scored 1.0."""
+    ds = reasoning_gym.create_dataset("number_format", seed=0, size=40)
+    wrong = right = 0
+    for e in ds:
+        gold = str(e["answer"])
+        for shown, value in zip(e["metadata"]["formatted_candidates"],
+                                e["metadata"]["candidates"], strict=True):
+            ok = value == e["metadata"]["solution"]
+            assert check("number_format", shown, gold) is ok, (shown, gold)
+            wrong, right = wrong + (not ok), right + ok
+        assert check("number_format", f"{float(gold):.7e}", gold) is False  # a rounding
+    assert wrong > 40 and right == 40
+
+
+def test_an_answer_in_e_notation_is_compared_exactly_unless_the_gold_is_a_printed_float(
+        ) -> None:
+    assert numeric_verdict("1e6", "1000001") is False  # was True (relative 1e-6)
+    assert numeric_verdict("1.234568e8", "123456789") is False
+    assert numeric_verdict("1.23456789e8", "123456789") is True
+    assert numeric_verdict("9.36e-18", "9.360000138304076e-18") is True
+
+
+async def test_reasoning_gyms_scorer_uses_the_runs_generator_config_built_once(
+        monkeypatch) -> None:
+    """G5: `rg_score` built a dataset with the default config on every call: the run's
+    decimal places were ignored (an answer off by 9e-4 scored 1.0 where 12 digits were
+    asked for), and arc_agi spent 0.41 s of CPU per reward on the event loop."""
+    opts = {"generators": ["decimal_arithmetic"], "train_size": 4, "eval_size": 1,
+            "generator_config": {"decimal_arithmetic": {
+                "min_num_decimal_places": 5, "max_num_decimal_places": 6, "precision": 12}}}
+    train, _ = generate("reasoning_gym", opts, 0)
+    built = []
+    real = reasoning_gym.create_dataset
+    monkeypatch.setattr(reasoning_gym, "create_dataset",
+                        lambda *a, **k: built.append(a) or real(*a, **k))
+    reward = GymReward(None)
+
+    async def score(p: Problem, answer: str) -> float:
+        ro = Rollout(rollout_id="r", prompt_id=p.id, group_id="g", policy_version=0,
+                     prompt_ids=[], response_text=f"\\boxed{{{answer}}}")
+        return (await reward(p, ro)).reward
+
+    for p in train:
+        assert await score(p, p.answer) == 1.0
+        assert await score(p, str(float(p.answer) + 9e-4)) == 0.0
+    assert built == []
+
+
+async def test_a_reasoning_gym_eval_behind_a_file_train_set_is_scored_by_its_own_check(
+        tmp_path) -> None:
+    """G4: the reward and environment were built from data.train's source only, so a
+    reasoning-gym data.eval behind a problem file was scored by the math reward (`866`
+    credited for `2 × 433`) while `config check` said the source's own check was used."""
+    import json
+
+    import msgspec
+    from micro_config import ROOT
+
+    from asyncrl import config
+    from asyncrl.tasks.check import check_task
+    from asyncrl.tasks.open import TaskSpec, bind, load_task
+    from asyncrl.tasks.task import TaskContext
+
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text(json.dumps({"id": "t0", "question": "2+2?", "answer": "4"}) + "\n")
+    opts = {"generators": ["prime_factorization"], "train_size": 1, "eval_size": 3}
+    cfg = config.load(ROOT / "curricula" / "tiny.toml")
+    cfg = msgspec.structs.replace(cfg, data=msgspec.structs.replace(
+        cfg.data, train=str(train_file), eval="generator:reasoning_gym",
+        generator_options=opts))
+    assert any(line.startswith("reward: auto; train (math); eval (the eval source's own)")
+               for line in check_task(cfg))
+
+    spec = TaskSpec(train=str(train_file), eval="generator:reasoning_gym", options=opts,
+                    tools=())
+    task = bind(load_task(spec), TaskContext(reward_host=object()))
+
+    async def score(p: Problem, answer: str) -> float:
+        ro = Rollout(rollout_id="r", prompt_id=p.id, group_id="g", policy_version=0,
+                     prompt_ids=[], response_text=f"\\boxed{{{answer}}}")
+        return (await task.reward_fn(p, ro)).reward
+
+    assert await score(task.problems[0], "4") == 1.0  # the file's problems: the math reward
+    assert any(" × " in p.answer for p in task.held_out)
+    for p in task.held_out:
+        factors = [int(f) for f in p.answer.split(" × ")]
+        product = 1
+        for f in factors:
+            product *= f
+        assert await score(p, p.answer) == 1.0
+        if len(factors) > 1:
+            assert await score(p, str(product)) == 0.0  # math-verify would credit it

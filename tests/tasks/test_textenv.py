@@ -230,3 +230,33 @@ reject_equal_reward = false
     assert proc.returncode == 1, out[-3000:]
     assert "so the run stops" in proc.stderr and "RL step 1" in proc.stderr
     assert took < 200, took
+
+
+def _skyrl_row(question: str, answer: str) -> dict:
+    return {"data_source": "gsm8k", "prompt": [{"role": "user", "content": question}],
+            "env_class": "gsm8k", "reward_spec": {"method": "rule", "ground_truth": answer},
+            "extra_info": {"split": "x"}}
+
+
+async def test_train_and_eval_files_in_skyrls_layout_keep_their_own_answers(
+        tmp_path, tiny_tokenizer) -> None:
+    """G1: rows without `id` were `row-0, row-1, ...` in both files, so a training rollout's
+    environment was built with the eval row's ground truth and the right answer scored 0."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "e").mkdir()
+    train = _file(tmp_path / "t", [_skyrl_row("What is 2+2?", "4")])
+    eval_ = _file(tmp_path / "e", [_skyrl_row("What is 3+3?", "6")])
+    src = skyrl_source({"env": "gsm8k", "train_file": train, "eval_file": eval_}, 0)
+    assert len({p.id for p in [*src.train, *src.eval]}) == 2
+    ro, _ = await _run(tiny_tokenizer, src, ["#### 4<|im_end|>"])
+    assert ro.reward == 1.0
+
+
+def test_a_text_env_source_refuses_an_id_shared_by_two_problems() -> None:
+    p = Problem(id="q1", question="a?", answer="1")
+    with pytest.raises(ConfigError, match="two different problems have the id 'q1'"):
+        text_env_source("mine", [p], [Problem(id="q1", question="b?", answer="2")],
+                        lambda _: None)
+    # one file as both splits: the same problem under its id, one environment for it
+    assert text_env_source("mine", [p], [Problem(id="q1", question="a?", answer="1")],
+                           lambda _: None).eval[0].id == "q1"

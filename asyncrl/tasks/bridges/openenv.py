@@ -113,6 +113,10 @@ def openenv_source(options: dict[str, Any], seed: int) -> TaskSource:
     kwargs = dict(opts["env_kwargs"])
     obs_field = opts["observation_field"]
 
+    seed_of: dict[str, int] = {}
+    """Each problem's episode seed, kept beside it (an id's text is not parsed back: a negative
+    `run.seed` gives ids such as `openenv-train--1000000`)."""
+
     def openings(split: str, seeds: range, taken: set[str]) -> tuple[list[Problem], int]:
         out: list[Problem] = []
         dup = 0
@@ -126,6 +130,7 @@ def openenv_source(options: dict[str, Any], seed: int) -> TaskSource:
                 dup += 1
                 continue
             taken.add(question)
+            seed_of[f"openenv-{split}-{s}"] = s
             out.append(Problem(id=f"openenv-{split}-{s}", question=question, answer="",
                                source=f"openenv/{env_cls.__name__}"))
         return out, dup
@@ -139,7 +144,7 @@ def openenv_source(options: dict[str, Any], seed: int) -> TaskSource:
 
     def make_env(problem: Problem) -> Any:
         env = env_cls(**kwargs)
-        env.reset(seed=int(problem.id.rsplit("-", 1)[1]))
+        env.reset(seed=seed_of[problem.id])
         return _Episode(env, action, field, obs_field)
 
     return text_env_source(f"openenv/{env_cls.__name__}", train, eval_, make_env,

@@ -159,8 +159,18 @@ class TextEnvRunner:
 def text_env_source(name: str, train: list[Problem], eval_: list[Problem],
                     make_env: Callable[[Problem], Any], **kw: Any) -> TaskSource:
     """A `TaskSource` whose rollouts each run against `make_env(problem)` (see the module
-    docstring). What a plugin returns for an environment of its own."""
-    runner = TextEnvRunner({p.id: p for p in [*train, *eval_]}, make_env)
+    docstring). What a plugin returns for an environment of its own. A rollout's environment
+    is found by its problem's id, so an id names one problem across both splits: the same
+    problem in both (one file as train and eval) is fine, two different problems under one id
+    would build one's environment with the other's answer (`ConfigError`)."""
+    problems: dict[str, Problem] = {}
+    for split, p in [*(("train", p) for p in train), *(("eval", p) for p in eval_)]:
+        if p.id in problems and problems[p.id] != p:
+            raise ConfigError("data.generator_options", f"{name}: two different problems "
+                              f"have the id {p.id!r} (the second in the {split} split): each "
+                              "needs its own, since its environment is found by it")
+        problems[p.id] = p
+    runner = TextEnvRunner(problems, make_env)
     return TaskSource(name=name, train=train, eval=eval_,
                       reward=runner.bind, env=lambda ctx: runner.turn, **kw)
 
@@ -178,11 +188,13 @@ def _rows(path: str) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fp if line.strip()]
 
 
-def read_skyrl_rows(path: str, key: str) -> tuple[list[Problem], list[dict[str, Any]],
-                                                  dict[str, int]]:
+def read_skyrl_rows(path: str, key: str, split: str = "train"
+                    ) -> tuple[list[Problem], list[dict[str, Any]], dict[str, int]]:
     """Problems from a SkyRL dataset file (`.parquet` or `.jsonl`): SkyRL's layout (`prompt`
     chat messages, `reward_spec.ground_truth`, `extra_info`) or asyncrl's (`id`, `question`,
-    `answer`). Returns the problems, each one's extras, and the rows skipped by reason."""
+    `answer`). A row without an `id` (SkyRL's layout has none) is `{split}-row-{i}`, so the
+    rows of a train and an eval file never share one. Returns the problems, each one's
+    extras, and the rows skipped by reason."""
     try:
         rows = _rows(path)
     except (OSError, ValueError) as e:
@@ -201,7 +213,7 @@ def read_skyrl_rows(path: str, key: str) -> tuple[list[Problem], list[dict[str, 
         if not isinstance(question, str) or not question.strip() or answer is None:
             skipped["missing_field"] = skipped.get("missing_field", 0) + 1
             continue
-        problems.append(Problem(id=str(row.get("id", f"row-{i}")), question=question,
+        problems.append(Problem(id=str(row.get("id", f"{split}-row-{i}")), question=question,
                                 answer=str(answer)))
         extras.append({k: row[k] for k in ("extra_info",) if isinstance(row.get(k), dict)})
     return problems, extras, skipped
@@ -230,7 +242,8 @@ def skyrl_source(options: dict[str, Any], seed: int) -> TaskSource:
                           "file (SkyRL's parquet/jsonl layout, or rows id, question, answer)")
     train, x_train, d_train = read_skyrl_rows(opts["train_file"],
                                               "data.generator_options.train_file")
-    eval_, x_eval, d_eval = (read_skyrl_rows(opts["eval_file"], "data.generator_options.eval_file")
+    eval_, x_eval, d_eval = (read_skyrl_rows(opts["eval_file"],
+                                             "data.generator_options.eval_file", "eval")
                              if opts["eval_file"] else ([], [], {}))
     extras_of = {p.id: x for p, x in zip([*train, *eval_], [*x_train, *x_eval], strict=True)}
 

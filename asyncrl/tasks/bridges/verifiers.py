@@ -39,6 +39,7 @@ from collections import Counter
 from typing import Any
 
 from asyncrl.errors import ConfigError
+from asyncrl.formats import extract_answer
 from asyncrl.log import get_logger
 from asyncrl.records import Problem, RewardResult, Rollout
 from asyncrl.tasks.task import TaskContext, TaskSource
@@ -216,7 +217,7 @@ def _reward(by_id: dict[str, Any], ctx: TaskContext) -> Any:
             log.warning("reward_function_raised", rollout_id=rollout.rollout_id,
                         errors=errors)
         return RewardResult(reward=float(trace.reward), status="ok",
-                            answer=trace.last_reply[-200:] or None, detail=detail,
+                            answer=extract_answer(trace.last_reply), detail=detail,
                             errors=errors)
 
     return reward

@@ -7,7 +7,8 @@ Owns turning named reasoning-gym generators into asyncrl problems:
   `Random(seed + i)`, so adjacent seeds repeat each other shifted by one item; the held-out
   set is drawn at `seed + eval_seed_offset` (default 10^6), then deduplicated by question text
   against the training set (and each set within itself);
-- unanswerable items dropped and counted (`simple_equations`' `0 = 0`, empty answers), and
+- unanswerable items dropped and counted (`simple_equations`' `0 = 0`, empty answers, a gold
+  the generator's own rule does not credit), and
   items whose answer is not the value of the expression they show (`wrong_answer`: reasoning-gym
   0.1.25's `basic_arithmetic` without parentheses answers `983 + 374 * 296` with the value of
   `(983 + 374) * 296`);
@@ -104,10 +105,16 @@ def _wrong_gold(name: str, entry: dict[str, Any]) -> bool:
 
 
 def _unanswerable(name: str, entry: dict[str, Any]) -> bool:
-    if not str(entry.get("answer", "")).strip():
+    """No answer can score: an empty gold, `0 = 0`, or a gold its generator's own rule
+    (`gym_checks.check`) does not credit, so that no item is kept that not even its gold
+    solves."""
+    gold = str(entry.get("answer", "")).strip()
+    if not gold:
         return True
     meta = entry.get("metadata") or {}
-    return name == "simple_equations" and str(meta.get("equation", "")).replace(" ", "") == "0=0"
+    if name == "simple_equations" and str(meta.get("equation", "")).replace(" ", "") == "0=0":
+        return True
+    return gym_checks.check(name, gold, gold) is False
 
 
 def _check(opts: dict[str, Any]) -> None:
@@ -157,7 +164,7 @@ def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
             dropped["duplicate_question"] += 1
             continue
         taken.add(question)
-        gym_checks.ENTRIES[(name, question)] = dict(entry)
+        gym_checks.remember(name, question, entry, ds)
         out.append(Problem(id=f"rg-{name}-{split}-{idx:06d}", question=question,
                            answer=str(entry["answer"]).strip(), source=f"{NAME}/{name}",
                            difficulty=float(level)))

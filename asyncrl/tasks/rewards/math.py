@@ -107,8 +107,10 @@ def plain_number(text: str) -> Fraction | None:
 def numeric_verdict(pred: str, gold: str) -> bool | None:
     """A verdict without math-verify when one is certain, else None.
 
-    True when both are plain numbers (see `plain_number`) with the same exact value; when
-    either is in e-notation, True within a relative 1e-6, else False. False when
+    True when both are plain numbers (see `plain_number`) with the same exact value. When the
+    *gold* is in e-notation (a float printed: `9.360000138304076e-18`), True within a
+    relative 1e-6, else False; when only the answer is, False (its exact value differs from
+    the gold's: `1e6` is not 1000001, nor `5.926413105940000e+08` 592641326.305). False when
     both are plain *integers* that differ (math-verify's rounding tolerance only matters for
     non-integers, which are left to it). None otherwise.
     """
@@ -117,10 +119,12 @@ def numeric_verdict(pred: str, gold: str) -> bool | None:
         return None
     if a == b:
         return True
-    if _SCI_MARK.search(pred) or _SCI_MARK.search(gold):
-        # e-notation: math-verify would misread it, and its 6-decimal rounding is meaningless
-        # at 1e-18; equal to a relative 1e-6 instead
+    if _SCI_MARK.search(gold):
+        # a float's printing: math-verify would misread it, and its 6-decimal rounding is
+        # meaningless at 1e-18; equal to a relative 1e-6 instead
         return abs(a - b) <= Fraction(1, 10**6) * max(abs(a), abs(b))
+    if _SCI_MARK.search(pred):  # math-verify would read the `e` as Euler's number
+        return False
     if a.denominator == 1 and b.denominator == 1 and _is_integer_text(pred) \
             and _is_integer_text(gold):
         return False
