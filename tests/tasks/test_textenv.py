@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 from fakes.scripted_engine import ScriptedEngine
-from micro_config import MICRO_MODEL, MICRO_RL_TAIL, metric_rows, run_ok, saved_rollouts
+from micro_config import (
+    MICRO_MODEL,
+    MICRO_RL_TAIL,
+    metric_rows,
+    micro_rollout,
+    run_ok,
+    saved_rollouts,
+)
 
 from asyncrl.api import RolloutSettings, rollouts
 from asyncrl.errors import ConfigError
@@ -230,6 +237,48 @@ reject_equal_reward = false
     assert proc.returncode == 1, out[-3000:]
     assert "so the run stops" in proc.stderr and "RL step 1" in proc.stderr
     assert took < 200, took
+
+
+def test_one_sigint_stops_a_run_whose_env_step_is_stuck(tmp_path) -> None:
+    """Issue 54's bar: a worker thread stuck in user code (an environment step with a 10-minute
+    deadline) does not keep one Ctrl-C from ending the run: it exits 130 within seconds."""
+    import signal
+    import subprocess
+    import time
+
+    from micro_config import RUN_ENV
+
+    (tmp_path / "hung_env.py").write_text(HUNG_ENV.replace(
+        "        time.sleep(3600)",
+        "        open('stepping', 'w').close()\n        time.sleep(3600)"))
+    cfg = tmp_path / "hung.toml"
+    cfg.write_text(MICRO_MODEL + """
+[data]
+train = "generator:hung_env:make_source"
+eval = "generator:hung_env:make_source"
+max_prompt_tokens = 256
+""" + micro_rollout(roc={"kind": "grpo_all", "reject_equal_reward": False, "min_pos": None,
+                         "min_neg": None}, samples_per_prompt=2, max_response_tokens=16,
+                    tools=False, tool_format=None, tool_timeout_s=600.0,
+                    reward_timeout_s=600.0) + MICRO_RL_TAIL)
+    proc = subprocess.Popen([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg),
+                             "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+                            env={**RUN_ENV, "PYTHONPATH": f"{Path(__file__).parents[2]}"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "stepping").exists():  # a step is now stuck in its thread
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert "stopped by SIGINT" in out
+    assert took < 60, took
 
 
 def _skyrl_row(question: str, answer: str) -> dict:
