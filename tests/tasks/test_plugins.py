@@ -285,3 +285,15 @@ def test_a_plugin_returning_dict_rows_is_a_config_error_naming_the_type() -> Non
         adapt(lambda options, seed: (rows, rows), "myplug:make", {}, 0)
     assert e.value.key == "data.train"
     assert "train item 0 is a dict, not an asyncrl.Problem" in str(e.value)
+
+
+def test_a_source_whose_package_is_missing_names_the_extra(monkeypatch) -> None:
+    """`generator:reasoning_gym` without reasoning-gym installed (the README's real-model path
+    in a fresh venv) was a raw ModuleNotFoundError traceback from deep in the family."""
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now fails
+    with pytest.raises(ConfigError, match=r"generator:reasoning_gym needs 'reasoning_gym', "
+                                          r"which is not installed: pip install "
+                                          r"'asyncrl\[reasoning-gym\]'") as e:
+        load_source("reasoning_gym", {"generators": ["chain_sum"], "train_size": 2,
+                                      "eval_size": 1}, 0)
+    assert e.value.key == "data.train"
