@@ -27,7 +27,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     from asyncrl import config
     from asyncrl.cli.plan import dry_run
 
-    cfg = config.load(args.file, args.set)
+    cfg = config.load(args.config, args.set)
     sys.stdout.write(config.dump_json(cfg).decode() + "\n")
     # The file is valid; whether its paths exist is a fact of this machine (a cluster recipe
     # is checked on a laptop): each missing one said, as `train --dry-run` says it, and an
@@ -41,7 +41,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
               "run needs it)", file=sys.stderr)
     if missing and args.strict:
         return 2
-    print(f"ok: {args.file} is valid ({len(cfg.stages)} stages)", file=sys.stderr)
+    print(f"ok: {args.config} is valid ({len(cfg.stages)} stages)", file=sys.stderr)
     return 0
 
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_config = sub.add_parser("config", help="inspect run configs")
     config_sub = p_config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     p_check = config_sub.add_parser("check", help="validate a config and print it resolved")
-    p_check.add_argument("file")
+    p_check.add_argument("config", metavar="file")
     p_check.add_argument("--strict", action="store_true",
                          help="also fail when `train --dry-run` would (missing model or data "
                               "paths, components not installed here)")
@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     # The command is the host here: its log lines go to stderr, readable on a terminal
     # (`train` and `eval` configure again once the run directory is known).
     logmod.configure()
+    config = getattr(args, "config", None)
+    if isinstance(config, str) and config.endswith(".toml"):
+        # A plugin module beside the curriculum imports from any directory (after the working
+        # directory, which `asyncrl.tasks.plugins` puts first).
+        from asyncrl.tasks.plugins import add_curriculum_dir
+
+        add_curriculum_dir(config)
     try:
         return int(func(args) or 0)
     except ConfigError as e:

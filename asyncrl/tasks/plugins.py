@@ -3,8 +3,9 @@
 Owns `resolve(spec, kind=..., key=..., builtins=...)`. A spec is one of:
 - a built-in name (`math`, `python`, `tiny_math`, `reasoning_gym`), looked up in `builtins`;
 - a dotted path `package.module:attr` (`attr` may itself be dotted: `mod:Class.method`),
-  imported with the current working directory on `sys.path`, so a curriculum can name a
-  module that sits beside it;
+  imported with the current working directory on `sys.path`, and the curriculum's own
+  directory after it (`add_curriculum_dir`, called by the CLI), so a curriculum can name a
+  module that sits beside it from wherever it is run;
 - the name of an installed entry point in the group `asyncrl.<kind>` (a package declares
   `[project.entry-points."asyncrl.rewards"] my_reward = "my_pkg.rewards:score"`).
 
@@ -31,6 +32,14 @@ GROUPS = {"tasks": "asyncrl.tasks", "rewards": "asyncrl.rewards", "tools": "asyn
 def _hint(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def add_curriculum_dir(curriculum: str | os.PathLike[str]) -> None:
+    """Put the directory of the curriculum file on `sys.path` (after what is there), so its
+    plugin modules import when the command runs from elsewhere."""
+    where = os.path.dirname(os.path.abspath(curriculum))
+    if where not in sys.path:
+        sys.path.append(where)
 
 
 def _import(spec: str, key: str) -> Any:

@@ -297,3 +297,17 @@ def test_a_source_whose_package_is_missing_names_the_extra(monkeypatch) -> None:
         load_source("reasoning_gym", {"generators": ["chain_sum"], "train_size": 2,
                                       "eval_size": 1}, 0)
     assert e.value.key == "data.train"
+
+
+def test_a_plugin_beside_the_curriculum_imports_from_another_directory(tmp_path: Path) -> None:
+    """Issue 54 L2: "a module beside the curriculum works" held only when run from its
+    directory; `asyncrl config check sub/c.toml` from the parent now finds `sub/myplug.py`."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "myplug.py").write_text(PLUGIN)
+    p = _curriculum(sub, 'reward = "myplug:spelled"')
+    proc = subprocess.run([sys.executable, "-m", "asyncrl.cli.main", "config", "check",
+                           str(p.relative_to(tmp_path))], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "task source generator:myplug:make: 3 train problems" in proc.stderr
