@@ -126,7 +126,7 @@ class ToolFormat:
             return "You are a helpful assistant. " + ANSWER_INSTRUCTION
         return self.system_template.format(
             tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools),
-            answer=ANSWER_INSTRUCTION,
+            answer=ANSWER_INSTRUCTION, tool_phrase=_tool_phrase(tools),
         )
 
 
@@ -134,9 +134,24 @@ class ToolFormat:
 HERMES_SYSTEM_HEAD = ("You are a helpful assistant that solves problems with careful reasoning "
                       "and a Python tool.\n" + ANSWER_INSTRUCTION)
 """The Hermes system text before its tool list: with a chat template, the system message (the
-template writes the `# Tools` block itself, in the same words as `_HERMES_SYSTEM`)."""
+template writes the `# Tools` block itself, in the same words as `_HERMES_SYSTEM`). Without the
+Python tool among the tools it says "tools" (`hermes_system_head`)."""
+
+
+def _tool_phrase(tools: list[dict[str, Any]] | None) -> str:
+    """How the Hermes system text names what the model has: "a Python tool" when the Python
+    tool is among `tools`, else "tools" (a task's own tools, listed below it)."""
+    names = {(t.get("function") or t).get("name") for t in tools or []}
+    return "a Python tool" if PYTHON_TOOL in names or not tools else "tools"
+
+
+def hermes_system_head(tools: list[dict[str, Any]] | None) -> str:
+    """`HERMES_SYSTEM_HEAD`, naming the tools `tools` offers (`_tool_phrase`)."""
+    return HERMES_SYSTEM_HEAD.replace("a Python tool", _tool_phrase(tools), 1)
+
+
 _HERMES_SYSTEM = (
-    "You are a helpful assistant that solves problems with careful reasoning and a Python tool.\n"
+    "You are a helpful assistant that solves problems with careful reasoning and {tool_phrase}.\n"
     "{answer}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
     "{tools}\n</tools>\n\nFor each function call, return a json object with function name and "
@@ -246,7 +261,7 @@ def template_system_text(fmt: ToolFormat, tools: list[dict[str, Any]] | None,
     (RL prompts and chat-file SFT rows without their own): `data.system_prompt` when set, else
     the Hermes head when tools are listed (the template writes the tool block itself), else
     the format's own system text."""
-    return system_prompt or (HERMES_SYSTEM_HEAD if tools else fmt.system_prompt(None))
+    return system_prompt or (hermes_system_head(tools) if tools else fmt.system_prompt(None))
 
 
 def render_prompt(question: str, fmt: ToolFormat, tools: list[dict[str, Any]] | None,

@@ -90,3 +90,18 @@ def test_tool_result_cut_in_middle() -> None:
     assert out.startswith("Execution succeeded.") and "characters cut" in out
     assert "AAAA" in out and out.rstrip().endswith("Time: 0.01s") and "BBBB" in out
     assert "failed (timeout)" in F.render_tool_result("timeout", "", "", 4.0, 256)
+
+
+def test_the_hermes_system_text_names_the_python_tool_only_when_it_is_offered() -> None:
+    """Issue 54 L6: with only a task's own tool (`count_letter`), the system text still said
+    "...with careful reasoning and a Python tool"."""
+    from asyncrl import formats
+
+    other = {"type": "function", "function": {"name": "count_letter", "parameters": {}}}
+    with_python = formats.HERMES.system_prompt([formats.PYTHON_TOOL_SCHEMA])
+    assert "careful reasoning and a Python tool." in with_python
+    only_other = formats.HERMES.system_prompt([other])
+    assert "careful reasoning and tools." in only_other and "Python" not in only_other
+    assert "Python" not in formats.template_system_text(formats.HERMES, [other])
+    assert formats.template_system_text(formats.HERMES, [formats.PYTHON_TOOL_SCHEMA]) == \
+        formats.HERMES_SYSTEM_HEAD
