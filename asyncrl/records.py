@@ -57,6 +57,8 @@ class StopReason(enum.StrEnum):
     MAX_TURNS = "max_turns"
     TOOL_OUTPUT_OVERFLOW = "tool_output_overflow"
     """The tool output would not fit in the remaining budget."""
+    OBSERVATION_OVERFLOW = "observation_overflow"
+    """A text environment's observation would not fit in the remaining budget."""
     ERROR = "error"
     ABORTED = "aborted"
 

@@ -15,7 +15,8 @@ same engine with the whole context. The rollout ends when:
 - the response budget is spent (`budget`, truncated);
 - the turn limit is reached with another call pending (`max_turns`, truncated; that last call
   is not executed);
-- the tool output would not fit in the remaining budget (`tool_output_overflow`, truncated).
+- the tool output would not fit in the remaining budget (`tool_output_overflow`, truncated),
+  or a text environment's observation would not (`observation_overflow`).
 A malformed call (bad JSON, unknown tool, bad arguments) is answered with an error message as
 tool output and the rollout goes on.
 
@@ -268,8 +269,9 @@ class AgentLoop:
         the rollout's next turn: mask 0, log-prob 0, the last token's version. When they would
         not fit the response budget the rollout ends truncated (False)."""
         if len(ro.response_ids) + len(ids) >= self.settings.max_response_tokens:
-            return self.finish(ro, RolloutStatus.TRUNCATED, StopReason.TOOL_OUTPUT_OVERFLOW,
-                               text=text)
+            why = (StopReason.TOOL_OUTPUT_OVERFLOW if role == "tool"
+                   else StopReason.OBSERVATION_OVERFLOW)
+            return self.finish(ro, RolloutStatus.TRUNCATED, why, text=text)
         start = len(ro.response_ids)
         ro.response_ids.extend(ids)
         ro.loss_mask.extend([0] * len(ids))

@@ -178,6 +178,25 @@ async def test_an_engine_length_limit_short_of_the_budget_truncates(tiny_tokeniz
     ro.check()
 
 
+async def test_an_observation_that_would_not_fit_is_named_as_one(tiny_tokenizer) -> None:
+    """Issue 54 L5: a text environment's long observation ended the rollout as
+    `tool_output_overflow`, though no tool was involved."""
+    from asyncrl.rollout.agent import AgentLoop
+
+    tok = tiny_tokenizer
+    eng = ScriptedEngine(_ids(tok, "I guess 5<|im_end|>", ANSWER), tok)
+    turn_len = len(tok.encode("I guess 5<|im_end|>"))
+
+    async def env(ro, turn_text: str) -> str | None:
+        return "Higher. " * 60  # an observation longer than what is left of the budget
+
+    agent = AgentLoop(tok, [], _settings(tok, max_response_tokens=turn_len + 40), env=env)
+    ro = agent.new_rollout(PROMPT, rollout_id="r0", prompt_id="", group_id="")
+    await agent.advance(ro, eng)
+    assert ro.stop_reason == StopReason.OBSERVATION_OVERFLOW
+    assert ro.status == RolloutStatus.TRUNCATED and not ro.tool_calls
+
+
 async def test_tool_output_that_would_not_fit_stops_the_rollout(tiny_tokenizer) -> None:
     tok = tiny_tokenizer
     eng = ScriptedEngine(_ids(tok, CALL, ANSWER), tok)
