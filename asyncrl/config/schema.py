@@ -166,7 +166,8 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     tool_timeout_s: PosFloat = 120.0
     """Deadline on one tool call or one text-environment step, seconds: past it the call
     is answered `timeout` / the rollout fails, and a sync call that never returns is left on
-    a daemon thread (it does not keep the process alive)."""
+    a daemon thread (it does not keep the process alive). Also the deadline of an in-process
+    tool the task brings (a plain function, a verifiers `@vf.tool`)."""
     reward_timeout_s: PosFloat = 60.0
     """Deadline on one rollout's reward (and the environment step it may run), seconds: past
     it the rollout scores 0 (`reward_timeout`)."""

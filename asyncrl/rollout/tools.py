@@ -54,8 +54,8 @@ class Tool(Protocol):
     async def __call__(self, arguments: dict[str, Any]) -> ToolOutcome: ...
 
 
-def _failure(error: str, duration_s: float, max_chars: int) -> ToolOutcome:
-    status = ToolStatus.SANDBOX_FAILURE
+def _failure(error: str, duration_s: float, max_chars: int,
+             status: ToolStatus = ToolStatus.SANDBOX_FAILURE) -> ToolOutcome:
     return ToolOutcome(status=status, error=error, duration_s=duration_s,
                        output=formats.render_tool_result(status.value, "", error, duration_s,
                                                          max_chars))
@@ -123,8 +123,9 @@ class FunctionTool:
     `fn(**arguments)` returns the model-facing text (cut in the middle to `max_output_chars`)
     or a `ToolOutcome`. `schema` is an OpenAI function schema
     (`{"type": "function", "function": {"name": ..., "parameters": ...}}`); its name is the tool
-    name. A `TypeError` from the call (missing/unknown argument) is a malformed call; any other
-    exception or the deadline is status `sandbox_failure`.
+    name. A `TypeError` from the call (missing/unknown argument) is a malformed call; the
+    deadline is status `timeout` (the call ran too long, as a program past its time limit); any
+    other exception is `sandbox_failure` (the tool's own fault, not the model's).
     """
 
     def __init__(self, fn: Callable[..., Awaitable[str | ToolOutcome]], schema: dict[str, Any],
@@ -144,7 +145,7 @@ class FunctionTool:
             raise ToolCallError(f"{self.name}: {e}") from None
         except TimeoutError:
             return _failure(f"tool did not answer within {self.timeout_s:.1f}s",
-                            time.perf_counter() - t0, self.max_output_chars)
+                            time.perf_counter() - t0, self.max_output_chars, ToolStatus.TIMEOUT)
         except Exception as e:  # a user tool's bug is reported to the model, not raised
             return _failure(f"{type(e).__name__}: {e}", time.perf_counter() - t0,
                             self.max_output_chars)

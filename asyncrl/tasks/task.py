@@ -35,6 +35,9 @@ class TaskContext:
     """The Python tool's time limit per call."""
     max_output_chars: int = 256
     """Cut of a tool's output as the model sees it."""
+    tool_timeout_s: float = 30.0
+    """The deadline of one call of an in-process tool (a plain function, a verifiers
+    `@vf.tool`): a run's `rollout.tool_timeout_s`."""
 
 
 RewardFactory = Callable[[TaskContext], "RewardFn"]

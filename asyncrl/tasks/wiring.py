@@ -136,7 +136,8 @@ def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:
         if isinstance(item, Tool):
             out.append(item)
         elif callable(item):
-            out.append(function_tool(item, max_output_chars=ctx.max_output_chars))
+            out.append(function_tool(item, max_output_chars=ctx.max_output_chars,
+                                     timeout_s=ctx.tool_timeout_s))
         else:
             raise ConfigError("task.tools", f"{spec!r} gave a {type(item).__name__}, not a "
                               "tool or a function")

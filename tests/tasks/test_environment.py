@@ -105,3 +105,31 @@ def test_optional_and_generic_parameters_keep_their_json_types() -> None:
                      "scale": {"type": "number"},
                      "hours": {"type": "array", "items": {"type": "integer"}},
                      "unit": {"type": "string", "enum": ["c", "f"]}}
+
+
+async def test_an_in_process_tool_past_its_deadline_is_a_timeout_with_the_runs_key() -> None:
+    """Issue 54 L8: a hung in-process tool was `sandbox_failure` (no sandbox is involved) and
+    its 30 s deadline had no key; now it is `timeout`, at `rollout.tool_timeout_s` when the
+    task's tools are built for a run (`TaskContext.tool_timeout_s`)."""
+    import asyncio
+
+    from asyncrl.records import ToolStatus
+    from asyncrl.tasks.task import TaskContext
+    from asyncrl.tasks.wiring import _as_tools
+
+    async def slow(n: int) -> str:
+        """Never answers in time."""
+        await asyncio.sleep(30)
+        return str(n)
+
+    (tool,) = _as_tools(slow, "mine:slow", TaskContext(tool_timeout_s=0.2))
+    assert tool.timeout_s == 0.2
+    out = await tool({"n": 3})
+    assert out.status == ToolStatus.TIMEOUT and "within 0.2s" in out.error
+
+    def broken(n: int) -> str:
+        """Raises."""
+        raise RuntimeError("the tool's own bug")
+
+    (bad,) = _as_tools(broken, "mine:broken", TaskContext())
+    assert (await bad({"n": 1})).status == ToolStatus.SANDBOX_FAILURE

@@ -244,5 +244,6 @@ def _tools(ts_cls: Any, config: Any, task_cls: Any, ctx: TaskContext) -> list[An
         for fn in discover_decorated(server, "tool"):
             base = getattr(fn, "tool_name", None) or fn.__name__
             tools.append(function_tool(fn, name=f"{prefix}_{base}" if prefix else base,
-                                       max_output_chars=ctx.max_output_chars))
+                                       max_output_chars=ctx.max_output_chars,
+                                       timeout_s=ctx.tool_timeout_s))
     return tools
