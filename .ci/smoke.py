@@ -181,12 +181,15 @@ def smoke_real_model(tmp: Path) -> None:
     run([*pip, "torch==2.13.0"], timeout=900)
     run([*pip, "-e", str(ROOT)], timeout=900)
     env_path = f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
-    for cmd in readme_real_model_block():  # run from the checkout, as the README says
-        run(["bash", "-c", f"export PATH='{env_path}'; {cmd}"], timeout=900)
-    model = ROOT / "models" / "smollm2-135m-instruct"
+    for cmd in readme_real_model_block():  # as written, but run beside the checkout: the
+        # import's models/ lands in `tmp`, never over a model a developer imported here
+        cmd = cmd.replace("'.[", f"'{ROOT}[")
+        run(["bash", "-c", f"export PATH='{env_path}'; {cmd}"], cwd=tmp, timeout=900)
+    model = tmp / "models" / "smollm2-135m-instruct"
     check((model / "config.json").exists(), f"the import wrote {model}")
     out = run(["bash", "-c", f"export PATH='{env_path}'; asyncrl eval curricula/smollm2.toml "
-               f"--max-problems 2 --k 1 --out {tmp / 'eval'}"], timeout=900)
+               f"--max-problems 2 --k 1 --out {tmp / 'eval'} "
+               f"--set 'model.path=\"{model}\"'"], timeout=900)
     check(any('"accuracy"' in ln for ln in out), "the eval printed its figures")
 
 
