@@ -90,3 +90,14 @@ def test_tool_result_cut_in_middle() -> None:
     assert out.startswith("Execution succeeded.") and "characters cut" in out
     assert "AAAA" in out and out.rstrip().endswith("Time: 0.01s") and "BBBB" in out
     assert "failed (timeout)" in F.render_tool_result("timeout", "", "", 4.0, 256)
+
+
+def test_tool_time_is_shown_only_where_runs_need_not_repeat():
+    """`rollout.tool_time`: a measured time differs from run to run, so a seeded run (`auto`)
+    and `none` show no time line; `measured` and an unseeded `auto` keep it."""
+    from asyncrl.formats import render_tool_result, shows_tool_time
+
+    assert render_tool_result("ok", "5\n", "", 0.034, 256) == "Execution succeeded.\n5\nTime: 0.03s"
+    assert render_tool_result("ok", "5\n", "", None, 256) == "Execution succeeded.\n5"
+    assert [shows_tool_time(t, s) for t in ("auto", "measured", "none") for s in (False, True)] \
+        == [True, False, True, True, False, False]

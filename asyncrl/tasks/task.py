@@ -35,6 +35,8 @@ class TaskContext:
     """The Python tool's time limit per call."""
     max_output_chars: int = 256
     """Cut of a tool's output as the model sees it."""
+    show_time: bool = True
+    """Whether the Python tool's output shows its measured time (`rollout.tool_time`)."""
 
 
 RewardFactory = Callable[[TaskContext], "RewardFn"]
