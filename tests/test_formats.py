@@ -105,3 +105,14 @@ def test_the_hermes_system_text_names_the_python_tool_only_when_it_is_offered() 
     assert "Python" not in formats.template_system_text(formats.HERMES, [other])
     assert formats.template_system_text(formats.HERMES, [formats.PYTHON_TOOL_SCHEMA]) == \
         formats.HERMES_SYSTEM_HEAD
+
+
+def test_tool_time_is_shown_only_where_runs_need_not_repeat():
+    """`rollout.tool_time`: a measured time differs from run to run, so a seeded run (`auto`)
+    and `none` show no time line; `measured` and an unseeded `auto` keep it."""
+    from asyncrl.formats import render_tool_result, shows_tool_time
+
+    assert render_tool_result("ok", "5\n", "", 0.034, 256) == "Execution succeeded.\n5\nTime: 0.03s"
+    assert render_tool_result("ok", "5\n", "", None, 256) == "Execution succeeded.\n5"
+    assert [shows_tool_time(t, s) for t in ("auto", "measured", "none") for s in (False, True)] \
+        == [True, False, True, True, False, False]

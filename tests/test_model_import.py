@@ -229,3 +229,27 @@ def test_a_gguf_import_without_accelerate_names_the_extra(llama_and_gguf, tmp_pa
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
     assert any(d.startswith("accelerate") for d in extras["gguf"])
+
+
+def test_overwrite_leaves_nothing_of_the_earlier_import(tiny_model_dir, tmp_path):
+    """G13: `--overwrite` over an earlier import gives the directory a fresh import writes: no
+    chat template, shard or tokenizer file of the earlier model stays behind."""
+    import shutil
+
+    from asyncrl import modeling
+    from asyncrl.model_import import import_model
+
+    a = tmp_path / "a"
+    shutil.copytree(tiny_model_dir, a)
+    (a / "chat_template.jinja").write_text("{{ 'old model' }}")
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    import_model(str(a), out)
+    assert (out / "chat_template.jinja").exists()
+    (out / "model.safetensors.index.json").write_text("{}")  # e.g. an earlier sharded save
+    res = import_model(str(tiny_model_dir), out, overwrite=True)
+    import_model(str(tiny_model_dir), fresh)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in fresh.iterdir())
+    template = modeling.load_tokenizer(out).chat_template
+    assert template == modeling.load_tokenizer(fresh).chat_template and "old model" not in template
+    assert res.out == out
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -186,8 +186,10 @@ class TorchTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="torch", tag_fi
     once: they are packed together and laid out as one row, the prefix followed by each
     sequence's own tokens under a mask that keeps the sequences apart
     (`asyncrl/trainer/shared_prefix.py`). The same log-probs and gradients up to float
-    summation order, fewer tokens through the model. Needs the split LM head (not
-    `full_logits`) and sdpa or eager attention; otherwise off."""
+    summation order, fewer tokens through the model. Sliding-window layers (Gemma 2/3,
+    Mistral, Qwen2 with `use_sliding_window`) keep their window, counted in each sequence's
+    own positions. Needs the split LM head (not `full_logits`), sdpa or eager attention, and
+    only full or sliding attention layers; otherwise off (`shared_prefixes_off` in the log)."""
     parallel: Literal["none", "ddp", "fsdp2"] = "none"
     """Data-parallel wrapper when run under torchrun with world size > 1."""
     threads: NonNegInt = 0

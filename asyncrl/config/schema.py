@@ -171,6 +171,12 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     reward_timeout_s: PosFloat = 60.0
     """Deadline on one rollout's reward (and the environment step it may run), seconds: past
     it the rollout scores 0 (`reward_timeout`)."""
+    tool_time: Literal["auto", "measured", "none"] = "auto"
+    """The execution time the model reads after each Python tool call. `measured`: the
+    sandbox's wall-clock time (`Time: 0.03s`), which differs from run to run, so runs whose
+    rollouts call the tool cannot repeat token for token. `none`: no time line, and runs
+    repeat. `auto`: `none` when `seed_requests` is on (a seeded run promises repeatable
+    rollouts), else `measured`. See docs/reliability.md."""
     tools: bool = True
     """Offer the Python tool at all (False = plain CoT rollouts)."""
     seed_requests: bool = False

@@ -55,9 +55,11 @@ class Tool(Protocol):
 
 
 def _failure(error: str, duration_s: float, max_chars: int,
-             status: ToolStatus = ToolStatus.SANDBOX_FAILURE) -> ToolOutcome:
+             status: ToolStatus = ToolStatus.SANDBOX_FAILURE, show_time: bool = True
+             ) -> ToolOutcome:
+    shown = duration_s if show_time else None
     return ToolOutcome(status=status, error=error, duration_s=duration_s,
-                       output=formats.render_tool_result(status.value, "", error, duration_s,
+                       output=formats.render_tool_result(status.value, "", error, shown,
                                                          max_chars))
 
 
@@ -67,16 +69,19 @@ _STATUS = {s.value: s for s in ToolStatus}
 class PythonTool:
     """`python_code_with_standard_io(code, input)` run in the sandbox.
 
-    `PythonTool(client, *, time_limit_s=4.0, max_output_chars=256, call_timeout_s=None)`:
+    `PythonTool(client, *, time_limit_s=4.0, max_output_chars=256, call_timeout_s=None,
+    show_time=True)`:
     `client` is a `sandbox.SandboxClient` (opened by the caller); `time_limit_s` is the program's
     wall-clock limit; `max_output_chars` cuts stdout and stderr in the middle for the model;
     `call_timeout_s` (default `time_limit_s + 10`) is the deadline on the whole client call,
-    transport included. Maps `ExecResult.status` to `ToolStatus` and renders the model-facing
-    text with `formats.render_tool_result`.
+    transport included; `show_time` puts the measured run time in the text the model reads
+    (`rollout.tool_time`; `ToolOutcome.duration_s` holds it either way). Maps
+    `ExecResult.status` to `ToolStatus` and renders the model-facing text with
+    `formats.render_tool_result`.
     """
 
     def __init__(self, client: Any, *, time_limit_s: float = 4.0, max_output_chars: int = 256,
-                 call_timeout_s: float | None = None) -> None:
+                 call_timeout_s: float | None = None, show_time: bool = True) -> None:
         from sandbox import ExecRequest  # imported here, not on the first call's fire path
 
         self._request = ExecRequest
@@ -86,6 +91,7 @@ class PythonTool:
         self.time_limit_s = time_limit_s
         self.max_output_chars = max_output_chars
         self.call_timeout_s = call_timeout_s if call_timeout_s is not None else time_limit_s + 10.0
+        self.show_time = show_time
 
     async def __call__(self, arguments: dict[str, Any]) -> ToolOutcome:
         code = arguments.get("code")
@@ -103,13 +109,15 @@ class PythonTool:
                     self._request(code=code, stdin=stdin, time_limit_s=self.time_limit_s))
         except TimeoutError:
             return _failure(f"sandbox did not answer within {self.call_timeout_s:.1f}s",
-                            time.perf_counter() - t0, self.max_output_chars)
+                            time.perf_counter() - t0, self.max_output_chars,
+                            show_time=self.show_time)
         except Exception as e:  # any client/transport error is the sandbox's, not the model's
             log.warning("tool_sandbox_error", tool=self.name, error=repr(e))
             return _failure(f"sandbox error: {e!r}", time.perf_counter() - t0,
-                            self.max_output_chars)
+                            self.max_output_chars, show_time=self.show_time)
         status = _STATUS.get(str(res.status), ToolStatus.SANDBOX_FAILURE)
-        text = formats.render_tool_result(status.value, res.stdout, res.stderr, res.duration_s,
+        text = formats.render_tool_result(status.value, res.stdout, res.stderr,
+                                          res.duration_s if self.show_time else None,
                                           self.max_output_chars)
         return ToolOutcome(status=status, output=text, stdout=res.stdout, stderr=res.stderr,
                            exit_code=res.exit_code, duration_s=res.duration_s,

@@ -147,14 +147,16 @@ def _trusted(code: str) -> tuple[str, str, str, float | None]:
 
 
 def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int, rng: random.Random,
-                 duration_s: float | None = None, execute: Executor | None = None
-                 ) -> tuple[str, str, str]:
+                 duration_s: float | None = None, execute: Executor | None = None,
+                 show_time: bool = True) -> tuple[str, str, str]:
     """(text appended after the call, status, stdout) for running `code`; the time shown is
-    `duration_s`, else the executor's, else drawn (`tool_duration`)."""
+    `duration_s`, else the executor's, else drawn (`tool_duration`; drawn even when not
+    shown, so `show_time` changes nothing else of a transcript)."""
     status, stdout, stderr, took = (execute or _trusted)(code)
     if duration_s is None:
         duration_s = took if took is not None else tool_duration(rng)
-    result = formats.render_tool_result(status, stdout, stderr, duration_s, max_chars)
+    result = formats.render_tool_result(status, stdout, stderr,
+                                        duration_s if show_time else None, max_chars)
     return fmt.tool_response(result), status, stdout
 
 
@@ -164,12 +166,13 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                       tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                       system_prompt: str = "", max_chars: int = 256,
                       duration_s: float | None = None, style: str = "markup",
-                      execute: Executor | None = None) -> list[Segment]:
+                      execute: Executor | None = None, show_time: bool = True) -> list[Segment]:
     """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
 
     `code` is the solution program (the task's, `Task.solution_code`; needed by tool kinds). Each
     tool output shows the execution time `duration_s`, or the executor's, or one drawn from
-    `rng` per call (`tool_duration`). `style` is one of `STYLES`; `execute` runs the programs
+    `rng` per call (`tool_duration`); with `show_time` False none is shown (the rollouts'
+    `rollout.tool_time`). `style` is one of `STYLES`; `execute` runs the programs
     (default `run_trusted`). Raises ValueError when the program does not print the problem's
     answer.
     """
@@ -196,12 +199,14 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
     reason = say("tool", REASON_TOOL)
     if kind == "fail_fix":
         broken = break_code(code, rng)
-        response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s, execute)
+        response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s, execute,
+                                            show_time)
         if status == "ok":
             raise ValueError(f"problem {problem.id}: broken program {broken!r} did not fail")
         segs += [Segment(reason + fmt.render_call(broken), True), Segment(response, False)]
         reason = say("fix", REASON_FIX)
-    response, status, stdout = _tool_output(fmt, code, max_chars, rng, duration_s, execute)
+    response, status, stdout = _tool_output(fmt, code, max_chars, rng, duration_s, execute,
+                                           show_time)
     if status != "ok" or stdout.strip() != problem.answer:
         raise ValueError(f"problem {problem.id}: program {code!r} printed {stdout.strip()!r}, "
                          f"expected {problem.answer!r}")
@@ -335,14 +340,14 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        fail_fix_by_level: Mapping[int, float] | None = None,
                        tool_fraction_by_level: Mapping[int, float] | None = None,
                        style: str = "markup", execute: Executor | None = None,
-                       ) -> list[SFTExample]:
+                       show_time: bool = True) -> list[SFTExample]:
     """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
 
     `fail_fix_fraction` is a share of the tool-using examples; `fail_fix_by_level` replaces it
     (and `tool_fraction_by_level` replaces `tool_fraction`) for the problems of the levels it
-    lists. `tools`, `system_prompt` and
-    `max_chars` must be what the rollouts use (`rollout.tools`, `data.system_prompt`,
-    `rollout.tool_output_max_chars`) so the text matches. `code_for` gives a problem's solution
+    lists. `tools`, `system_prompt`, `max_chars` and `show_time` must be what the rollouts use
+    (`rollout.tools`, `data.system_prompt`, `rollout.tool_output_max_chars`,
+    `rollout.tool_time`) so the text matches. `code_for` gives a problem's solution
     program (the task's `solution_code`; None only when no transcript calls the tool). `style`
     and `execute` as in `render_transcript`. Deterministic for the same `rng` state (and the same executor's answers).
     """
@@ -364,7 +369,7 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
         kinds.append(kind)
         rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,
                                           system_prompt=system_prompt, max_chars=max_chars,
-                                          style=style, execute=execute))
+                                          style=style, execute=execute, show_time=show_time))
     return [SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id)
             for p, kind, (ids, mask) in zip(problems, kinds, tokenize_many(rendered, tokenizer),
                                             strict=True)]

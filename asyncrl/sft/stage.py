@@ -144,6 +144,8 @@ class SFTSetup:
     """`rollout.tool_output_max_chars`: generated tool outputs are cut as rollouts' are."""
     checkpoint_every: int
     """`checkpoint.sft_every_steps` (0: only at the stage's end, by the caller)."""
+    show_tool_time: bool = True
+    """`rollout.tool_time` resolved: generated tool outputs show a time as rollouts' do."""
     python_tool: Tool | None = None
     """The run's Python tool: runs the generated programs of a stage with `sandbox_outputs`."""
     solution_code: Callable[[Problem], str] | None = None
@@ -189,7 +191,7 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
         tool_fraction_by_level={int(k): v for k, v in stage.tool_fraction_by_level.items()},
         tools=setup.tools, system_prompt=setup.system_prompt,
         max_chars=setup.tool_output_max_chars, style=stage.transcript_style,
-        execute=execute, code_for=setup.solution_code)
+        execute=execute, code_for=setup.solution_code, show_time=setup.show_tool_time)
     return [(e.input_ids, e.loss_mask) for e in examples]
 
 

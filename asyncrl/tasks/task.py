@@ -38,6 +38,8 @@ class TaskContext:
     tool_timeout_s: float = 30.0
     """The deadline of one call of an in-process tool (a plain function, a verifiers
     `@vf.tool`): a run's `rollout.tool_timeout_s`."""
+    show_time: bool = True
+    """Whether the Python tool's output shows its measured time (`rollout.tool_time`)."""
 
 
 RewardFactory = Callable[[TaskContext], "RewardFn"]

@@ -123,7 +123,7 @@ def _python(ctx: TaskContext) -> list[Tool]:
     if ctx.sandbox is None:
         raise ConfigError("task.tools", "the python tool needs a sandbox; none was given")
     return [PythonTool(ctx.sandbox, time_limit_s=ctx.time_limit_s,
-                       max_output_chars=ctx.max_output_chars)]
+                       max_output_chars=ctx.max_output_chars, show_time=ctx.show_time)]
 
 
 def _as_tools(obj: Any, spec: str, ctx: TaskContext) -> list[Tool]:

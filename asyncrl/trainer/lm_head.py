@@ -62,8 +62,9 @@ def logprobs(module: Any, model: Any, t: dict[str, torch.Tensor], temperature: f
 
     `module` is what is called (the model, or DDP around it), `model` the HF model whose output
     embedding is hooked. `split = False` takes the full path: logits at every position. With
-    `pack_ids`, `pack_pos`, `pack_mask` and `pack_src` in `t` (`shared_prefix.layout`) the model
-    runs on that layout and each token's predictor is read where `pack_src` points.
+    `pack_ids`, `pack_pos`, `pack_mask` (or one `pack_mask:<layer type>` per type) and
+    `pack_src` in `t` (`shared_prefix.layout`) the model runs on that layout and each token's
+    predictor is read where `pack_src` points.
     """
     ids = t["input_ids"]
     pack = "pack_ids" in t  # shared prefixes laid out once (`shared_prefix.layout`)
@@ -121,9 +122,10 @@ def _split_forward(module: Any, model: Any, t: dict[str, torch.Tensor], shape: t
 
 
 def _forward(module: Any, t: dict[str, torch.Tensor]) -> Any:
-    if "pack_ids" in t:
+    if "pack_ids" in t:  # one mask, or one per layer type (`shared_prefix.layout`)
+        per_type = {k.split(":", 1)[1]: v for k, v in t.items() if k.startswith("pack_mask:")}
         return module(input_ids=t["pack_ids"], position_ids=t["pack_pos"],
-                      attention_mask=t["pack_mask"], use_cache=False)
+                      attention_mask=per_type or t["pack_mask"], use_cache=False)
     return module(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False)
 
 

@@ -10,7 +10,12 @@ Layout: one row per run, right-padded. A run's first sequence is laid out whole 
 with position ids p, p+1, ... as if the prefix stood before them. The 4-D additive mask lets a
 token attend causally to the shared prefix and to earlier tokens of its own sequence, never to
 another sequence's (a padding position attends to itself only, so no row of the softmax is
-empty). Every token then sees exactly the context it has in its own sequence, at the same
+empty). On a sliding-window layer a token also sees only the keys less than the window behind
+it, measured in its own sequence's positions (`pack_pos`), as the model's own forward does
+(`windows`): one mask per layer type (`pack_mask:<type>`) where the model mixes full and
+sliding layers, one with the window where every layer slides. Attention the layout cannot
+express (chunked, bidirectional, linear or recurrent layers) turns sharing off (`windows`
+raises). Every token then sees exactly the context it has in its own sequence, at the same
 positions, so its hidden state is the per-sequence one up to float summation order (the
 attention sums over a longer, masked row), and gradients reach the shared prefix from every
 sequence that reads it. A run of 8 samples with a 90-token prompt and 100 response tokens each
@@ -27,6 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from asyncrl.errors import TrainerError
 
 ATTENTION = ("sdpa", "eager")
 """The attention implementations that take the 4-D additive mask this layout needs."""
@@ -47,12 +54,47 @@ def pair_cost(config: Any) -> float:
     return (2 * heads * head_dim) / per_layer
 
 
+def windows(config: Any) -> dict[str, int | None]:
+    """How far back each kind of attention layer of an HF config looks: {layer type: window in
+    tokens, or None for full attention}. With `layer_types` (Gemma 2/3, Qwen2, ...) one entry
+    per type the model uses (the model then takes a mask per type); without, one entry `""` for
+    every layer (Mistral, Phi-3: `sliding_window`, if set, applies to all of them). A key may
+    attend to a query when `query_pos - key_pos < window`, transformers' sliding rule.
+
+    Raises `TrainerError` (naming the reason) for attention one additive mask per layer type
+    cannot express: chunked or bidirectional attention, linear or recurrent layers."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if getattr(cfg, "use_bidirectional_attention", False):
+        raise TrainerError("the model's attention is bidirectional")
+    if getattr(cfg, "attention_chunk_size", None):
+        raise TrainerError("the model has chunked attention (attention_chunk_size)")
+    window = getattr(cfg, "sliding_window", None)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        window = None
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise TrainerError(f"the model's sliding_window {window!r} is not a positive integer")
+    types = getattr(cfg, "layer_types", None)
+    if not types:
+        return {"": window}
+    out: dict[str, int | None] = {}
+    for kind in sorted(set(types)):
+        if kind == "full_attention":
+            out[kind] = None
+        elif kind == "sliding_attention" and window is not None:
+            out[kind] = window
+        else:
+            raise TrainerError(f"the model has {kind!r} layers")
+    return out
+
+
 def layout(rows: list[list[int]], shared: list[int], pad_token_id: int, width: int,
-           device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+           device: torch.device, dtype: torch.dtype,
+           windows: dict[str, int | None] | None = None) -> dict[str, torch.Tensor]:
     """`rows` (each sequence's tokens, in micro-batch order), `shared` (`Packed.shared_prefix`)
-    and the `[B, T]` layout's width -> `pack_ids`, `pack_pos` (`[R, L]` long), `pack_mask`
-    (`[R, 1, L, L]` additive, `dtype`: 0 or its most negative value) and `pack_src` (`[B * T]`
-    long)."""
+    and the `[B, T]` layout's width -> `pack_ids`, `pack_pos` (`[R, L]` long), the additive
+    masks (`[R, 1, L, L]`, `dtype`: 0 or its most negative value) and `pack_src` (`[B * T]`
+    long). `windows` (`windows(config)`, default full attention everywhere): with one entry
+    the mask is `pack_mask`, with several one `pack_mask:<layer type>` per entry."""
     runs: list[tuple[list[int], list[int], list[int]]] = []  # ids, positions, segment per run
     places: list[tuple[int, list[int]]] = []  # per sequence: its run, where its tokens lie
     for b, ids in enumerate(rows):
@@ -80,13 +122,20 @@ def layout(rows: list[list[int]], shared: list[int], pad_token_id: int, width: i
         return torch.tensor([run[k] + [pad] * (n - len(run[k])) for run in runs],
                             dtype=torch.long, device=device)
 
-    seg = grid(2, -1)
+    seg, pos = grid(2, -1), grid(1, 0)
     q, k = seg.unsqueeze(2), seg.unsqueeze(1)
     causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
     allowed = causal & (k >= 0) & ((k == 0) | (q == k))
-    allowed |= torch.eye(n, dtype=torch.bool, device=device)  # padding sees itself
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return {"pack_ids": grid(0, pad_token_id), "pack_pos": grid(1, 0),
-            "pack_mask": mask.unsqueeze(1),
+    behind = pos.unsqueeze(2) - pos.unsqueeze(1)  # query position - key position, per run
+    eye = torch.eye(n, dtype=torch.bool, device=device)  # padding sees itself
+
+    def mask(window: int | None) -> torch.Tensor:
+        ok = (allowed if window is None else allowed & (behind < window)) | eye
+        out = torch.zeros(ok.shape, dtype=dtype, device=device)
+        return out.masked_fill_(~ok, torch.finfo(dtype).min).unsqueeze(1)
+
+    kinds = windows or {"": None}
+    masks = ({"pack_mask": mask(next(iter(kinds.values())))} if len(kinds) == 1 else
+             {f"pack_mask:{kind}": mask(w) for kind, w in kinds.items()})
+    return {"pack_ids": grid(0, pad_token_id), "pack_pos": pos, **masks,
             "pack_src": torch.tensor(src, dtype=torch.long, device=device)}

@@ -77,14 +77,11 @@ class TorchTrainer(LoraFace):
         self.temperature = temperature
         self._split_head = not cfg.full_logits
         """Logits only where a trained token is predicted (`asyncrl.trainer.lm_head`)."""
-        attention = getattr(model.config, "_attn_implementation", None)
-        self._share = SHARED_MIN_TOKENS if (cfg.share_prefixes and not cfg.full_logits and
-                                            attention in shared_prefix.ATTENTION) else 0
+        self._windows = _sharing(model.config, cfg)
+        """The attention windows per layer type (`shared_prefix.windows`); None: no sharing."""
+        self._share = SHARED_MIN_TOKENS if self._windows is not None else 0
         """Shared prefixes of at least this many tokens are computed once (0: off)."""
         self._pair_cost = shared_prefix.pair_cost(model.config) if self._share else 0.0
-        if cfg.share_prefixes and not self._share and not cfg.full_logits:
-            log.info("shared_prefixes_off", attention=attention,
-                     reason=f"needs attention in {shared_prefix.ATTENTION}")
         self.total_steps = total_steps
         self.seed = seed
         if algo.lr_schedule == "cosine" and not total_steps:
@@ -220,7 +217,8 @@ class TorchTrainer(LoraFace):
         shared = {}
         if mb.shared_prefix:  # some sequences share a prefix: the model runs on the layout
             shared = shared_prefix.layout([mb.input_ids[s:e] for s, e in rows], mb.shared_prefix,
-                                          self.pad_token_id, width, dev, self.model.dtype)
+                                          self.pad_token_id, width, dev, self.model.dtype,
+                                          self._windows)
         return shared | {
             "input_ids": torch.tensor(grid(mb.input_ids, self.pad_token_id), dtype=torch.long,
                                       device=dev),
@@ -446,6 +444,24 @@ class TorchTrainer(LoraFace):
 
 
 # ------------------------------------------------------------------------------- helpers
+def _sharing(config: Any, cfg: TorchTrainerConfig) -> dict[str, int | None] | None:
+    """`shared_prefix.windows` of the model when `trainer.share_prefixes` can apply to it, else
+    None (said in the log when it was asked for): it needs the split head, an attention
+    implementation that takes an additive 4-D mask, and attention such a mask expresses."""
+    if not cfg.share_prefixes or cfg.full_logits:
+        return None
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in shared_prefix.ATTENTION:
+        log.info("shared_prefixes_off", attention=attention,
+                 reason=f"needs attention in {shared_prefix.ATTENTION}")
+        return None
+    try:
+        return shared_prefix.windows(config)
+    except TrainerError as e:
+        log.warning("shared_prefixes_off", attention=attention, reason=str(e))
+        return None
+
+
 def _init_distributed(cfg: TorchTrainerConfig) -> tuple[int, int]:
     """(world size, rank); joins torchrun's process group when launched under it."""
     if not dist.is_available():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from fakes.control import FakeProcess
 from fakes.scripted_core import ScriptedModel
@@ -40,8 +41,15 @@ async def fake(server) -> FakeProcess:
     return server
 
 
-def engine(fake: FakeProcess, session, **kw) -> SGLangEngine:
-    return SGLangEngine(CFG, index=0, session=session, url=fake.url, options=FAST, **kw)
+def engine(fake: FakeProcess, session, options=FAST, **kw) -> SGLangEngine:
+    return SGLangEngine(CFG, index=0, session=session, url=fake.url, options=options, **kw)
+
+
+PATIENT = msgspec.structs.replace(FAST, health_interval_s=600.0, health_timeout_s=600.0,
+                                  control_timeout_s=600.0, weight_timeout_s=600.0)
+"""For a test that asserts what an update sends, not how fast the server answers: the fake's
+first tensor load imports torch in its process, which on a loaded machine outlasts FAST's
+deadlines and its health probes; with these the test waits on the server's replies alone."""
 
 
 def expected(weights: str, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -219,7 +227,7 @@ async def test_tensor_update_sends_named_tensors_in_buckets_inside_a_session(fak
 
     monkeypatch.setattr(sglang_weights, "TENSOR_BUCKET_BYTES", 80)  # 64 + 16 fit, 64 + 64 not
     state = {"a.weight": torch.ones(4, 4), "b.weight": torch.zeros(4, 4), "c.bias": torch.ones(4)}
-    async with engine(fake, session) as eng:
+    async with engine(fake, session, PATIENT) as eng:
         await eng.update_weights(WeightUpdate(version=5, state_dict=state))
         calls = await fake.calls()
         sent = calls["/update_weights_from_tensor"]

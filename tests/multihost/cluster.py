@@ -82,7 +82,9 @@ def micro_config(path: Path, *, model: Path, sandbox_urls: list[str], token_file
     Greedy rollouts by default: sampled ones depend on how the engine's batch was composed
     (the train loop samples from the engine's one RNG), which tool-call latency changes from
     run to run; greedy ones are the same in every run, so two runs can be compared step by
-    step."""
+    step. Tool outputs show no measured time (`rollout.tool_time = "none"`): a time differs
+    from run to run and the model reads it, so runs whose rollouts call the tool repeat only
+    without it."""
     urls = ", ".join(f'"{u}"' for u in sandbox_urls)
     path.write_text(f"""
 [run]
@@ -105,6 +107,7 @@ group_size = 2
 max_turns = 2
 max_response_tokens = 128
 tool_format = "markdown"
+tool_time = "none"
 temperature = {temperature}
 [roc]
 min_pos = 1
@@ -244,3 +247,19 @@ def worker_pids(net: Hosts, host: int) -> list[int]:
         if b"asyncrl.cli.launch" in cmd and not any(c.endswith(b"torchrun") for c in cmd):
             out.append(int(pid))
     return out
+
+
+def assert_same_steps(got: list[dict], want: list[dict]) -> None:
+    """The same rows, key for key: numbers within float summation order (rel 1e-5), anything
+    else (a row's `kind`) equal. `pytest.approx` only for numbers: pytest 9 refuses a relative
+    tolerance on a string."""
+    import pytest
+
+    assert len(got) == len(want), (got, want)
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys(), (g, w)
+        for k in g:
+            if isinstance(w[k], int | float) and not isinstance(w[k], bool):
+                assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (k, g, w)
+            else:
+                assert g[k] == w[k], (k, g, w)

@@ -22,21 +22,12 @@ COMPARED = ("sft/loss", "sft/grad_norm", "train/loss", "train/entropy", "train/m
             "reward/mean", "rollout/tool_calls_mean", "rollout/response_tokens_mean")
 
 
-def config(path: Path, model: Path, *, rl_steps: int, temperature: float = 0.0,
-           tool_calls: bool = False) -> Path:
-    """The micro curriculum with a remote sandbox whose URLs the job fills in.
-
-    Without `tool_calls` a rollout has one turn (a call the model writes is not run): the
-    model reads each result's wall-clock execution time (`Time: 0.03s`,
-    `formats.render_tool_result`), which differs from run to run, so runs that call the tool
-    cannot be compared token for token."""
-    micro_config(path, model=model, sandbox_urls=[], token_file=Path("/nonexistent"),
-                 rl_steps=rl_steps, temperature=temperature)
-    if not tool_calls:
-        text = path.read_text()
-        assert "max_turns = 2" in text
-        path.write_text(text.replace("max_turns = 2", "max_turns = 1"))
-    return path
+def config(path: Path, model: Path, *, rl_steps: int, temperature: float = 0.0) -> Path:
+    """The micro curriculum with a remote sandbox whose URLs the job fills in. Its rollouts
+    call the tool, whose outputs show no measured time (`rollout.tool_time = "none"`), so two
+    greedy runs roll out the same tokens and compare step by step."""
+    return micro_config(path, model=model, sandbox_urls=[], token_file=Path("/nonexistent"),
+                        rl_steps=rl_steps, temperature=temperature)
 
 
 def submit(slurm: SlurmCluster, cfg: Path, run_dir: Path, out: Path, *, nodes: int = 3,

@@ -23,7 +23,7 @@ import re
 import time
 
 import pytest
-from cluster import rows, tool_statuses
+from cluster import assert_same_steps, rows, tool_statuses
 from slurmrun import config, log_lines, per_step, submit, wait_for_rl_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -45,10 +45,8 @@ def unpreempted(slurm, prepared_model, tmp_path_factory):
 
 
 def assert_equal_steps(got: list[dict], want: list[dict]) -> None:
-    for g, w in zip(got, want, strict=True):
-        assert g.keys() == w.keys(), (g, w)
-        for k in g:
-            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (k, g, w)
+    assert any(r.get("rollout/tool_calls_mean", 0) > 0 for r in want)  # runs with tool calls
+    assert_same_steps(got, want)
 
 
 def wait_restarted(slurm, job: str, timeout: float, out) -> None:
@@ -152,7 +150,7 @@ def test_a_lost_trainer_node_ends_the_job_clearly_and_a_requeue_resumes(slurm, u
 def test_the_sandbox_step_lost_fails_calls_clearly_then_comes_back(slurm, prepared_model,
                                                                    tmp_path):
     cfg = config(tmp_path / "run.toml", prepared_model, rl_steps=SANDBOX_RL_STEPS,
-                 temperature=1.0, tool_calls=True)
+                 temperature=1.0)
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     t0 = time.monotonic()
     job = submit(slurm, cfg, run_dir, out, args=("--set", "logging.rollouts_every=1"))

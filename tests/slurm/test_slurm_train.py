@@ -15,6 +15,7 @@ Slow: `python -m pytest -m slow tests/slurm/test_slurm_train.py`.
 from __future__ import annotations
 
 import pytest
+from cluster import assert_same_steps
 from slurmrun import config, log_lines, per_step, submit
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -50,7 +51,5 @@ def test_two_trainer_nodes_and_a_sandbox_node_equal_one_trainer_node(slurm, prep
                                                      ("rl_step", 1), ("rl_step", 2),
                                                      ("rl_step", 3)]
     assert got[0]["sft/loss"] > got[1]["sft/loss"]
-    for g, w in zip(got, want, strict=True):
-        assert g.keys() == w.keys()
-        for k in g:
-            assert g[k] == pytest.approx(w[k], rel=1e-5, abs=1e-7), (k, g, w)
+    assert any(r.get("rollout/tool_calls_mean", 0) > 0 for r in got)  # runs with tool calls
+    assert_same_steps(got, want)

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from grads import assert_grads_close, record_grads
-from trainer_batches import rl_batch, tiny_model
+from trainer_batches import TINY, rl_batch, tiny_model
 
 from asyncrl.algo import batching
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
@@ -131,3 +131,49 @@ def test_off_with_full_logits_or_another_attention():
     model = tiny_model(0)
     model.config._attn_implementation = "flash_attention_2"
     assert TorchTrainer(model, TorchTrainerConfig(), AlgorithmSection(), pad_token_id=0)._share == 0
+
+
+WINDOWED = {  # tiny models whose attention has an 8-token window on some or all layers
+    "mistral": dict(sliding_window=8),
+    "qwen2": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma3_text": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                        query_pre_attn_scalar=16),
+}
+
+
+def windowed_model(kind: str, attention: str = "sdpa"):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(kind, **TINY, **WINDOWED[kind])
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg).float()
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", sorted(WINDOWED))
+def test_sliding_window_models_train_on_their_own_log_probs(kind, attention):
+    """G2: on a model with sliding-window layers, each trained token sees only its window (in
+    its own sequence's positions) on those layers, as in the model's own forward of the
+    sequence alone; full layers see everything. Prompts are longer than the window."""
+    shared, _ = pair(windowed_model(kind, attention))
+    assert shared._share
+    for mb in shared.plan(batching.sequences_from_batch(batch())):
+        t = shared.tensors(mb)
+        assert "pack_ids" in t
+        own = {k: v for k, v in t.items() if not k.startswith("pack_")}
+        got = shared.logprobs(t, TEMPERATURE)
+        want = lm_head.logprobs(shared.model, shared.model, own, TEMPERATURE, entropy=False)[0]
+        read = t["mask"].bool()
+        torch.testing.assert_close(got[read], want[read], atol=1e-5, rtol=1e-5)
+
+
+def test_off_for_attention_a_mask_per_layer_type_cannot_express():
+    """Chunked, bidirectional or linear/recurrent layers: sharing is off (logged), not wrong."""
+    for change in ({"layer_types": ["full_attention", "linear_attention"]},
+                   {"attention_chunk_size": 8}, {"use_bidirectional_attention": True}):
+        model = tiny_model(0)
+        for k, v in change.items():
+            setattr(model.config, k, v)
+        tr = TorchTrainer(model, TorchTrainerConfig(), AlgorithmSection(), pad_token_id=0)
+        assert tr._share == 0, change
