@@ -266,6 +266,26 @@ def megatron_names(arch: Arch, *, transformer_engine: bool = False) -> list[str]
     return names
 
 
+_FUSED = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def from_fused(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """HF checkpoint tensor `name` out of an in-memory transformers state dict, or None.
+    transformers 5 keeps a Qwen3-MoE's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H],
+    `mlp.experts.down_proj` [E, H, I]) where the checkpoint names each expert's matrices."""
+    if name in state:
+        return state[name]
+    m = _FUSED.match(name)
+    if m is None:
+        return None
+    stem, expert, part = m.group(1), int(m.group(2)), m.group(3)
+    if part == "down":
+        fused = state.get(f"{stem}.down_proj")
+        return None if fused is None else fused[expert]
+    fused = state.get(f"{stem}.gate_up_proj")
+    return None if fused is None else fused[expert].chunk(2)[0 if part == "gate" else 1]
+
+
 def _chunk(t: torch.Tensor, n: int, dim: int, name: str) -> tuple[torch.Tensor, ...]:
     if t.shape[dim] % n:
         raise ConversionError(f"{name}: dim {dim} of size {t.shape[dim]} does not split {n} ways")

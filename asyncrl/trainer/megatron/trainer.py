@@ -39,11 +39,11 @@ from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
-from asyncrl.errors import TrainerError
+from asyncrl.errors import ConfigError, TrainerError
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
+from asyncrl.trainer.megatron import convert, vocab_parallel
 from asyncrl.trainer.megatron import model as mmodel
-from asyncrl.trainer.megatron import vocab_parallel
 from asyncrl.trainer.megatron.arch import Arch
 from asyncrl.trainer.megatron.optimizer import MegatronOptimizer, TorchOptimizer
 
@@ -82,6 +82,13 @@ class MegatronTrainer:
             raise TrainerError("model.dtype: float16 is not supported by the megatron trainer "
                                "(no loss scaling); use bfloat16")
         self.arch = Arch.from_hf(hf_config)
+        from asyncrl.modeling import routing_replay
+
+        if routing_replay(algo.routing_replay, hf_config):
+            raise ConfigError("algorithm.routing_replay", "the megatron trainer does not replay "
+                              "the rollouts' expert choices yet (docs/moe.md); set it false to "
+                              "train this MoE model without replay, or use trainer.kind = "
+                              "'torch'")
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
         self.recompute = self._recompute(cfg)
@@ -346,9 +353,10 @@ def _hf_source(model: Any) -> tuple[Any, Any, str]:
     state = model.state_dict()
 
     def get(name: str) -> torch.Tensor:
-        if name not in state:
+        t = convert.from_fused(state, name)
+        if t is None:
             raise TrainerError(f"HF model has no parameter {name!r}")
-        return state[name]
+        return t
 
     return model.config, get, str(next(model.parameters()).dtype).removeprefix("torch.")
 
