@@ -127,12 +127,18 @@ class Replay:
         counts = (torch.stack(self._counts).sum(dim=0).double() if self._counts
                   else torch.zeros(2, dtype=torch.float64))
         self._counts = []
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            counts = counts.to(dev)
-            dist.all_reduce(counts)
-        changed, compared = (float(x) for x in counts.cpu())
-        if not compared:
-            return {}
-        return {f"{prefix}routing_replay_changed": changed / compared,
-                f"{prefix}routing_replay_tokens": compared}
+        return replay_metrics(counts, prefix)
+
+
+def replay_metrics(counts: torch.Tensor, prefix: str) -> dict[str, float]:
+    """(changed, replayed) pairs of this rank, summed over every rank, as the step's metrics
+    (none when nothing was replayed). Collective when torch.distributed runs several ranks."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dev = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        counts = counts.to(dev)
+        dist.all_reduce(counts)
+    changed, compared = (float(x) for x in counts.cpu())
+    if not compared:
+        return {}
+    return {f"{prefix}routing_replay_changed": changed / compared,
+            f"{prefix}routing_replay_tokens": compared}

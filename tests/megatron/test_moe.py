@@ -132,14 +132,13 @@ def test_megatron_moe_logits_equal_hf(cpu_megatron, attention):
 
 
 def test_megatron_moe_grpo_step_equals_the_torch_trainer(cpu_megatron):
-    """Without replay (not wired in the megatron trainer yet, which refuses it): one GRPO step
-    of two mini-batches moves every weight as the torch trainer's does."""
+    """Without replay: one GRPO step of two mini-batches moves every weight as the torch
+    trainer's does."""
     import copy
 
     from mg_cases import rl_batch
 
     from asyncrl.config import AlgorithmSection, MegatronTrainerConfig, TorchTrainerConfig
-    from asyncrl.errors import ConfigError
     from asyncrl.trainer.megatron.trainer import MegatronTrainer
     from asyncrl.trainer.torch_trainer import TorchTrainer
 
@@ -159,6 +158,42 @@ def test_megatron_moe_grpo_step_equals_the_torch_trainer(cpu_megatron):
         torch.testing.assert_close(got[k], w, atol=2e-5, rtol=1e-5, msg=k)
     assert (want["model.layers.0.mlp.gate.weight"] - before["model.layers.0.mlp.gate.weight"]
             ).abs().max() > 1e-4
-    with pytest.raises(ConfigError, match="routing_replay"):
-        MegatronTrainer(copy.deepcopy(hf), MegatronTrainerConfig(recompute="none"),
-                        AlgorithmSection(), pad_token_id=0)
+
+
+def test_megatron_replays_the_engines_routing_through_router_replay(cpu_megatron,
+                                                                    tiny_moe_factory,
+                                                                    tiny_tokenizer):
+    """megatron-core's router replay with the engine's records: the trainer's log-probs of the
+    sampled tokens move to the engine's as the torch trainer's do (engine routers in bf16, see
+    tests/trainer/test_moe_replay.py), and shuffled records break the match."""
+    import copy
+
+    from moe_cases import one_batch, sample_rollouts, shuffled
+
+    from asyncrl.algo import batching
+    from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    model = tiny_moe_factory(0)
+    rollouts = sample_rollouts(model, tiny_tokenizer, bf16_router=True)
+
+    def mismatch(replay, ros):
+        mt = MegatronTrainer(copy.deepcopy(model), MegatronTrainerConfig(recompute="none"),
+                             AlgorithmSection(routing_replay=replay),
+                             pad_token_id=tiny_tokenizer.pad_token_id)
+        diffs = []
+        with torch.no_grad():
+            for mb in mt.plan(batching.sequences_from_batch(one_batch(ros))):
+                t = mt.tensors(mb)
+                on = t["mask"] > 0
+                diffs.append((mt.logprobs(t, 1.0)[on] - t["sampling_logprobs"][on]).abs())
+        counts = mt.replay.take_counts() if mt.replay is not None else None
+        return torch.cat(diffs), counts
+
+    free, none = mismatch(False, rollouts)
+    replayed, counts = mismatch(True, rollouts)
+    assert none is None and 0 < counts[0] < 0.05 * counts[1]
+    assert free.mean() > 3 * replayed.mean(), (free.mean(), replayed.mean())
+    assert free.max() > 10 * replayed.max(), (free.max(), replayed.max())
+    wrong, counts = mismatch(True, shuffled(rollouts))
+    assert counts[0] > 0.5 * counts[1] and wrong.mean() > 20 * free.mean()

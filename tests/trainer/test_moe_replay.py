@@ -9,77 +9,21 @@ sides no routing decision flips and replay must change nothing (tested too)."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import random
 
 import pytest
 import torch
+from moe_cases import one_batch, sample_rollouts, shuffled
 
 from asyncrl.algo import batching
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
-from asyncrl.engine.base import GenerateRequest, SamplingParams
-from asyncrl.engine.local.engine import LocalEngine
 from asyncrl.errors import ConfigError
-from asyncrl.modeling import routers
-from asyncrl.records import Batch, Group, Problem, Rollout
 from asyncrl.trainer.torch_trainer import TorchTrainer
-
-PROMPTS = 8
-SAMPLES = 2
-NEW = 40
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(one_torch_thread):
     yield
-
-
-def _rollouts(model, tok, bf16_router: bool) -> list[Rollout]:
-    engine_model = copy.deepcopy(model)
-    if bf16_router:
-        with torch.no_grad():
-            for r in routers(engine_model):
-                r.weight.copy_(r.weight.bfloat16().float())
-    prompts = [tok.encode(f"What is {a} + {3 * a}?") for a in range(PROMPTS)]
-
-    async def one(e, i):
-        ids = prompts[i // SAMPLES]
-        sp = SamplingParams(max_new_tokens=NEW, temperature=1.0, seed=i)
-        out, lps, rec = [], [], None
-        async for d in e.stream(GenerateRequest(request_id=f"r{i}", input_ids=ids, sampling=sp)):
-            out += d.token_ids
-            lps += d.logprobs
-            rec = d.routed_experts or rec
-        return Rollout(rollout_id=f"r{i}", prompt_id=f"p{i // SAMPLES}", group_id="g",
-                       policy_version=0, prompt_ids=ids, response_ids=out,
-                       loss_mask=[1] * len(out), logprobs=lps, routed_experts=rec)
-
-    async def main():
-        async with LocalEngine(engine_model, tok, kv_token_budget=8192, max_running=16,
-                               record_routing=True) as e:
-            return await asyncio.gather(*(one(e, i) for i in range(PROMPTS * SAMPLES)))
-
-    return asyncio.run(main())
-
-
-def _batch(rollouts: list[Rollout]) -> Batch:
-    g = Group(group_id="g", problem=Problem(id="p", question="", answer=""), rollouts=rollouts,
-              kept=list(range(len(rollouts))), advantages=[1.0] * len(rollouts))
-    return Batch(step=0, policy_version=0, groups=[g])
-
-
-def _shuffled(rollouts: list[Rollout]) -> list[Rollout]:
-    """The same records with their token rows permuted within each rollout."""
-    rng = random.Random(0)
-    out = copy.deepcopy(rollouts)
-    for ro in out:
-        rec = ro.routed_experts
-        row = rec.layers * rec.top_k * rec.itemsize
-        rows = [rec.data[i:i + row] for i in range(0, len(rec.data), row)]
-        rng.shuffle(rows)
-        rec.data = b"".join(rows)
-    return out
 
 
 def _mismatch(model, tok, rollouts, replay: bool, share: bool = True
@@ -89,7 +33,7 @@ def _mismatch(model, tok, rollouts, replay: bool, share: bool = True
                       AlgorithmSection(routing_replay=replay), pad_token_id=tok.pad_token_id)
     diffs = []
     with torch.no_grad():
-        for mb in tr.plan(batching.sequences_from_batch(_batch(rollouts))):
+        for mb in tr.plan(batching.sequences_from_batch(one_batch(rollouts))):
             t = tr.tensors(mb)
             lp = tr.logprobs(t, 1.0)
             on = t["mask"] > 0
@@ -104,7 +48,7 @@ def moe(tiny_moe_factory):
 
 @pytest.fixture(scope="module")
 def gap_rollouts(moe, tiny_tokenizer):
-    return _rollouts(moe, tiny_tokenizer, bf16_router=True)
+    return sample_rollouts(moe, tiny_tokenizer, bf16_router=True)
 
 
 def test_replay_brings_the_trainer_to_the_engines_logprobs(moe, tiny_tokenizer, gap_rollouts):
@@ -121,7 +65,7 @@ def test_replay_brings_the_trainer_to_the_engines_logprobs(moe, tiny_tokenizer, 
 
 def test_shuffled_records_break_the_match(moe, tiny_tokenizer, gap_rollouts):
     free, _ = _mismatch(moe, tiny_tokenizer, gap_rollouts, replay=False)
-    wrong, m = _mismatch(moe, tiny_tokenizer, _shuffled(gap_rollouts), replay=True)
+    wrong, m = _mismatch(moe, tiny_tokenizer, shuffled(gap_rollouts), replay=True)
     assert m["train/routing_replay_changed"] > 0.5
     assert wrong.mean() > 20 * free.mean()
 
@@ -130,7 +74,7 @@ def test_shuffled_records_break_the_match(moe, tiny_tokenizer, gap_rollouts):
 def test_same_weights_replay_changes_nothing(moe, tiny_tokenizer, share):
     """fp32 on both sides: no decision flips, so replay is exact and changes no log-prob, in
     the shared-prefix layout and in plain rows alike (the records line up with positions)."""
-    rollouts = _rollouts(moe, tiny_tokenizer, bf16_router=False)
+    rollouts = sample_rollouts(moe, tiny_tokenizer, bf16_router=False)
     free, _ = _mismatch(moe, tiny_tokenizer, rollouts, replay=False, share=share)
     replayed, m = _mismatch(moe, tiny_tokenizer, rollouts, replay=True, share=share)
     assert m["train/routing_replay_changed"] == 0.0
@@ -145,7 +89,7 @@ def test_train_step_with_replay_updates_experts_and_router(moe, tiny_tokenizer, 
     assert tr.replay is not None  # on by default for an MoE model
     ros = copy.deepcopy(gap_rollouts)
     advantages = [1.0 if i % 2 else -1.0 for i in range(len(ros))]
-    batch = _batch(ros)
+    batch = one_batch(ros)
     batch.groups[0].advantages = advantages
     out = tr.train_step(batch)
     assert 0 < out["train/routing_replay_changed"] < 0.05

@@ -191,6 +191,7 @@ def build_gpt(
     recompute: str = "none",
     init_std: float = 0.02,
     attention: str = "auto",
+    routing_replay: bool = False,
 ) -> Any:
     """A `GPTModel` holding this rank's shard of `arch`, randomly initialised (normal with
     `init_std`); parallel state must be initialised. The vocabulary stays split over TP in the
@@ -240,8 +241,8 @@ def build_gpt(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         # MoE: the all-to-all dispatcher makes CUDA streams; all-gather runs anywhere
-        **({"moe_token_dispatcher_type": "alltoall" if cuda else "allgather"}
-           if arch.num_experts else {}),
+        **({"moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
+            "moe_enable_routing_replay": routing_replay} if arch.num_experts else {}),
         **_recompute_kwargs(recompute, attention),
     )
     model = GPTModel(
