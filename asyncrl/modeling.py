@@ -112,6 +112,39 @@ def routers(model: Any) -> list[Any]:
     return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
 
 
+_EXPERT_NAME = r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+
+
+def fuse_experts(tensors: dict[str, Any], own: Any) -> dict[str, Any]:
+    """`tensors` by HF checkpoint name (one `mlp.experts.E.{gate,up,down}_proj.weight` per
+    expert: what `save_pretrained`, SGLang and the Megatron trainer use) in the layout of the
+    in-memory state dict `own` (transformers 5 fuses a Qwen3-MoE's experts:
+    `mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]). Names already
+    in `own`, and all of them for a model without fused experts, pass through; a fused tensor
+    some of whose experts are missing is left out (the caller's missing-name check says so)."""
+    import re
+
+    import torch
+
+    pattern = re.compile(_EXPERT_NAME)
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[tuple[int, str], Any]] = {}
+    for name, t in tensors.items():
+        m = pattern.match(name)
+        if name in own or m is None or f"{m.group(1)}.down_proj" not in own:
+            out[name] = t
+            continue
+        parts.setdefault(m.group(1), {})[int(m.group(2)), m.group(3)] = t
+    for stem, got in parts.items():
+        n = own[f"{stem}.down_proj"].shape[0]
+        if len(got) != 3 * n:
+            continue
+        out[f"{stem}.gate_up_proj"] = torch.stack(
+            [torch.cat([got[e, "gate"], got[e, "up"]]) for e in range(n)])
+        out[f"{stem}.down_proj"] = torch.stack([got[e, "down"] for e in range(n)])
+    return out
+
+
 def routing_replay(setting: bool | None, config: Any) -> bool:
     """Whether a run replays the rollout's expert choices in the update
     (`algorithm.routing_replay`): left unset, on exactly for an MoE model. Set true on a dense

@@ -116,3 +116,40 @@ async def test_no_record_unless_asked(moe, tiny_tokenizer):
                                                 sampling=sp)):
             last = d
     assert last is not None and last.routed_experts is None
+
+
+async def test_updates_by_checkpoint_names_load_into_fused_experts(moe, tiny_moe_factory,
+                                                                   tiny_tokenizer, tmp_path):
+    """What `save_pretrained`, the Megatron trainer and SGLang name each expert's matrices
+    (`mlp.experts.E.gate_proj.weight`, ...) loads into transformers' fused in-memory experts,
+    from disk and as tensors; an update missing an expert is refused."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    from asyncrl.engine.base import WeightUpdate, collect
+    from asyncrl.errors import WeightSyncError
+    from asyncrl.modeling import save
+
+    new = tiny_moe_factory(5)
+    save(new, tiny_tokenizer, tmp_path)
+    on_disk = {k: v for f in sorted(tmp_path.glob("*.safetensors")) for k, v in load_file(f).items()}
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in on_disk
+    ids = tiny_tokenizer.encode(PROMPTS[0])
+    want = new.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids),
+                        dtype=torch.long), max_new_tokens=N, do_sample=False,
+                        eos_token_id=None)[0, len(ids):].tolist()
+    sp = SamplingParams(max_new_tokens=N, temperature=0.0)
+    for i, update in enumerate([WeightUpdate(version=1, path=str(tmp_path)),
+                                WeightUpdate(version=2, state_dict=on_disk)]):
+        async with LocalEngine(copy.deepcopy(moe), tiny_tokenizer, kv_token_budget=1024,
+                               max_running=2) as e:
+            await e.update_weights(update)
+            got = await collect(e, GenerateRequest(request_id=f"u{i}", input_ids=ids,
+                                                   sampling=sp))
+        assert got.token_ids == want
+    partial = {k: v for k, v in on_disk.items() if ".experts.7." not in k}
+    async with LocalEngine(copy.deepcopy(moe), tiny_tokenizer, kv_token_budget=1024,
+                           max_running=2) as e:
+        with pytest.raises(WeightSyncError, match="missing parameters"):
+            await e.update_weights(WeightUpdate(version=3, state_dict=partial))

@@ -64,6 +64,7 @@ from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
 from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
+from asyncrl.modeling import fuse_experts
 
 log = get_logger(__name__)
 
@@ -479,6 +480,7 @@ class LocalEngine:
             for f in files:
                 sd.update(load_file(str(f)))
         assert isinstance(sd, dict)
+        sd = fuse_experts(sd, self._model.state_dict())  # an MoE checkpoint's per-expert names
         self._check_update(sd)
         with torch.no_grad():
             # strict=False only for tied aliases, which _check_update found covered
