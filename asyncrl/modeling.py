@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from asyncrl.errors import ModelError
+from asyncrl.errors import ConfigError, ModelError
 
 # Markup the formats rely on; each becomes one token so small models learn it quickly.
 CHAT_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -86,6 +86,75 @@ def build_model(init: dict[str, Any], tokenizer: Any, seed: int = 0, dtype: str 
     model.generation_config.pad_token_id = pad
     quiet_known_warnings()  # after from_config: its catch_warnings() restores the filters
     return model
+
+
+def moe_shape(config: Any) -> tuple[int, int, int] | None:
+    """(sparse layers, experts chosen per token, experts) of an HF mixture-of-experts config
+    (Qwen3-MoE's fields: `num_experts`, `num_experts_per_tok`, `decoder_sparse_step`,
+    `mlp_only_layers`), or None for a dense model."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "n_routed_experts", None) or 0
+    top_k = getattr(cfg, "num_experts_per_tok", None) or 0
+    if not experts or not top_k:
+        return None
+    step = getattr(cfg, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(cfg, "mlp_only_layers", None) or [])
+    layers = sum(1 for i in range(cfg.num_hidden_layers)
+                 if i not in dense and (i + 1) % step == 0)
+    return (layers, top_k, experts) if layers else None
+
+
+def routers(model: Any) -> list[Any]:
+    """The router modules of an HF mixture-of-experts model, in layer order: transformers'
+    `*TopKRouter`s (Qwen3-MoE's `Qwen3MoeTopKRouter` and the families that share its contract:
+    `forward(hidden [N, H]) -> (logits [N, E], weights [N, k], indices [N, k])`, attributes
+    `top_k`, `num_experts`, `norm_topk_prob`). Empty for a dense model."""
+    return [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+_EXPERT_NAME = r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$"
+
+
+def fuse_experts(tensors: dict[str, Any], own: Any) -> dict[str, Any]:
+    """`tensors` by HF checkpoint name (one `mlp.experts.E.{gate,up,down}_proj.weight` per
+    expert: what `save_pretrained`, SGLang and the Megatron trainer use) in the layout of the
+    in-memory state dict `own` (transformers 5 fuses a Qwen3-MoE's experts:
+    `mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]). Names already
+    in `own`, and all of them for a model without fused experts, pass through; a fused tensor
+    some of whose experts are missing is left out (the caller's missing-name check says so)."""
+    import re
+
+    import torch
+
+    pattern = re.compile(_EXPERT_NAME)
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[tuple[int, str], Any]] = {}
+    for name, t in tensors.items():
+        m = pattern.match(name)
+        if name in own or m is None or f"{m.group(1)}.down_proj" not in own:
+            out[name] = t
+            continue
+        parts.setdefault(m.group(1), {})[int(m.group(2)), m.group(3)] = t
+    for stem, got in parts.items():
+        n = own[f"{stem}.down_proj"].shape[0]
+        if len(got) != 3 * n:
+            continue
+        out[f"{stem}.gate_up_proj"] = torch.stack(
+            [torch.cat([got[e, "gate"], got[e, "up"]]) for e in range(n)])
+        out[f"{stem}.down_proj"] = torch.stack([got[e, "down"] for e in range(n)])
+    return out
+
+
+def routing_replay(setting: bool | None, config: Any) -> bool:
+    """Whether a run replays the rollout's expert choices in the update
+    (`algorithm.routing_replay`): left unset, on exactly for an MoE model. Set true on a dense
+    model, a `ConfigError`: there is nothing to replay."""
+    moe = moe_shape(config) is not None
+    if setting and not moe:
+        kind = getattr(config, "model_type", "?")
+        raise ConfigError("algorithm.routing_replay", f"true, but the model ({kind}) is dense: "
+                          "it has no experts to record or replay; leave it unset or false")
+    return moe if setting is None else setting
 
 
 def _padded_vocab(n: int, multiple: int = 64) -> int:

@@ -121,6 +121,39 @@ class Timing(_Rec, kw_only=True):
     total_s: float = 0.0
 
 
+class RoutedExperts(_Rec, kw_only=True):
+    """The experts a mixture-of-experts model's routers chose for the tokens of one sequence
+    (prompt + response): for each token, each MoE layer (in model order), the `top_k` expert
+    indices, as a C-order array `[tokens, layers, top_k]` of little-endian unsigned integers of
+    `itemsize` bytes in `data` (base64 in JSON: a few bytes per token and layer, never a list
+    per token). The all-ones value of the item size (`missing`) marks a token without a record
+    (the last sampled token, never fed back; tool output after the last turn); its routing is
+    left to the trainer's own router. Token t's record is the routing of the forward that
+    computed token t's hidden states for the sampling of the tokens after it."""
+
+    layers: int
+    top_k: int
+    itemsize: int = 1
+    """1 (uint8) for models with fewer than 255 experts, 2 (uint16) otherwise."""
+    data: bytes = b""
+
+    @property
+    def missing(self) -> int:
+        return (1 << (8 * self.itemsize)) - 1
+
+    @property
+    def tokens(self) -> int:
+        return len(self.data) // (self.layers * self.top_k * self.itemsize)
+
+    def fitted(self, n: int) -> RoutedExperts:
+        """The record for `n` tokens: cut, or extended with `missing` tokens."""
+        row = self.layers * self.top_k * self.itemsize
+        data = self.data[:n * row]
+        data += b"\xff" * (n * row - len(data))
+        return RoutedExperts(layers=self.layers, top_k=self.top_k, itemsize=self.itemsize,
+                             data=data)
+
+
 class Rollout(_Rec, kw_only=True):
     rollout_id: str
     prompt_id: str
@@ -159,6 +192,10 @@ class Rollout(_Rec, kw_only=True):
     """Policy version that sampled each response token, parallel to `response_ids` (a tool
     token carries the version of the model token before it). Empty: every token was sampled
     under `policy_version` (records written before per-token versions existed)."""
+    routed_experts: RoutedExperts | None = None
+    """With routing replay (`algorithm.routing_replay`) on an MoE model: the experts the
+    engine's routers chose for `prompt_ids + response_ids` (the last turn's record, which
+    covers every token before it); None otherwise."""
     timing: Timing = msgspec.field(default_factory=Timing)
 
     @property

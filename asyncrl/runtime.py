@@ -226,8 +226,13 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                                               seed=cfg.run.seed)
     async with contextlib.AsyncExitStack() as stack:
         client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
+        # Routing replay (MoE): the engines record each token's experts for the trainer.
+        replay = with_trainer and modeling.routing_replay(cfg.algorithm.routing_replay,
+                                                          model.config)
         engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,
-                                model_path=cfg.model.path or str(run_dir / "model-init"))
+                                model_path=cfg.model.path or str(run_dir / "model-init"),
+                                record_routing=replay,
+                                routing_shape=(modeling.moe_shape(model.config) or ())[:2])
         for e in engines:
             if hasattr(e, "__aenter__"):
                 await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any], e))

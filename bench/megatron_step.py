@@ -57,6 +57,16 @@ SIZES: dict[str, dict[str, Any]] = {
                  num_attention_heads=16, num_key_value_heads=8, head_dim=128),
     "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
                num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+    # Qwen3-MoE: the tiny one for the CPU, and Qwen3-30B-A3B's layer (128 experts of 768,
+    # top-8, 32 heads, 4 KV heads) in a stack of 2 layers: the MoE step's MFU on one GPU
+    "moe-tiny": dict(model_type="qwen3_moe", hidden_size=64, intermediate_size=128,
+                     moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=16, vocab_size=512),
+    "30b-a3b-2l": dict(model_type="qwen3_moe", hidden_size=2048, intermediate_size=6144,
+                       moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                       num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=4,
+                       head_dim=128),
 }
 RESULTS = Path(__file__).parent / "results"
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0}
@@ -67,7 +77,8 @@ def hf_config(size: str, dtype: str) -> Any:
 
     opts = {"vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": True, **SIZES[size]}
-    cfg = AutoConfig.for_model("qwen3", rope_parameters={"rope_type": "default",
+    kind = opts.pop("model_type", "qwen3")
+    cfg = AutoConfig.for_model(kind, rope_parameters={"rope_type": "default",
                                                          "rope_theta": 1_000_000.0}, **opts)
     cfg.dtype = dtype
     return cfg
@@ -100,6 +111,8 @@ def synthetic_batch(seqs: int, seq_len: int, vocab: int, seed: int = 0) -> Any:
 
 def forward_flops_per_token(arch: Any, seq_len: int) -> float:
     h, f = arch.hidden_size, arch.ffn_hidden_size
+    if arch.num_experts:  # the active experts' width, and the router
+        f = arch.moe_top_k * arch.moe_ffn_hidden_size + arch.num_experts / 3
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * f
     matmul_params = arch.num_layers * per_layer + arch.vocab_size * h

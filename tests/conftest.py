@@ -20,6 +20,24 @@ TINY_QWEN3 = {
     "tie_word_embeddings": True,
 }
 
+TINY_QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+    "initializer_range": 0.1,
+}
+"""A tiny Qwen3-MoE: 8 experts, 2 per token, both layers sparse."""
+
 
 def _corpus() -> list[str]:
     rng = random.Random(0)
@@ -61,6 +79,17 @@ def tiny_model_factory(tiny_tokenizer):
 
     def make(seed: int = 0):
         return build_model(TINY_QWEN3, tiny_tokenizer, seed=seed).eval()
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_factory(tiny_tokenizer):
+    """Call with a seed to get a fresh tiny random Qwen3-MoE model (eval mode, fp32)."""
+    from asyncrl.modeling import build_model
+
+    def make(seed: int = 0):
+        return build_model(TINY_QWEN3_MOE, tiny_tokenizer, seed=seed).eval()
 
     return make
 

@@ -262,3 +262,19 @@ sys.exit(sweep.main(["--dry-run", "--out-dir", {str(tmp_path / 'out')!r}]))
     assert rows["hang"]["reason"] == "the sweep was stopped by SIGTERM during it"
     assert rows["after"] == {**rows["after"], "status": "skip",
                              "reason": "the sweep was stopped by SIGTERM"}
+
+
+def test_the_moe_check_measures_a_qwen3_moe_and_its_dry_run_passes(tmp_path):
+    """Issue 56: the sweep measures a Qwen3-30B-A3B-shaped layer stack with both trainers; its
+    CPU twin (the tiny Qwen3-MoE) runs through the same entry point here."""
+    sizes = _load("megatron_step").SIZES
+    moe = next(c for c in checks if c.name == "megatron_moe")
+    gpu = moe.command(_ctx(tmp_path, moe.name, False))
+    size = sizes[gpu[gpu.index("--size") + 1]]
+    assert size["model_type"] == "qwen3_moe" and size["num_experts"] == 128
+    assert sweep.main(["--dry-run", "--out-dir", str(tmp_path / "out"), "--only",
+                       "megatron_moe"]) == 0
+    rows = json.loads((tmp_path / "out" / "sweep.json").read_text())["checks"]
+    row = next(r for r in rows if r["check"] == "megatron_moe")
+    assert row["status"] == "pass" and row["figures"]["size"] == "moe-tiny"
+    assert row["figures"]["megatron_tokens_per_s_per_gpu"] > 0

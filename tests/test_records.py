@@ -59,3 +59,23 @@ def test_check_catches_misaligned_lists() -> None:
     r.turns[1].start = 3
     with pytest.raises(ValueError, match="contiguous"):
         r.check()
+
+
+def test_routed_experts_travel_as_base64_bytes_not_lists():
+    """A routing record is a few bytes per token and layer in JSON (base64), not a list per
+    token, and survives the round trip; `fitted` cuts or pads with the `missing` value."""
+    from asyncrl.records import Rollout, RoutedExperts, from_json, to_json
+
+    tokens, layers, k = 300, 4, 2
+    data = bytes((t * 7 + i) % 8 for t in range(tokens) for i in range(layers * k))
+    rec = RoutedExperts(layers=layers, top_k=k, data=data)
+    ro = Rollout(rollout_id="r", prompt_id="p", group_id="g", policy_version=0,
+                 prompt_ids=[1] * tokens, routed_experts=rec)
+    raw = to_json(ro)
+    assert len(raw) < 4 * len(data)  # base64 (4/3) plus the rest of the record
+    back = from_json(raw, Rollout)
+    assert back.routed_experts == rec and back.routed_experts.tokens == tokens
+    longer = rec.fitted(tokens + 2)
+    assert longer.tokens == tokens + 2 and longer.data[-layers * k:] == b"\xff" * (layers * k)
+    assert rec.fitted(10).data == data[:10 * layers * k]
+    assert RoutedExperts(layers=1, top_k=1, itemsize=2).missing == 0xFFFF

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from asyncrl.records import Batch
+from asyncrl.records import Batch, RoutedExperts
 
 
 class TrainSeq(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,6 +38,9 @@ class TrainSeq(msgspec.Struct, frozen=True, kw_only=True):
     lags: list[int] = []
     """Per token: the batch's policy version minus the version that sampled it (0 for prompt
     tokens); empty = all 0 (SFT)."""
+    routed_experts: RoutedExperts | None = None
+    """The engine's expert choices for `input_ids` (routing replay); None: the trainer's
+    router decides."""
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +68,8 @@ class Packed(msgspec.Struct, frozen=True, kw_only=True):
     sequence that starts its run (0: it starts one). A run's sequences are consecutive and
     share the same count; a trainer may compute those tokens once (`pack(share=...)`).
     Empty: nothing shared."""
+    routed_experts: list[RoutedExperts | None] = []
+    """Per sequence, in the order they appear: its `TrainSeq.routed_experts`. Empty: none."""
 
     @property
     def num_tokens(self) -> int:
@@ -95,6 +100,7 @@ def sequences_from_batch(batch: Batch) -> list[TrainSeq]:
             advantage=float(adv),
             sampling_logprobs=[0.0] * n_prompt + [float(x) for x in rollout.logprobs],
             lags=[0] * n_prompt + [max(0, batch.policy_version - v) for v in rollout.versions()],
+            routed_experts=rollout.routed_experts,
         ))
     return out
 
@@ -250,6 +256,7 @@ def _packed(seqs: Sequence[TrainSeq], idx: Sequence[int],
     lps: list[float] = []
     lags: list[int] = []
     owner: list[int] = []
+    routed = [seqs[i].routed_experts for i in idx]
     for i in idx:
         s = seqs[i]
         n = s.num_tokens
@@ -262,7 +269,8 @@ def _packed(seqs: Sequence[TrainSeq], idx: Sequence[int],
         owner += [i] * n
     return Packed(input_ids=ids, position_ids=pos, loss_mask=mask, advantages=adv,
                   sampling_logprobs=lps, seq_index=owner, lags=lags,
-                  shared_prefix=shared_prefix or [])
+                  shared_prefix=shared_prefix or [],
+                  routed_experts=routed if any(r is not None for r in routed) else [])
 
 
 def pack(seqs: Sequence[TrainSeq], token_budget: int, share: int = 0,

@@ -257,6 +257,12 @@ class AlgorithmSection(_Section, frozen=True, kw_only=True):
     every trained token (0 = none, the report's setting). The reference is the policy as it
     was at the run's first RL update (the cold start); the trainer keeps a frozen copy and
     checkpoints it. Costs one more forward pass per micro-batch."""
+    routing_replay: bool | None = None
+    """Mixture-of-experts models: the engine records the experts its routers chose for every
+    token of a rollout, and the update routes those tokens to the same experts (the router's
+    weights still get their gradient; the metric `train/routing_replay_changed` is how often
+    the trainer's own router would have chosen otherwise). Left unset: on for an MoE model,
+    off for a dense one; true on a dense model is refused (docs/moe.md)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token estimate of KL(pi || pi_ref) from the sampled token, log-ratio d = log pi -
     log pi_ref: `k1` = d, `k2` = d^2 / 2, `k3` = exp(-d) - 1 + d (non-negative, low

@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from asyncrl.errors import WeightSyncError
+from asyncrl.records import RoutedExperts
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +56,10 @@ class TokenDelta(msgspec.Struct, kw_only=True):
     """None while streaming; "stop", "length" or "abort" on the last delta."""
     policy_version: int = 0
     """Version of the weights that produced these tokens."""
+    routed_experts: RoutedExperts | None = None
+    """On the last delta, from an engine built to record routing (routing replay,
+    `algorithm.routing_replay`): the experts chosen for `input_ids` and every output token
+    but the last (`records.RoutedExperts`). None from an engine that records nothing."""
 
 
 class EngineLoad(msgspec.Struct, kw_only=True):

@@ -22,14 +22,15 @@ EngineBuilder = Callable[..., list[Engine]]
 def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
                  **options: Any) -> list[Engine]:
     """One in-process `LocalEngine` over `model` (moved to `cfg.device`; pass a copy if a
-    trainer keeps training the original). Uses the options `name`, `seed` and `admit_reserve`
-    when given; ignores the others (`run_dir`, `model_path`, ... are for other kinds)."""
+    trainer keeps training the original). Uses the options `name`, `seed`, `admit_reserve` and
+    `record_routing` (routing replay) when given; ignores the others (`run_dir`, `model_path`, ... are for other kinds)."""
     from asyncrl.engine.local.engine import LocalEngine
 
     if model is None or tokenizer is None:
         raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
     opts: dict[str, Any] = {"name": "local-0"}
-    opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve")})
+    opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve",
+                                                                "record_routing")})
     return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
                         max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,
                         packed=cfg.packed_linears, **opts)]

@@ -379,6 +379,7 @@ class AgentLoop:
         scan = opener is not None  # until the turn's first opener is seen
         opener_at = -1
         finish: str | None = None
+        routed = None
         version = -1
         versions: list[int] = []
         loop = asyncio.get_running_loop()
@@ -407,6 +408,7 @@ class AgentLoop:
                         versions.append(version)
                     if d.finish_reason is not None:
                         finish = d.finish_reason
+                        routed = d.routed_experts
                         break
                     # Drop the delta before waiting for the next: with thousands of rollouts, a
                     # delta kept alive per waiting rollout is what young collections traverse.
@@ -427,6 +429,8 @@ class AgentLoop:
         finally:
             await _release(engine, watch, deadline, agen)
             ro.timing.generation_s += time.perf_counter() - t0
+        if routed is not None:  # routing replay: this turn's record covers every token before
+            ro.routed_experts = routed
         for v in sorted(versions):  # usually one
             if v not in ro.policy_versions:
                 ro.policy_versions.append(v)

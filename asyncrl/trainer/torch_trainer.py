@@ -45,8 +45,9 @@ from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
+from asyncrl.modeling import moe_shape, routing_replay
 from asyncrl.records import Batch
-from asyncrl.trainer import lm_head, shared_prefix
+from asyncrl.trainer import lm_head, moe_replay, shared_prefix
 from asyncrl.trainer.lora import LoraFace
 
 log = get_logger(__name__)
@@ -115,6 +116,10 @@ class TorchTrainer(LoraFace):
         if self.world_size > 1:
             self._module = self._wrap(model)
         self._base_lr = algo.lr
+        moe = moe_shape(model.config)  # routing_replay refuses `true` on a dense model
+        on = routing_replay(algo.routing_replay, model.config)
+        self.replay = moe_replay.Replay(*moe[:2]) if on and moe else None
+        """Routing replay (`algorithm.routing_replay`, `asyncrl.trainer.moe_replay`)."""
         self._opt_step = 0
         self.reference: Any = None
         """Frozen copy of the policy at the first RL update, when `algorithm.kl_coef` > 0."""
@@ -219,6 +224,10 @@ class TorchTrainer(LoraFace):
             shared = shared_prefix.layout([mb.input_ids[s:e] for s, e in rows], mb.shared_prefix,
                                           self.pad_token_id, width, dev, self.model.dtype,
                                           self._windows)
+        if self.replay is not None and mb.routed_experts:
+            shared["routes"] = moe_replay.routes(
+                mb.routed_experts, [e - s for s, e in rows], width, mb.shared_prefix,
+                self.replay.layers, self.replay.top_k, dev)
         return shared | {
             "input_ids": torch.tensor(grid(mb.input_ids, self.pad_token_id), dtype=torch.long,
                                       device=dev),
@@ -237,8 +246,11 @@ class TorchTrainer(LoraFace):
         """`lm_head.logprobs`: the LM head at the trained positions only, unless
         `trainer.full_logits` is set or the model's forward turned out not to call its output
         embedding (then the full path from then on, said once in the log)."""
-        lp, ent, split = lm_head.logprobs(module, model, t, temperature, entropy=entropy,
-                                          split=self._split_head)
+        replay = self.replay.routing(model, t.get("routes")) if self.replay is not None \
+            else contextlib.nullcontext()
+        with replay:
+            lp, ent, split = lm_head.logprobs(module, model, t, temperature, entropy=entropy,
+                                              split=self._split_head)
         if self._split_head and not split:
             self._split_head = False
             log.warning("lm_head_not_split", model=type(model).__name__,
@@ -298,8 +310,11 @@ class TorchTrainer(LoraFace):
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking."""
         self.attach_lora()  # lora.apply_to = "rl": the adapter starts at the first RL update
-        return step.rl_step(self, batch, self.algo, temperature=self.temperature,
-                            lr_scale=lr_scale)
+        out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
+                           lr_scale=lr_scale)
+        if self.replay is not None:
+            out.update(self.replay.metrics("train/"))
+        return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples. On a CPU

@@ -12,6 +12,13 @@ Behaviour modelled on the real server:
   `meta_info.weight_version`, the last one `weight_versions` spans; aborts carry `status_code`
   and `err_type`; a request aborted while waiting gets the waiting-queue abort event
   (cumulative logprobs, `output_ids=[last]`, `tokenizer_manager.py:3577-3635`).
+- Routed experts (`--enable-return-routed-experts`, routing replay): a request with
+  `"return_routed_experts": true` gets on its last event `meta_info.routed_experts`, base64 of
+  little-endian int32 `[prompt + completion - 1, layers, top_k]` (the shape of upstream
+  SGLang's `routed_experts_capturer` and scheduler output; not in the repository's 0.5.23
+  audit, see docs/moe.md), with made-up experts `routed_expert(position, layer, j)`;
+  `routing_shape` (layers, top_k, experts) steers the shape. Without the flag the field is
+  absent.
 - `/abort_request`: prefix match on rids (`scheduler.py:5675-5812`); unknown rids dropped.
 - `/pause_generation` modes `abort` (default), `retract` (running requests go back to the
   queue, their KV freed, and continue on the current weights after `/continue_generation`)
@@ -82,6 +89,7 @@ import io
 import json
 import os
 import pickle
+import struct
 import sys
 import time
 import uuid
@@ -146,7 +154,8 @@ class FakeSGLang:
                  attn_dp_size: int = 1, context_length: int = 32768,
                  health_check_timeout_s: float = 20.0, health_poll_s: float = 0.05,
                  weight_load_delay_s: float = 0.0, enable_lora: bool = False,
-                 max_lora_rank: int = 0, max_loaded_loras: int = 0, **core_kw: Any) -> None:
+                 max_lora_rank: int = 0, max_loaded_loras: int = 0,
+                 return_routed_experts: bool = False, **core_kw: Any) -> None:
         self._init_kw = {"incremental": incremental, "version": version, "tp_size": tp_size,
                           "dp_size": dp_size, "attn_dp_size": attn_dp_size,
                           "context_length": context_length,
@@ -154,7 +163,8 @@ class FakeSGLang:
                           "health_poll_s": health_poll_s,
                           "weight_load_delay_s": weight_load_delay_s,
                           "enable_lora": enable_lora, "max_lora_rank": max_lora_rank,
-                          "max_loaded_loras": max_loaded_loras, **core_kw}
+                          "max_loaded_loras": max_loaded_loras,
+                          "return_routed_experts": return_routed_experts, **core_kw}
         self.core = FakeCore(**core_kw)
         self.core.free_kv_on_pause = True
         self.core.on_change = self._on_change
@@ -172,6 +182,9 @@ class FakeSGLang:
         self.max_loaded_loras = max_loaded_loras
         self.loras: dict[str, str] = {}
         """Loaded LoRA adapters: name -> path."""
+        self.return_routed_experts = return_routed_experts
+        self.routing_shape = [2, 2, 8]
+        """Routed experts: [layers, top_k, experts] of the pretended MoE model."""
         self.starting = False
         self.pause_mode = ""
         self.session_open = False
@@ -320,6 +333,14 @@ class FakeSGLang:
             meta["weight_versions"] = _spans(req.versions)
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = shown
+        if finish is not None and finish[0] != "abort" and self.return_routed_experts and \
+                body.get("return_routed_experts"):
+            layers, top_k, experts = self.routing_shape
+            rows = len(req.input_ids) + len(entries) - 1
+            values = [routed_expert(p, layer, j, experts) for p in range(rows)
+                      for layer in range(layers) for j in range(top_k)]
+            meta["routed_experts"] = base64.b64encode(struct.pack(f"<{len(values)}i",
+                                                                  *values)).decode()
         out = {"text": self.core.decode(output_ids), "output_ids": output_ids, "meta_info": meta}
         return b"data: " + json.dumps(out).encode() + b"\n\n"
 
@@ -711,6 +732,11 @@ def _receive_gloo(group: Any, names: list[str], dtypes: list[Any],
     return out
 
 
+def routed_expert(position: int, layer: int, j: int, experts: int) -> int:
+    """The fake's expert for slot `j` of `layer` at `position`: distinct over j, varied."""
+    return (position * 3 + layer * 5 + j * (experts // 2 + 1)) % experts
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run as a child process with (a subset of) `sglang.launch_server`'s flags; any other
     flag is an error, as with the real launcher."""
@@ -729,6 +755,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-lora-rank", type=int, default=0)
     p.add_argument("--lora-target-modules", nargs="*", default=[])
     p.add_argument("--max-loaded-loras", type=int, default=0)
+    p.add_argument("--enable-return-routed-experts", action="store_true")
     p.add_argument("--fake-crash-after-tokens", type=int, default=0)
     p.add_argument("--fake-startup-delay", type=float, default=0.0)
     p.add_argument("--fake-token-delay", type=float, default=0.0)
@@ -744,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
                           health_check_timeout_s=args.fake_health_check_timeout,
                           crash_after_tokens=args.fake_crash_after_tokens,
                           enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
-                          max_loaded_loras=args.max_loaded_loras)
+                          max_loaded_loras=args.max_loaded_loras,
+                          return_routed_experts=args.enable_return_routed_experts)
         fake.starting = True  # listening, but /health answers 503 until loaded
         await fake.start(args.host, args.port)
         print(f"fake sglang serving {args.model_path} at {fake.url}", flush=True)

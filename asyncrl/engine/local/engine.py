@@ -64,6 +64,7 @@ from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
 from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
+from asyncrl.modeling import fuse_experts
 
 log = get_logger(__name__)
 
@@ -73,6 +74,10 @@ class _Out:
     token: int
     logprob: float
     finish: str | None
+    routes: Any = None
+    """With routing recorded: the experts of the tokens this step fed for `seq`."""
+    restart: bool = False
+    """`routes` is a prefill's: the whole context, replacing the record so far."""
 
 
 class LocalEngine:
@@ -85,11 +90,14 @@ class LocalEngine:
     `admit_reserve`: growth tokens a request must have room for beyond its first token to be
     admitted (fewer preemptions right after admission). `packed`: on a CPU, run the fp32
     linear layers on oneDNN with pre-packed weights (`packed.pack_linears`).
+    `record_routing`: an MoE model's expert choices go with each request's last delta
+    (`TokenDelta.routed_experts`, `routing.RouterTap`); a dense model is refused.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, kv_token_budget: int, max_running: int,
                  name: str = "local-0", device: str = "cpu", threads: int = 0,
-                 admit_reserve: int = 16, seed: int = 0, packed: bool = True) -> None:
+                 admit_reserve: int = 16, seed: int = 0, packed: bool = True,
+                 record_routing: bool = False) -> None:
         import torch
 
         from asyncrl.engine.local.kvcache import growing_cache
@@ -109,6 +117,11 @@ class LocalEngine:
         self._device = torch.device(device)
         self._model = model.to(self._device).eval()
         self._packed = pack_linears(self._model, self._device) if packed else None
+        self._tap: Any = None
+        if record_routing:
+            from asyncrl.engine.local.routing import RouterTap
+
+            self._tap = RouterTap(torch, self._model, name)
         self._merger: Any = None  # engine.adapter.AdapterMerger, made at the first update
         self._tokenizer = tokenizer
         self._threads = threads
@@ -263,6 +276,13 @@ class LocalEngine:
             self._planner.held += 1
             delta = TokenDelta(token_ids=[o.token], logprobs=[o.logprob], finish_reason=o.finish,
                                policy_version=plan.version)
+            if o.routes is not None:
+                if o.restart:
+                    seq.routes = [o.routes]
+                else:
+                    seq.routes.append(o.routes)
+                if o.finish is not None:
+                    delta.routed_experts = self._tap.encode(seq.routes)
             if o.finish is not None:
                 self._finish(seq, delta)
             else:
@@ -330,7 +350,12 @@ class LocalEngine:
                 logits = out.logits[:, -1, :]
                 if len(seqs) < b.rows:
                     logits = logits.index_select(0, rows.to(self._device))
-                outs.extend(self._sample(logits, seqs))  # type: ignore[arg-type]
+                decoded = self._sample(logits, seqs)  # type: ignore[arg-type]
+                if self._tap is not None:  # one routed token per row: the one each row fed
+                    routed = self._tap.take()
+                    for o, row in zip(decoded, plan.decode, strict=True):
+                        o.routes = routed[row:row + 1]
+                outs.extend(decoded)
             if plan.prefill:
                 outs.extend(self._prefill(plan.prefill, plan.fill))
         return outs
@@ -380,7 +405,12 @@ class LocalEngine:
                     layer.values = layer.values.index_select(0, rows)
                 mask = mask.index_select(0, rows)
             self._batch.append(cache, mask, torch.tensor(lens[n:], device=self._device))
-        return self._sample(logits, seqs)
+        outs = self._sample(logits, seqs)
+        if self._tap is not None:  # each context's rows, its left padding dropped
+            routed = self._tap.take().view(len(unique), width, self._tap.layers, -1)
+            for o, u, n_ctx in zip(outs, owner, lens, strict=True):
+                o.routes, o.restart = routed[u, width - n_ctx:], True
+        return outs
 
     def _sample(self, logits: Any, seqs: list[Seq]) -> list[_Out]:
         toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
@@ -450,6 +480,7 @@ class LocalEngine:
             for f in files:
                 sd.update(load_file(str(f)))
         assert isinstance(sd, dict)
+        sd = fuse_experts(sd, self._model.state_dict())  # an MoE checkpoint's per-expert names
         self._check_update(sd)
         with torch.no_grad():
             # strict=False only for tied aliases, which _check_update found covered

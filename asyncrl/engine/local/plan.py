@@ -40,7 +40,7 @@ class Seq:
     """One request's loop-side state. The worker thread reads it but never writes it."""
 
     __slots__ = ("admit_order", "generated", "generator", "input_ids", "preemptions", "queue",
-                 "rid", "sampling", "state")
+                 "rid", "routes", "sampling", "state")
 
     def __init__(self, request: GenerateRequest, queue: asyncio.Queue[Any], generator: Any) -> None:
         self.rid = request.request_id
@@ -52,6 +52,8 @@ class Seq:
         self.generator = generator
         self.admit_order = 0
         self.preemptions = 0
+        self.routes: list[Any] = []
+        """With routing recorded: the expert rows of the context so far (`engine._apply`)."""
 
     @property
     def held(self) -> int:

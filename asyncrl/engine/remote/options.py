@@ -44,6 +44,9 @@ class RemoteOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Deadline of one weight update, pause and resume included."""
     load_ttl_s: float = 0.25
     """A load scrape is reused for this long."""
+    routed_experts: tuple[int, ...] = ()
+    """Routing replay on an MoE model: (sparse layers, experts per token) of the served
+    model; requests then ask for the experts the routers chose (an engine that supports it)."""
     max_restarts: int = 5
     """Relaunches of one server before it stays down."""
     stop_grace_s: float = 20.0

@@ -24,6 +24,10 @@ against a real server when one is installed (`gpu`). Endpoints relied on:
                                    "finish_reason": null | {"type": "stop"|"length"|"abort"},
                                    "output_token_logprobs": [[logprob, id, null], ...],
                                    "completion_tokens", "weight_version"}}` … `data: [DONE]`;
+                                   with routing replay the body adds "return_routed_experts":
+                                   true (server launched with --enable-return-routed-experts)
+                                   and the last event's meta_info "routed_experts": base64 of
+                                   int32 [prompt + completion - 1, layers, top_k] (docs/moe.md)
                                    unknown sampling keys are a 400 `{"error": str}`
   POST /abort_request             {"rid"} (the scheduler matches rids by prefix, so every rid
                                    sent ends in a terminator, see `wire_rid`)
@@ -91,6 +95,7 @@ from asyncrl.engine.remote.options import RemoteOptions
 from asyncrl.engine.sglang import weights
 from asyncrl.errors import EngineError, WeightSyncError
 from asyncrl.log import get_logger
+from asyncrl.records import RoutedExperts
 
 log = get_logger(__name__)
 
@@ -171,6 +176,30 @@ def decode_event(event: dict[str, Any], state: dict[str, Any], name: str) -> Tok
     return TokenDelta(token_ids=ids, logprobs=lps, finish_reason=reason)
 
 
+def routed_experts(meta: dict[str, Any], layers: int, top_k: int, name: str
+                   ) -> RoutedExperts:
+    """The last event's `meta_info.routed_experts` (base64 of little-endian int32
+    `[prompt + completion - 1, layers, top_k]`) as a compact record."""
+    import base64
+
+    import numpy as np
+
+    raw = meta.get("routed_experts")
+    if not isinstance(raw, str):
+        raise EngineError(f"{name}: no routed_experts in the answer (routing replay is on): "
+                          "launch the server with --enable-return-routed-experts")
+    try:
+        arr = np.frombuffer(base64.b64decode(raw, validate=True), dtype="<i4")
+    except ValueError as e:
+        raise EngineError(f"{name}: routed_experts is not base64 int32: {e}") from None
+    if arr.size % (layers * top_k):
+        raise EngineError(f"{name}: routed_experts has {arr.size} values, not a multiple of "
+                          f"{layers} layers x top-{top_k}")
+    small = int(arr.max(initial=0)) < 255 and int(arr.min(initial=0)) >= 0
+    data = arr.astype("<u1" if small else "<u2").tobytes()
+    return RoutedExperts(layers=layers, top_k=top_k, itemsize=1 if small else 2, data=data)
+
+
 def parse_loads(data: Any, name: str, fallback_capacity: int, now: float) -> EngineLoad:
     """`/v1/loads?include=core` → load summed over DP ranks. KV use counts queued prompts too
     (`num_total_tokens`); `age_s` is the age of the oldest rank's snapshot (`timestamp`, wall
@@ -220,7 +249,9 @@ class SGLangEngine(ServerEngine):
                 "--port", str(self.port), "--tp-size", str(self.cfg.tp_size),
                 "--base-gpu-id", str(self.index * self.cfg.tp_size),
                 "--mem-fraction-static", str(self.cfg.mem_fraction_static),
-                "--enable-metrics", "--incremental-streaming-output", *self.cfg.extra_args]
+                "--enable-metrics", "--incremental-streaming-output",
+                *(["--enable-return-routed-experts"] if self.options.routed_experts else []),
+                *self.cfg.extra_args]
 
     async def _on_ready(self) -> None:
         path = "/server_info"
@@ -256,6 +287,8 @@ class SGLangEngine(ServerEngine):
         adapter = self.adapters.send(request.request_id)
         if adapter is not None:
             body["lora_path"] = adapter
+        if self.options.routed_experts:
+            body["return_routed_experts"] = True
         return "/generate", body
 
     def _decode(self, event: dict[str, Any], state: dict[str, Any]) -> TokenDelta | None:
@@ -263,6 +296,10 @@ class SGLangEngine(ServerEngine):
         state["incr"] = self._incremental
         delta = decode_event(event, state, self.name)
         self.adapters.stamp(rid, state, delta)
+        if delta is not None and delta.finish_reason in ("stop", "length") and \
+                self.options.routed_experts:
+            layers, top_k = self.options.routed_experts[:2]
+            delta.routed_experts = routed_experts(event["meta_info"], layers, top_k, self.name)
         return delta
 
     async def _server_abort(self, request_id: str) -> None:

@@ -33,14 +33,23 @@ def build_sglang_engines(cfg: SGLangEngineConfig, *, model: Any = None, tokenize
                          model_path: str = "", run_dir: str | Path | None = None,
                          session: aiohttp.ClientSession | None = None,
                          remote_options: RemoteOptions | None = None,
+                         record_routing: bool = False,
+                         routing_shape: tuple[int, ...] = (),
                          **_ignored: Any) -> list[Any]:
     """The registry's builder: engines for `[engine] kind = "sglang"`, not yet started.
 
     Attaches to `cfg.urls`, or launches `cfg.num_servers` servers loading `model_path` (an
     HF directory; the caller saves a model built from `model.init` first) with logs under
     `run_dir/engines`. With `cfg.router_url`, one `RoutedSGLangEngine` over all servers.
-    `model`/`tokenizer` are for in-process kinds and ignored here.
+    `model`/`tokenizer` are for in-process kinds and ignored here. `record_routing` (routing
+    replay) with `routing_shape` (sparse layers, experts per token): requests ask for the
+    routed experts and launched servers run with `--enable-return-routed-experts`.
     """
+    if record_routing:
+        import msgspec
+
+        remote_options = msgspec.structs.replace(remote_options or RemoteOptions(),
+                                                 routed_experts=tuple(routing_shape[:2]))
     servers = build_servers(SGLangEngine, cfg, what="SGLang servers", model_path=model_path,
                             session=session, options=with_log_dir(remote_options, run_dir))
     if cfg.router_url:

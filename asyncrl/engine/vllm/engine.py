@@ -66,7 +66,7 @@ from asyncrl.engine.remote.engine import ServerEngine, open_all
 from asyncrl.engine.remote.fleet import build_servers
 from asyncrl.engine.remote.options import RemoteOptions, with_log_dir
 from asyncrl.engine.remote.wire import gauge, parse_prometheus
-from asyncrl.errors import EngineError, WeightSyncError
+from asyncrl.errors import ConfigError, EngineError, WeightSyncError
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
@@ -354,6 +354,7 @@ def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: A
                        model_path: str = "", run_dir: str | Path | None = None,
                        session: aiohttp.ClientSession | None = None,
                        remote_options: RemoteOptions | None = None,
+                       record_routing: bool = False,
                        **_ignored: Any) -> list[VLLMEngine]:
     """The registry's builder: engines for `[engine] kind = "vllm"`, not yet started.
 
@@ -362,6 +363,11 @@ def build_vllm_engines(cfg: VLLMEngineConfig, *, model: Any = None, tokenizer: A
     interpreter of the environment that has it, and `VLLM_CPU_KVCACHE_SPACE` in GiB);
     `remote_options.python` and `remote_options.env` win over them.
     """
+    if record_routing:
+        raise ConfigError("algorithm.routing_replay", "the vllm engine does not return the "
+                          "experts an MoE model routed to (asyncrl reads them from SGLang and "
+                          "the local engine only): use engine.kind = 'sglang', or set "
+                          "algorithm.routing_replay = false")
     options = with_log_dir(remote_options, run_dir)
     if cfg.python and not options.python:
         options = msgspec.structs.replace(options, python=cfg.python)

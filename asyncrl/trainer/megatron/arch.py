@@ -1,6 +1,6 @@
 """What a HF decoder config means to megatron-core: one `Arch` per supported model family.
 
-Owns: reading a transformers config (Qwen3, Qwen2, Llama) into the handful of facts the
+Owns: reading a transformers config (Qwen3, Qwen3-MoE, Qwen2, Llama) into the handful of facts the
 Megatron model and the weight conversion need, rejecting what they do not support with a
 message that names the field, and the `TransformerConfig` keyword arguments those facts imply.
 Does not own: building the model (`model.py`) or moving weights (`convert.py`).
@@ -18,6 +18,7 @@ from asyncrl.trainer.megatron.errors import UnsupportedModelError
 # model_type -> (q/k per-head RMSNorm, q/k/v projections carry a bias)
 _FAMILIES: dict[str, tuple[bool, bool]] = {
     "qwen3": (True, False),
+    "qwen3_moe": (True, False),
     "qwen2": (False, True),
     "llama": (False, False),
 }
@@ -43,6 +44,13 @@ class Arch:
     tied_embeddings: bool
     qk_norm: bool
     qkv_bias: bool
+    num_experts: int = 0
+    """Mixture of experts (Qwen3-MoE): experts per layer, every layer sparse; 0 = dense."""
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_norm_topk: bool = True
+    """The top-k weights renormalised to sum to 1 (HF `norm_topk_prob`; megatron's softmax
+    after top-k, `moe_router_pre_softmax = False`), else the softmax over all experts."""
 
     @property
     def heads_per_group(self) -> int:
@@ -73,7 +81,8 @@ class Arch:
         if heads % kv:
             raise UnsupportedModelError("num_key_value_heads", f"{kv} does not divide {heads} heads")
         theta, llama3 = _rope(cfg)
-        return cls(
+        moe = _moe(cfg) if model_type == "qwen3_moe" else {}
+        return cls(**moe,
             model_type=model_type,
             num_layers=int(cfg.num_hidden_layers),
             hidden_size=int(cfg.hidden_size),
@@ -99,6 +108,9 @@ class Arch:
                          ("vocab_size", self.vocab_size)):
             if n % tp:
                 raise UnsupportedModelError(field, f"{n} is not divisible by tensor_parallel={tp}")
+        if self.num_experts and tp > 1:
+            raise UnsupportedModelError("num_experts", "tensor parallelism of a mixture-of-"
+                                        "experts model is not wired yet (use tensor_parallel=1)")
         if self.num_layers % pp:
             raise UnsupportedModelError(
                 "num_hidden_layers", f"{self.num_layers} is not divisible by pipeline_parallel={pp}"
@@ -126,6 +138,22 @@ class Arch:
             "gated_linear_unit": True,
             "hidden_dropout": 0.0,
             "attention_dropout": 0.0,
+            **self._moe_kwargs(),
+        }
+
+    def _moe_kwargs(self) -> dict[str, Any]:
+        if not self.num_experts:
+            return {}
+        return {
+            "num_moe_experts": self.num_experts,
+            "moe_router_topk": self.moe_top_k,
+            "moe_ffn_hidden_size": self.moe_ffn_hidden_size,
+            "moe_router_pre_softmax": not self.moe_norm_topk,
+            # RL's loss is the policy's alone (HF's aux loss applies only with
+            # output_router_logits, off in every asyncrl forward)
+            "moe_router_load_balancing_type": "none",
+            "moe_aux_loss_coeff": 0.0,
+            "moe_grouped_gemm": False,
         }
 
     def gpt_model_kwargs(self) -> dict[str, Any]:
@@ -147,9 +175,24 @@ class Arch:
         q, kv = self.num_heads * hd, self.num_kv_heads * hd
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.qkv_bias else 0)
         attn += 2 * hd if self.qk_norm else 0
-        layer = attn + 3 * h * f + 2 * h
+        mlp = 3 * h * f
+        if self.num_experts:
+            mlp = self.num_experts * (3 * h * self.moe_ffn_hidden_size + h)
+        layer = attn + mlp + 2 * h
         emb = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * layer + emb + h
+
+
+def _moe(cfg: Any) -> dict[str, Any]:
+    """Qwen3-MoE's expert fields; refuses the layouts megatron's uniform layer spec cannot
+    express here (dense layers between sparse ones)."""
+    if int(getattr(cfg, "decoder_sparse_step", 1) or 1) != 1:
+        raise UnsupportedModelError("decoder_sparse_step", "only every layer sparse (1)")
+    if getattr(cfg, "mlp_only_layers", None):
+        raise UnsupportedModelError("mlp_only_layers", "dense layers among sparse ones")
+    return {"num_experts": int(cfg.num_experts), "moe_top_k": int(cfg.num_experts_per_tok),
+            "moe_ffn_hidden_size": int(cfg.moe_intermediate_size),
+            "moe_norm_topk": bool(getattr(cfg, "norm_topk_prob", True))}
 
 
 def _rope(cfg: Any) -> tuple[float, float | None]:

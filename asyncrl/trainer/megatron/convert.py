@@ -17,6 +17,11 @@ tensor surgery in between:
 - Tied embeddings: the HF checkpoint has no `lm_head.weight`; a Megatron pipeline stage that
   holds a copy of the shared weight as `output_layer.weight` maps it to `embed_tokens`.
 - Pipeline stages number their layers locally; `layer_offset` is the first global layer.
+- Mixture of experts (Qwen3-MoE, HF checkpoint layout: `mlp.gate.weight` and one
+  `mlp.experts.E.{gate,up,down}_proj.weight` per expert): the router `mlp.router.weight`
+  replicates; expert j of a rank's `mlp.experts.local_experts.j` (megatron's SequentialMLP,
+  the local spec) is global expert `expert_offset + j` (expert parallel ranks hold
+  consecutive runs), its `linear_fc1` is `[gate; up]` and its `linear_fc2` is `down`.
 
 Does not own: gathering shards across ranks or loading into a module (`model.py`).
 Only torch tensor ops: no megatron import, so it is exercised without megatron-core.
@@ -33,6 +38,9 @@ from asyncrl.trainer.megatron.arch import Arch
 from asyncrl.trainer.megatron.errors import ConversionError
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$")
+_EXPERT_HF = {"linear_fc1": ("fc1", ("gate_proj.weight", "up_proj.weight")),
+              "linear_fc2": ("row", ("down_proj.weight",))}
 
 # Layer-local Megatron suffix -> (split kind, HF suffixes under `model.layers.N.`).
 _LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -50,9 +58,13 @@ _LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "mlp.linear_fc1.weight": ("fc1", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
 }
+_MOE_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mlp.router.weight": ("replicated", ("mlp.gate.weight",)),
+}
 
 
-def _rule(name: str, arch: Arch, layer_offset: int) -> tuple[str, tuple[str, ...]]:
+def _rule(name: str, arch: Arch, layer_offset: int, expert_offset: int = 0
+          ) -> tuple[str, tuple[str, ...]]:
     """(split kind, HF names) of one Megatron parameter name."""
     if name == "embedding.word_embeddings.weight":
         return "col", ("model.embed_tokens.weight",)
@@ -61,8 +73,19 @@ def _rule(name: str, arch: Arch, layer_offset: int) -> tuple[str, tuple[str, ...
     if name == "output_layer.weight":
         return "col", ("model.embed_tokens.weight" if arch.tied_embeddings else "lm_head.weight",)
     m = _LAYER.match(name)
-    if m and m.group(2) in _LAYER_RULES:
-        kind, suffixes = _LAYER_RULES[m.group(2)]
+    moe = arch.num_experts > 0
+    e = _EXPERT.match(m.group(2)) if m and moe else None
+    rules = {**_LAYER_RULES, **_MOE_RULES} if moe else _LAYER_RULES
+    if m and (m.group(2) in rules or e):
+        if e:
+            expert = int(e.group(1)) + expert_offset
+            if expert >= arch.num_experts:
+                raise ConversionError(f"{name}: expert {expert} >= num_experts="
+                                      f"{arch.num_experts}")
+            kind, ends = _EXPERT_HF[e.group(2)]
+            suffixes = tuple(f"mlp.experts.{expert}.{x}" for x in ends)
+        else:
+            kind, suffixes = rules[m.group(2)]
         layer = int(m.group(1)) + layer_offset
         if layer >= arch.num_layers:
             raise ConversionError(f"{name}: layer {layer} >= num_layers={arch.num_layers}")
@@ -94,9 +117,10 @@ def to_megatron(
     tp_rank: int = 0,
     tp_size: int = 1,
     layer_offset: int = 0,
+    expert_offset: int = 0,
 ) -> torch.Tensor:
     """The `tp_rank` shard of Megatron parameter `name`, built from HF tensors read by `get_hf`."""
-    kind, names = _rule(name, arch, layer_offset)
+    kind, names = _rule(name, arch, layer_offset, expert_offset)
     hf = [get_hf(n) for n in names]
     if kind == "replicated":
         return hf[0]
@@ -127,6 +151,7 @@ def hf_to_megatron(
     tp_rank: int = 0,
     tp_size: int = 1,
     layer_offset: int = 0,
+    expert_offset: int = 0,
 ) -> dict[str, torch.Tensor]:
     """A Megatron state dict (weights only) for one rank, from a whole HF state dict."""
 
@@ -138,21 +163,23 @@ def hf_to_megatron(
         raise ConversionError(f"HF state dict lacks {n!r}")
 
     return {
-        n: to_megatron(n, get, arch, tp_rank=tp_rank, tp_size=tp_size, layer_offset=layer_offset)
+        n: to_megatron(n, get, arch, tp_rank=tp_rank, tp_size=tp_size, layer_offset=layer_offset,
+                       expert_offset=expert_offset)
         for n in megatron_names if is_weight(n)
     }
 
 
 # ------------------------------------------------------------------------------ Megatron -> HF
 def to_hf(
-    name: str, shards: Sequence[torch.Tensor], arch: Arch, *, layer_offset: int = 0
+    name: str, shards: Sequence[torch.Tensor], arch: Arch, *, layer_offset: int = 0,
+    expert_offset: int = 0,
 ) -> dict[str, torch.Tensor]:
     """The HF tensors of Megatron parameter `name`, from its shards on every TP rank (in order).
 
     A tied model's `output_layer.weight` copy (pipeline last stage) yields nothing: the
     embedding already carries it.
     """
-    kind, names = _rule(name, arch, layer_offset)
+    kind, names = _rule(name, arch, layer_offset, expert_offset)
     if name == "output_layer.weight" and arch.tied_embeddings:
         return {}
     if kind == "replicated":
@@ -174,13 +201,16 @@ def to_hf(
 
 
 def megatron_to_hf(
-    shards: Sequence[Mapping[str, torch.Tensor]], arch: Arch, *, layer_offset: int = 0
+    shards: Sequence[Mapping[str, torch.Tensor]], arch: Arch, *, layer_offset: int = 0,
+    expert_offset: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """A HF state dict from the Megatron state dicts of all TP ranks (in rank order)."""
+    """A HF state dict from the Megatron state dicts of all TP ranks (in rank order); of one
+    expert-parallel rank's experts (`expert_offset`: its first global expert)."""
     out: dict[str, torch.Tensor] = {}
     for name in shards[0]:
         if is_weight(name):
-            out.update(to_hf(name, [s[name] for s in shards], arch, layer_offset=layer_offset))
+            out.update(to_hf(name, [s[name] for s in shards], arch, layer_offset=layer_offset,
+                             expert_offset=expert_offset))
     return out
 
 
@@ -193,9 +223,13 @@ def expected_hf_names(arch: Arch) -> list[str]:
         p = f"model.layers.{i}."
         names += [p + s for s in ("input_layernorm.weight", "post_attention_layernorm.weight",
                                   "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                  "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                  "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                                  "mlp.down_proj.weight")]
+                                  "self_attn.v_proj.weight", "self_attn.o_proj.weight")]
+        if arch.num_experts:
+            names.append(p + "mlp.gate.weight")
+            names += [p + f"mlp.experts.{e}.{x}_proj.weight" for e in range(arch.num_experts)
+                      for x in ("gate", "up", "down")]
+        else:
+            names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         if arch.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         if arch.qkv_bias:
@@ -209,6 +243,8 @@ def megatron_names(arch: Arch, *, transformer_engine: bool = False) -> list[str]
     in_norm, mlp_norm = (("self_attention.linear_qkv.layer_norm_weight",
                           "mlp.linear_fc1.layer_norm_weight") if transformer_engine
                          else ("input_layernorm.weight", "pre_mlp_layernorm.weight"))
+    if arch.num_experts:  # the MoE specs keep a separate pre-MLP norm, TE's too
+        mlp_norm = "pre_mlp_layernorm.weight"
     for i in range(arch.num_layers):
         p = f"decoder.layers.{i}."
         names += [p + in_norm, p + "self_attention.linear_qkv.weight"]
@@ -217,12 +253,37 @@ def megatron_names(arch: Arch, *, transformer_engine: bool = False) -> list[str]
         if arch.qk_norm:
             names += [p + "self_attention.q_layernorm.weight",
                       p + "self_attention.k_layernorm.weight"]
-        names += [p + "self_attention.linear_proj.weight", p + mlp_norm,
-                  p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
+        names += [p + "self_attention.linear_proj.weight", p + mlp_norm]
+        if arch.num_experts:
+            names.append(p + "mlp.router.weight")
+            names += [p + f"mlp.experts.local_experts.{e}.linear_fc{i}.weight"
+                      for e in range(arch.num_experts) for i in (1, 2)]
+        else:
+            names += [p + "mlp.linear_fc1.weight", p + "mlp.linear_fc2.weight"]
     names.append("decoder.final_layernorm.weight")
     if not arch.tied_embeddings:
         names.append("output_layer.weight")
     return names
+
+
+_FUSED = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+
+
+def from_fused(state: Mapping[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """HF checkpoint tensor `name` out of an in-memory transformers state dict, or None.
+    transformers 5 keeps a Qwen3-MoE's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H],
+    `mlp.experts.down_proj` [E, H, I]) where the checkpoint names each expert's matrices."""
+    if name in state:
+        return state[name]
+    m = _FUSED.match(name)
+    if m is None:
+        return None
+    stem, expert, part = m.group(1), int(m.group(2)), m.group(3)
+    if part == "down":
+        fused = state.get(f"{stem}.down_proj")
+        return None if fused is None else fused[expert]
+    fused = state.get(f"{stem}.gate_up_proj")
+    return None if fused is None else fused[expert].chunk(2)[0 if part == "gate" else 1]
 
 
 def _chunk(t: torch.Tensor, n: int, dim: int, name: str) -> tuple[torch.Tensor, ...]:

@@ -151,19 +151,21 @@ def resolve_attention(attention: str) -> str:
     return attention
 
 
-def _layer_spec(attention: str, qk_norm: bool) -> Any:
+def _layer_spec(attention: str, qk_norm: bool, num_experts: int | None = None) -> Any:
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
     if attention == "te":
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+        return get_gpt_layer_with_transformer_engine_spec(num_experts=num_experts,
+                                                          qk_layernorm=qk_norm)
     if attention == "sdpa":
         from asyncrl.trainer.megatron.sdpa_attention import local_spec
 
-        return local_spec(qk_norm)
-    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+        return local_spec(qk_norm, num_experts)
+    return get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_norm,
+                                    normalization="RMSNorm")
 
 
 def _recompute_kwargs(recompute: str, attention: str) -> dict[str, Any]:
@@ -189,6 +191,7 @@ def build_gpt(
     recompute: str = "none",
     init_std: float = 0.02,
     attention: str = "auto",
+    routing_replay: bool = False,
 ) -> Any:
     """A `GPTModel` holding this rank's shard of `arch`, randomly initialised (normal with
     `init_std`); parallel state must be initialised. The vocabulary stays split over TP in the
@@ -237,10 +240,13 @@ def build_gpt(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        # MoE: the all-to-all dispatcher makes CUDA streams; all-gather runs anywhere
+        **({"moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
+            "moe_enable_routing_replay": routing_replay} if arch.num_experts else {}),
         **_recompute_kwargs(recompute, attention),
     )
     model = GPTModel(
-        config, _layer_spec(attention, arch.qk_norm),
+        config, _layer_spec(attention, arch.qk_norm, arch.num_experts or None),
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),
         parallel_output=True,

@@ -138,11 +138,12 @@ class SDPACoreAttention(MegatronModule):
         return False, ~masked
 
 
-def local_spec(qk_layernorm: bool) -> Any:
+def local_spec(qk_layernorm: bool, num_experts: int | None = None) -> Any:
     """megatron-core's local GPT layer spec (RMSNorm, no TE) with `SDPACoreAttention` in the
     core-attention slot; everything else is `get_gpt_layer_local_spec`'s."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, qk_layernorm=qk_layernorm,
+                                    normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
     return spec

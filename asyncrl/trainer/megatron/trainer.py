@@ -41,11 +41,14 @@ from asyncrl.algo.schedule import lr_factor
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
+from asyncrl.modeling import routing_replay
 from asyncrl.records import Batch
+from asyncrl.trainer import moe_replay
+from asyncrl.trainer.megatron import convert, vocab_parallel
 from asyncrl.trainer.megatron import model as mmodel
-from asyncrl.trainer.megatron import vocab_parallel
 from asyncrl.trainer.megatron.arch import Arch
 from asyncrl.trainer.megatron.optimizer import MegatronOptimizer, TorchOptimizer
+from asyncrl.trainer.megatron.replay import MegatronReplay
 
 log = get_logger(__name__)
 
@@ -82,12 +85,15 @@ class MegatronTrainer:
             raise TrainerError("model.dtype: float16 is not supported by the megatron trainer "
                                "(no loss scaling); use bfloat16")
         self.arch = Arch.from_hf(hf_config)
+        replay = routing_replay(algo.routing_replay, hf_config)
         self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
         self.device = self.layout.device
         self.recompute = self._recompute(cfg)
         self._attention = attention
         self.model = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute=self.recompute,
-                                      attention=attention)
+                                      attention=attention, routing_replay=replay)
+        self.replay = MegatronReplay(self.model) if replay else None
+        """Routing replay through megatron-core's router replay (`megatron/replay.py`)."""
         self.reference: Any = None
         """Frozen copy of this rank's shard at the first RL update (`algorithm.kl_coef`)."""
         if get_hf is not None:
@@ -165,7 +171,12 @@ class MegatronTrainer:
                 out[r, : e - s] = torch.tensor(values[s:e], dtype=dtype)
             return out.to(self.device)
 
-        return {
+        extra = {}
+        if self.replay is not None and mb.routed_experts:
+            extra["routes"] = moe_replay.routes(
+                mb.routed_experts, [e - s for s, e in spans], width, [], self.arch.num_layers,
+                self.arch.moe_top_k, self.device)
+        return extra | {
             "input_ids": rows(mb.input_ids, self.pad_token_id, torch.long),
             "mask": rows(mb.loss_mask, 0, torch.float32),
             "advantages": rows(mb.advantages, 0.0, torch.float32),
@@ -174,6 +185,8 @@ class MegatronTrainer:
         }
 
     def _logits(self, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.replay is not None:
+            self.replay.set(t.get("routes"), *t["input_ids"].shape)
         return mmodel.forward_logits(self._opt.module, t["input_ids"])
 
     def logprobs(self, t: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
@@ -217,8 +230,11 @@ class MegatronTrainer:
     def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking; every rank calls it
         with the batch."""
-        return step.rl_step(self, batch, self.algo, temperature=self.temperature,
-                            lr_scale=lr_scale)
+        out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
+                           lr_scale=lr_scale)
+        if self.replay is not None:
+            out.update(moe_replay.replay_metrics(self.replay.take_counts(), "train/"))
+        return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples."""
@@ -346,9 +362,10 @@ def _hf_source(model: Any) -> tuple[Any, Any, str]:
     state = model.state_dict()
 
     def get(name: str) -> torch.Tensor:
-        if name not in state:
+        t = convert.from_fused(state, name)
+        if t is None:
             raise TrainerError(f"HF model has no parameter {name!r}")
-        return state[name]
+        return t
 
     return model.config, get, str(next(model.parameters()).dtype).removeprefix("torch.")
 
