@@ -10,33 +10,32 @@ import sys
 from pathlib import Path
 
 import pytest
-from micro_config import MICRO_DATA, MICRO_MODEL, metric_rows, run_ok, saved_rollouts
+from micro_config import (
+    MICRO_DATA,
+    MICRO_ENGINE,
+    MICRO_MODEL,
+    metric_rows,
+    micro_rollout,
+    run_ok,
+    saved_rollouts,
+)
 
-CONFIG = """
+
+def config(tool_time: str | None = None) -> str:
+    """The micro curriculum: a cold start that always calls the tool, then two RL steps."""
+    return CONFIG_HEAD + micro_rollout(
+        roc={"reject_equal_reward": False}, max_response_tokens=96, seed_requests=True,
+        tool_time=tool_time) + CONFIG_TAIL
+
+
+CONFIG_HEAD = """
 [run]
 name = "repeat"
 seed = 3
-""" + MICRO_MODEL + MICRO_DATA + """[rollout]
-prompts_per_step = 2
-samples_per_prompt = 4
-group_size = 2
-max_turns = 2
-max_response_tokens = 96
-tool_format = "markdown"
-seed_requests = true
-{tool_time}
-[roc]
-min_pos = 1
-min_neg = 1
-reject_equal_reward = false
-[algorithm]
+""" + MICRO_MODEL + MICRO_DATA
+CONFIG_TAIL = """[algorithm]
 lr = 1e-3
-[engine]
-kv_token_budget = 8192
-[sandbox]
-workers = 1
-time_limit_s = 2.0
-[[stages]]
+""" + MICRO_ENGINE + """[[stages]]
 name = "sft"
 kind = "sft"
 steps = 200
@@ -69,9 +68,9 @@ def comparable(row: dict) -> dict:
             if k not in ("t", "ts") and not any(m in k for m in TIMING)}
 
 
-def run(tmp: Path, name: str, tool_time: str = "") -> Path:
+def run(tmp: Path, name: str, tool_time: str | None = None) -> Path:
     cfg = tmp / f"{name}.toml"
-    cfg.write_text(CONFIG.format(tool_time=tool_time))
+    cfg.write_text(config(tool_time))
     run_dir = tmp / name
     run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
             str(run_dir)])
@@ -97,5 +96,5 @@ def test_two_seeded_runs_with_tool_calls_give_the_same_metrics(tmp_path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("tool_time", ["measured"])
 def test_a_measured_time_is_shown_when_asked(tmp_path, tool_time):
-    a = run(tmp_path, "m", f'tool_time = "{tool_time}"')
+    a = run(tmp_path, "m", tool_time)
     assert any("Time: " in r["response_text"] for r in saved_rollouts(a))
