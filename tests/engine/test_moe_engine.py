@@ -118,13 +118,13 @@ async def test_no_record_unless_asked(moe, tiny_tokenizer):
     assert last is not None and last.routed_experts is None
 
 
-async def test_updates_by_checkpoint_names_load_into_fused_experts(moe, tiny_moe_factory,
+async def test_updates_by_checkpoint_names_load_into_fused_experts(tiny_moe_factory,
                                                                    tiny_tokenizer, tmp_path):
     """What `save_pretrained`, the Megatron trainer and SGLang name each expert's matrices
     (`mlp.experts.E.gate_proj.weight`, ...) loads into transformers' fused in-memory experts,
-    from disk and as tensors; an update missing an expert is refused."""
-    import copy
-
+    from disk and as tensors; an update missing an expert is refused. Each engine runs a
+    fresh model: the module's `moe` may already hold an earlier engine's packed (mkldnn)
+    linears, which cannot be deep-copied."""
     from safetensors.torch import load_file
 
     from asyncrl.engine.base import WeightUpdate, collect
@@ -142,14 +142,14 @@ async def test_updates_by_checkpoint_names_load_into_fused_experts(moe, tiny_moe
     sp = SamplingParams(max_new_tokens=N, temperature=0.0)
     for i, update in enumerate([WeightUpdate(version=1, path=str(tmp_path)),
                                 WeightUpdate(version=2, state_dict=on_disk)]):
-        async with LocalEngine(copy.deepcopy(moe), tiny_tokenizer, kv_token_budget=1024,
+        async with LocalEngine(tiny_moe_factory(1), tiny_tokenizer, kv_token_budget=1024,
                                max_running=2) as e:
             await e.update_weights(update)
             got = await collect(e, GenerateRequest(request_id=f"u{i}", input_ids=ids,
                                                    sampling=sp))
         assert got.token_ids == want
     partial = {k: v for k, v in on_disk.items() if ".experts.7." not in k}
-    async with LocalEngine(copy.deepcopy(moe), tiny_tokenizer, kv_token_budget=1024,
+    async with LocalEngine(tiny_moe_factory(1), tiny_tokenizer, kv_token_budget=1024,
                            max_running=2) as e:
         with pytest.raises(WeightSyncError, match="missing parameters"):
             await e.update_weights(WeightUpdate(version=3, state_dict=partial))

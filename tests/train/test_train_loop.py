@@ -109,12 +109,18 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     # (this micro run makes no policy update, so the trainer's own train/* losses are absent)
     missing = [k for k in (*FINAL_KEYS, *(k for k, _ in STACKED_TIMES))
                if k not in written["rl_step"] and k not in ("train/pg_loss", "train/clip_frac")]
+    # maj@k is left out of an evaluation in which no sample gave an answer (a 24-token micro
+    # model after two SFT steps may box none): it is not a vote of 0
+    no_votes = all(any(k.endswith("no_answer_ratio") and v == 1.0 for k, v in r.items())
+                   for r in metric_rows(full, "eval"))
     missing += [key for p in LINE_PLOTS for kind, pattern, _ in p.series
-                if (key := sampled_key(metric_rows(full, kind), pattern)) not in written[kind]]
+                if (key := sampled_key(metric_rows(full, kind), pattern)) not in written[kind]
+                and not (no_votes and pattern == "eval/maj@*")]
     assert not missing, missing
     # every eval: k sampled answers at the training temperature and one greedy answer, both kept
     ev = metric_rows(full, "eval")[-1]
-    assert ev["eval/temperature"] == 1.0 and {"eval/avg@1", "eval/maj@1"} <= set(ev)
+    assert ev["eval/temperature"] == 1.0 and "eval/avg@1" in set(ev)
+    assert no_votes or "eval/maj@1" in set(ev)
     assert sorted(p.name for p in (full / "eval").glob("*-final*")) == [
         f"{ev['step']:06d}-final-greedy.jsonl", f"{ev['step']:06d}-final.jsonl"]
     ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if not p.name.startswith("."))
