@@ -21,6 +21,7 @@ from asyncrl.formats import PYTHON_TOOL, get_format
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.source import load_source, source_name
 from asyncrl.tasks.task import TaskContext, TaskSource
+from asyncrl.tasks.trial import trial_env, trial_reward
 from asyncrl.tasks.wiring import REWARD_NAMES, TOOL_NAMES, _as_tools, _names, source_tools
 
 if TYPE_CHECKING:
@@ -98,11 +99,14 @@ def check_task(cfg: RunConfig) -> list[str]:
         by_split[key] = s
     source = by_split.get("train")  # what the runtime builds the reward and tools from
     reward = cfg.task.reward
+    trials: list[str | None] = [trial_env(source)] if source is not None else []
     if reward not in REWARD_NAMES:
         obj = resolve(reward, kind="rewards", key="task.reward", builtins=_names(REWARD_NAMES))
         if not callable(obj):
             raise ConfigError("task.reward", f"{reward!r} is a {type(obj).__name__}, not a "
                               "function")
+        if source is not None and source.train:
+            trials.append(trial_reward(reward, obj, source.train[0]))
     elif reward == "source" and (source is None or source.reward is None):
         raise ConfigError("task.reward", "\"source\": the task source has no reward of its own")
     lines.append(reward_line(reward, source, by_split.get("eval"),
@@ -119,7 +123,7 @@ def check_task(cfg: RunConfig) -> list[str]:
     if source is not None and source.env is not None:
         lines.append(f"text environment: {source.name} (each rollout steps its own; "
                      "observations become user turns)")
-    return lines
+    return lines + [t for t in trials if t]
 
 
 FORMAT_FIX = 'set rollout.tool_format = "hermes" for tools other than the Python one'

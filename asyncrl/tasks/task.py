@@ -76,6 +76,9 @@ class TaskSource:
     close: Callable[[], None] | None = None
     """Releases what the source holds (an environment's processes); None: nothing. Called
     when the task bound from it closes."""
+    probe: Callable[[], None] | None = None
+    """A cheap trial `config check` and the dry run make of the source's own code (a text
+    environment: one built and closed), raising what a run would hit; None: none."""
 
 
 @dataclass(frozen=True)

@@ -311,3 +311,19 @@ def test_a_plugin_beside_the_curriculum_imports_from_another_directory(tmp_path:
                           text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "task source generator:myplug:make: 3 train problems" in proc.stderr
+
+
+def test_config_check_calls_a_plugin_reward_once_and_names_one_that_always_raises(
+        plugin_dir: Path) -> None:
+    """Issue 54 M3: a reward that raised on every rollout (a gold column it expected was not
+    there) passed config check and failed every rollout of the run; config check now calls it
+    once, on the first training problem with its gold answer as the response."""
+    lines = check_task(config.load(_curriculum(plugin_dir, 'reward = "myplug:spelled"')))
+    assert "reward myplug:spelled: 1 for the first problem's gold answer (trial call)" in lines
+    (plugin_dir / "badreward.py").write_text(
+        "def score(problem, rollout):\n"
+        "    raise KeyError(\"gold answer column 'solution' not found\")\n")
+    with pytest.raises(ConfigError, match=r"reward 'badreward:score' raised on a trial call: "
+                                          r"KeyError") as e:
+        check_task(config.load(_curriculum(plugin_dir, 'reward = "badreward:score"')))
+    assert e.value.key == "task.reward"

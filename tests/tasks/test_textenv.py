@@ -309,3 +309,30 @@ def test_a_text_env_source_refuses_an_id_shared_by_two_problems() -> None:
     # one file as both splits: the same problem under its id, one environment for it
     assert text_env_source("mine", [p], [Problem(id="q1", question="a?", answer="1")],
                            lambda _: None).eval[0].id == "q1"
+
+
+def test_config_check_builds_one_environment_and_names_one_that_cannot_be_built() -> None:
+    """Issue 54 M3: a `make_env` that always raised passed config check and the dry run and
+    failed every rollout of the run; config check now builds (and closes) one."""
+    from asyncrl.tasks.trial import trial_env
+
+    probs = [Problem(id=f"p{i}", question=f"Guess {i}", answer="3") for i in range(3)]
+    built: list[str] = []
+
+    class Env:
+        def __init__(self, p: Problem) -> None:
+            built.append(p.id)
+
+        def close(self) -> None:
+            built.append("closed")
+
+    line = trial_env(text_env_source("guess", probs, [], Env))
+    assert built == ["p0", "closed"] and line is not None and "built and closed" in line
+
+    def broken(p: Problem) -> None:
+        raise KeyError("the env's data file has no column 'target'")
+
+    with pytest.raises(ConfigError, match=r"environment of broken raised on a trial call: "
+                                          r"KeyError") as e:
+        trial_env(text_env_source("broken", probs, [], broken))
+    assert e.value.key == "data.train"

@@ -171,8 +171,15 @@ def text_env_source(name: str, train: list[Problem], eval_: list[Problem],
                               "needs its own, since its environment is found by it")
         problems[p.id] = p
     runner = TextEnvRunner(problems, make_env)
-    return TaskSource(name=name, train=train, eval=eval_,
-                      reward=runner.bind, env=lambda ctx: runner.turn, **kw)
+
+    def probe() -> None:  # config check's trial: one environment, built and closed
+        env = make_env(train[0]) if train else None
+        close = getattr(env, "close", None)
+        if close is not None:
+            close()
+
+    return TaskSource(name=name, train=train, eval=eval_, reward=runner.bind,
+                      env=lambda ctx: runner.turn, probe=probe, **kw)
 
 
 SKYRL_OPTIONS: dict[str, Any] = {"env": "", "env_config": {}, "extras": {}, "train_file": "",
