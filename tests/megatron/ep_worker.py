@@ -14,6 +14,8 @@ routing records. Phases, each on every rank:
 3. replay: the same with `algorithm.routing_replay` on and the recorded batch -> `replay.pt`.
 4. launch: rank 0 drives a fresh trainer through `launch.make_trainer`, rank 1 follows; one step
    and an export -> `export/`, `launch.pt`.
+5. the CUDA optimizer path (megatron's DDP and distributed chained optimizer, run on the CPU
+   under `cpu_compat.cuda_as_cpu()`): `megatron_optimizer_steps` -> `megatron_opt.pt`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mg_cases import rl_batch  # noqa: E402
 
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig  # noqa: E402
-from asyncrl.trainer.megatron.cpu_compat import cpu_megatron  # noqa: E402
+from asyncrl.trainer.megatron.cpu_compat import cpu_megatron, cuda_as_cpu  # noqa: E402
 
 TEMPERATURE = 0.8
 EP = 2
@@ -47,6 +49,31 @@ def config(ep: int) -> MegatronTrainerConfig:
 
 def ids() -> torch.Tensor:
     return torch.randint(2, 256, (3, 17), generator=torch.Generator().manual_seed(1))
+
+
+def megatron_optimizer_steps(init: Path, state: Path, ep: int) -> dict:
+    """With megatron's own optimizer: one GRPO step, the state saved, a fresh trainer resumed
+    from it and a second step (another batch); the metrics and whole weights after each."""
+    from asyncrl.trainer.megatron import trainer as tmod
+    from asyncrl.trainer.megatron.trainer import MegatronTrainer
+
+    saved = tmod.use_megatron_optimizer
+    tmod.use_megatron_optimizer = lambda: True
+    try:
+        with cuda_as_cpu():
+            tr = MegatronTrainer(str(init), config(ep), algo(False), pad_token_id=0,
+                                 temperature=TEMPERATURE)
+            first = tr.train_step(rl_batch(0)), tr.state_dict_for_sync()
+            tr.save_state(state)
+            del tr
+            again = MegatronTrainer(str(init), config(ep), algo(False), pad_token_id=0,
+                                    temperature=TEMPERATURE)
+            again.load_state(state)
+            second = again.train_step(rl_batch(1)), again.state_dict_for_sync()
+            kind = type(again._opt.opt).__name__
+    finally:
+        tmod.use_megatron_optimizer = saved
+    return {"first": first, "second": second, "optimizer": kind}
 
 
 def main(out: Path) -> None:
@@ -112,6 +139,11 @@ def main(out: Path) -> None:
         torch.save({"metrics": m, "sync": sync}, out / "launch.pt")
     else:
         launch.follow()
+
+    # 5. megatron's DDP and distributed optimizer (the CUDA path)
+    got = megatron_optimizer_steps(init, out / "megatron_state", EP)
+    if layout.rank == 0:
+        torch.save(got, out / "megatron_opt.pt")
     mm.destroy_parallel()
 
 

@@ -7,7 +7,8 @@ parallel for the rest; HF -> Megatron(EP=2) -> HF is bit-exact, the logits equal
 GRPO step (two mini-batches, each rank its share of the data) equals the 1-rank step: loss,
 gradient norm (each expert counted once) and every exported weight, without and with routing
 replay; the trainer state saved by both ranks loads back; the rank-0-driven launch path exports
-the same whole model.
+the same whole model; and with megatron's own DDP and distributed (chained) optimizer, the CUDA
+path run on the CPU, the step and a resumed second step equal one rank's.
 """
 
 from __future__ import annotations
@@ -171,4 +172,18 @@ def test_two_expert_parallel_ranks_equal_one_rank(tmp_path, cpu_megatron):
     exported = HFReader(tmp_path / "export")
     assert sorted(exported.names()) == sorted(before)
     assert all(torch.equal(exported(k), launch["sync"][k]) for k in before)
+
+    # 5. megatron's DDP + distributed optimizer (an expert optimizer chained to the dense one,
+    #    experts reduced over the expert-data-parallel group), saved per EP rank and resumed.
+    from ep_worker import megatron_optimizer_steps
+
+    mopt = torch.load(tmp_path / "megatron_opt.pt", weights_only=False)
+    assert mopt["optimizer"] == "ChainedOptimizer"
+    assert sorted(p.name for p in (tmp_path / "megatron_state").glob("*.pt")) == [
+        "megatron_tp00_ep00.pt", "megatron_tp00_ep00_optim_params.pt",
+        "megatron_tp00_ep01.pt", "megatron_tp00_ep01_optim_params.pt"]
+    ref = megatron_optimizer_steps(tmp_path / "init", tmp_path / "one_rank_state", 1)
+    for when in ("first", "second"):
+        (m_ep, w_ep), (m_1, w_1) = mopt[when], ref[when]
+        assert_same_step({"metrics": m_ep, "sync": w_ep}, m_1, w_1, before)
 

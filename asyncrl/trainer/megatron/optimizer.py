@@ -184,7 +184,10 @@ class MegatronOptimizer:
         steps = [s.pop("step", None) for s in states]
         try:
             if self.distributed:
-                self.opt.load_parameter_state(str(self._param_file(path, layout)))
+                # no_grad: an fp32 model's main params are views of its parameters, which
+                # megatron copies into in place (outside no_grad autograd refuses that)
+                with torch.no_grad():
+                    self.opt.load_parameter_state(str(self._param_file(path, layout)))
         finally:
             for s, step in zip(states, steps, strict=True):
                 if step is not None:
