@@ -208,6 +208,12 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
     """Tensor-parallel size."""
     pipeline_parallel: PosInt = 1
     """Pipeline-parallel size."""
+    expert_parallel: PosInt = 1
+    """Expert-parallel size of a mixture-of-experts model: each MoE layer's experts are split
+    into this many runs, one per rank of an expert-parallel group (megatron-core's
+    `expert_model_parallel_size`; the attention stays data parallel over the same ranks). It
+    must divide the model's experts and the world size (over tensor x pipeline parallel); a
+    dense model takes only 1. Checked when the trainer is built, where the model is known."""
     micro_batch_tokens: PosInt = 16384
     """Token budget of one micro-batch, counted padded: rows x longest row."""
     distributed_optimizer: bool = True
@@ -223,6 +229,10 @@ class MegatronTrainerConfig(_Tagged, frozen=True, kw_only=True, tag="megatron", 
         if self.lora is not None:
             raise _bad("lora", "LoRA is not supported by the megatron trainer; use "
                                "trainer.kind = \"torch\" (docs/lora.md)")
+        if self.expert_parallel > 1 and self.tensor_parallel > 1:
+            raise _bad("expert_parallel", "expert parallelism with tensor_parallel > 1 is not "
+                                          "wired (tensor parallelism of a mixture-of-experts "
+                                          "model is refused); use tensor_parallel = 1")
 
 
 TrainerConfig = TorchTrainerConfig | MegatronTrainerConfig

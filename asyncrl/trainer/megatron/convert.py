@@ -23,7 +23,7 @@ tensor surgery in between:
   the local spec) is global expert `expert_offset + j` (expert parallel ranks hold
   consecutive runs), its `linear_fc1` is `[gate; up]` and its `linear_fc2` is `down`.
 
-Does not own: gathering shards across ranks or loading into a module (`model.py`).
+Does not own: gathering shards or experts across ranks, or loading into a module (`model.py`).
 Only torch tensor ops: no megatron import, so it is exercised without megatron-core.
 """
 
@@ -96,6 +96,13 @@ def _rule(name: str, arch: Arch, layer_offset: int, expert_offset: int = 0
 def is_weight(name: str) -> bool:
     """False for Megatron state-dict entries that hold no weights (`_extra_state`, buffers)."""
     return not name.endswith("_extra_state")
+
+
+def is_expert(name: str) -> bool:
+    """Whether a Megatron parameter is one expert's matrix (`...mlp.experts.local_experts.j.`
+    `linear_fc{1,2}.weight`): the weights expert parallelism splits over ranks."""
+    m = _LAYER.match(name)
+    return bool(m and _EXPERT.match(m.group(2)))
 
 
 def split_kind(name: str, arch: Arch, layer_offset: int = 0) -> str:

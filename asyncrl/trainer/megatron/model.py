@@ -2,9 +2,11 @@
 and vocab-parallel token log-probabilities.
 
 Owns: importing megatron-core (with a clear error when it is missing), initialising its
-parallel state on top of torch.distributed, building the model from an `Arch`, copying HF
-weights into this rank's shards, streaming this model's weights back out as whole HF tensors
-(gathered over the tensor-parallel group), and the forward pass to vocabulary-split logits.
+parallel state on top of torch.distributed (tensor, pipeline, data and expert parallel),
+building the model from an `Arch`, copying HF weights into this rank's shards (its TP slice
+and, under expert parallelism, its run of experts), streaming this model's weights back out
+as whole HF tensors (gathered over the tensor-parallel group, experts over the
+expert-parallel group), and the forward pass to vocabulary-split logits.
 
 Does not own: the name/layout map (`convert.py`), log-probabilities over the split vocabulary
 (`vocab_parallel.py`), the update step (`trainer.py`), files (`hf_files.py`). Runs on CUDA, or on the CPU over gloo with `cpu_compat`'s patches.
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asyncrl.errors import ConfigError
 from asyncrl.trainer.megatron import convert
 from asyncrl.trainer.megatron.arch import Arch
 from asyncrl.trainer.megatron.errors import MegatronUnavailableError
@@ -42,7 +45,9 @@ def require_megatron() -> None:
 # ------------------------------------------------------------------------------ process groups
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place in the tensor x pipeline x data parallel grid."""
+    """This rank's place in the tensor x pipeline x data parallel grid, and in the expert
+    parallel one (the MoE layers' experts split `ep_size` ways over ranks that are data
+    parallel for everything else; `edp`: the replicas of this rank's experts)."""
 
     rank: int
     world_size: int
@@ -53,10 +58,39 @@ class Layout:
     dp_rank: int
     dp_size: int
     device: torch.device
+    ep_rank: int = 0
+    ep_size: int = 1
+    edp_rank: int = 0
+    edp_size: int = 1
 
 
-def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> Layout:
+def check_expert_parallel(arch: Arch, ep: int, *, tp: int = 1, pp: int = 1,
+                          world_size: int | None = None) -> None:
+    """Refuse an `expert_parallel` size (`trainer.expert_parallel`) this model or world cannot
+    take, before any process group is made: a dense model, experts it does not divide, a
+    world (from torchrun's `WORLD_SIZE` unless given) it does not divide with TP x PP."""
+    if ep == 1:
+        return
+    key = "trainer.expert_parallel"
+    if not arch.num_experts:
+        raise ConfigError(key, f"{ep}, but the model ({arch.model_type}) is dense: it has no "
+                          "experts to split; use 1")
+    if arch.num_experts % ep:
+        raise ConfigError(key, f"{ep} does not divide the model's {arch.num_experts} experts")
+    if world_size is None:
+        world_size = dist.get_world_size() if dist.is_initialized() else int(
+            os.environ.get("WORLD_SIZE", "1"))
+    if world_size % (ep * tp * pp):
+        raise ConfigError(key, f"{ep} x tensor_parallel {tp} x pipeline_parallel {pp} does not "
+                          f"divide the world of {world_size} rank(s); start the run under "
+                          f"torchrun with a multiple of {ep * tp * pp} processes "
+                          "(python -m asyncrl.cli.launch, docs/multinode.md)")
+
+
+def init_parallel(tp: int, pp: int, seed: int, *, ep: int = 1,
+                  timeout_minutes: int = 30) -> Layout:
     """Set up torch.distributed (if not yet) and megatron's parallel state; seed its RNGs.
+    `ep`: expert-parallel size (megatron's `expert_model_parallel_size`).
 
     Under torchrun the usual env (RANK, WORLD_SIZE, MASTER_ADDR, LOCAL_RANK) is read; a lone
     process gets a world of one. NCCL on CUDA; gloo otherwise, with megatron-core patched for
@@ -83,13 +117,15 @@ def init_parallel(tp: int, pp: int, seed: int, *, timeout_minutes: int = 30) -> 
                                     timeout=timeout)
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise RuntimeError(f"megatron parallel state is (tp, pp)={have}, asked for {(tp, pp)}")
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size())
+        if have != (tp, pp, ep):
+            raise RuntimeError(f"megatron parallel state is (tp, pp, ep)={have}, asked for "
+                               f"{(tp, pp, ep)}")
     else:
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            distributed_timeout_minutes=timeout_minutes,
+            expert_model_parallel_size=ep, distributed_timeout_minutes=timeout_minutes,
         )
     model_parallel_cuda_manual_seed(seed)
     return current_layout()
@@ -109,6 +145,10 @@ def current_layout() -> Layout:
         dp_size=ps.get_data_parallel_world_size(),
         device=torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
         else torch.device("cpu"),
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        ep_size=ps.get_expert_model_parallel_world_size(),
+        edp_rank=ps.get_expert_data_parallel_rank(),
+        edp_size=ps.get_expert_data_parallel_world_size(),
     )
 
 
@@ -215,7 +255,9 @@ def build_gpt(
 
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
+    ep = ps.get_expert_model_parallel_world_size()
     arch.check_parallel(tp, pp)
+    check_expert_parallel(arch, ep, tp=tp, pp=pp)
     params_dtype = DTYPES[dtype]
     attention = resolve_attention(attention)
     cuda = torch.cuda.is_available()
@@ -242,7 +284,8 @@ def build_gpt(
         persist_layer_norm=False,
         # MoE: the all-to-all dispatcher makes CUDA streams; all-gather runs anywhere
         **({"moe_token_dispatcher_type": "alltoall" if cuda else "allgather",
-            "moe_enable_routing_replay": routing_replay} if arch.num_experts else {}),
+            "moe_enable_routing_replay": routing_replay,
+            "expert_model_parallel_size": ep} if arch.num_experts else {}),
         **_recompute_kwargs(recompute, attention),
     )
     model = GPTModel(
@@ -286,6 +329,17 @@ def weight_names(model: Any) -> list[str]:
     return [n for n in model.state_dict() if convert.is_weight(n)]
 
 
+def expert_offset(arch: Arch) -> int:
+    """Global index of this rank's first expert (expert-parallel ranks hold consecutive
+    runs, as megatron's `BaseMoELayer.local_expert_indices`); 0 for a dense model."""
+    from megatron.core import parallel_state as ps
+
+    if not arch.num_experts:
+        return 0
+    ep = ps.get_expert_model_parallel_world_size()
+    return ps.get_expert_model_parallel_rank() * (arch.num_experts // ep)
+
+
 # ---------------------------------------------------------------------------- weights in/out
 @torch.no_grad()
 def load_hf_weights(model: Any, arch: Arch, get_hf: Callable[[str], torch.Tensor]) -> None:
@@ -294,11 +348,11 @@ def load_hf_weights(model: Any, arch: Arch, get_hf: Callable[[str], torch.Tensor
 
     tp_rank = ps.get_tensor_model_parallel_rank()
     tp_size = ps.get_tensor_model_parallel_world_size()
-    offset = layer_offset(model)
+    offset, experts = layer_offset(model), expert_offset(arch)
     state = model.state_dict(keep_vars=True)
     for name in weight_names(model):
         shard = convert.to_megatron(name, get_hf, arch, tp_rank=tp_rank, tp_size=tp_size,
-                                    layer_offset=offset)
+                                    layer_offset=offset, expert_offset=experts)
         target = state[name]
         if tuple(target.shape) != tuple(shard.shape):
             raise convert.ConversionError(
@@ -310,22 +364,35 @@ def load_hf_weights(model: Any, arch: Arch, get_hf: Callable[[str], torch.Tensor
 @torch.no_grad()
 def iter_hf_weights(model: Any, arch: Arch, dtype: torch.dtype | None = None
                     ) -> Iterator[tuple[str, torch.Tensor]]:
-    """This pipeline stage's weights as whole HF tensors, one parameter at a time.
+    """This pipeline stage's weights as whole HF tensors, one parameter at a time: every
+    expert of the model, not only this rank's.
 
-    Collective over the TP group: every TP rank must iterate to the end; all of them receive
-    the gathered tensors (on the model's device; the caller moves them). Replicated tensors
-    (norms) are not gathered.
+    Collective over the TP group and, for a mixture of experts split over expert-parallel
+    ranks, the EP group: every rank of both must iterate to the end; all of them receive the
+    gathered tensors (on the model's device; the caller moves them). Replicated tensors
+    (norms, routers) are not gathered. Under expert parallelism each local expert's matrix is
+    gathered from every EP rank and yields that many experts (`expert_offset` apart).
     """
     from megatron.core import parallel_state as ps
 
     group = ps.get_tensor_model_parallel_group()
     tp = ps.get_tensor_model_parallel_world_size()
+    ep = ps.get_expert_model_parallel_world_size() if arch.num_experts else 1
+    local_experts = arch.num_experts // ep if ep > 1 else 0
     offset = layer_offset(model)
     state = model.state_dict()
     for name in weight_names(model):
         local = state[name]
         if dtype is not None:
             local = local.to(dtype)
+        if local_experts and convert.is_expert(name):
+            # TP of an MoE model is refused (`Arch.check_parallel`): whole matrices here
+            runs = [torch.empty_like(local) for _ in range(ep)]
+            dist.all_gather(runs, local.contiguous(), group=ps.get_expert_model_parallel_group())
+            for r, t in enumerate(runs):
+                yield from convert.to_hf(name, [t], arch, layer_offset=offset,
+                                         expert_offset=r * local_experts).items()
+            continue
         if tp == 1 or convert.split_kind(name, arch) == "replicated":
             shards = [local] * tp
         else:
@@ -335,6 +402,23 @@ def iter_hf_weights(model: Any, arch: Arch, dtype: torch.dtype | None = None
 
 
 # ---------------------------------------------------------------------------------- forward
+def common_shape(rows: int, width: int, device: torch.device) -> tuple[int, int]:
+    """The `[rows, width]` every rank of this rank's expert-parallel group pads its next
+    micro-batch to: the largest over the group (collective there; `(rows, width)` itself
+    without expert parallelism). megatron-core's all-gather token dispatcher gathers each MoE
+    layer's tokens over that group into a tensor of `group size x tokens`, so every rank must
+    bring the same number; extra rows and columns are padding (loss mask 0), which a causal,
+    dropless MoE model computes apart from the real tokens."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_expert_model_parallel_world_size() == 1:
+        return rows, width
+    shape = torch.tensor([rows, width], dtype=torch.long, device=device)
+    dist.all_reduce(shape, op=dist.ReduceOp.MAX,
+                    group=ps.get_expert_tensor_and_model_parallel_group())
+    return int(shape[0]), int(shape[1])
+
+
 def causal_mask(model: Any, seq_len: int, device: torch.device) -> torch.Tensor | None:
     """The attention mask (True = masked) to pass `model`: None for the fused cores (SDPA and
     TE build the causal mask inside the kernel); an explicit one for megatron's

@@ -7,8 +7,11 @@ in fp32, reduced over DP) and megatron's optimizer (AdamW, fp32 master weights f
 applies to every parameter, as in the torch trainer (megatron's default would skip norms and
 biases). `TorchOptimizer` (no CUDA: megatron's DDP and optimizers hard-code it): plain torch
 AdamW with float32 masters for bf16 weights, one all-reduce of the flattened gradients over DP
-and a TP-aware global gradient norm (replicated parameters counted once). Does not own the
-loss, the schedule (the caller passes `lr`) or where state files live.
+and a TP-aware global gradient norm (replicated parameters counted once). Under expert
+parallelism the experts' weights (megatron marks them `allreduce = False`) are averaged over
+the expert-data-parallel group instead, and each expert counts once in the norm: as megatron's
+DDP and its chained optimizer do on CUDA. Does not own the loss, the schedule (the caller
+passes `lr`) or where state files live.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ class TorchOptimizer:
         # heads: their gradients are partial sums (megatron's finalize_model_grads sums them).
         self._tp_partial = [i for i, (n, _) in enumerate(named)
                             if "q_layernorm" in n or "k_layernorm" in n]
+        # Expert-parallel experts (megatron-core sets `allreduce = False` on them when
+        # expert_model_parallel_size > 1): each EP rank holds different experts, whose
+        # gradients already sum every EP rank's tokens (the token dispatcher's backward).
+        self._experts = [i for i, p in enumerate(self.params) if not getattr(p, "allreduce", True)]
         self.opt = torch.optim.AdamW(self.masters, lr=algo.lr,
                                      betas=(algo.betas[0], algo.betas[1]),
                                      weight_decay=algo.weight_decay)
@@ -59,15 +66,32 @@ class TorchOptimizer:
                  for p, m in zip(self.params, self.masters, strict=True)]
         if ps.get_tensor_model_parallel_world_size() > 1 and self._tp_partial:
             _all_reduce_([grads[i] for i in self._tp_partial], ps.get_tensor_model_parallel_group())
+        experts = set(self._experts)
+        dense = [g for i, g in enumerate(grads) if i not in experts]
         dp = ps.get_data_parallel_world_size()
         if dp > 1:  # average over replicas, as DDP would
-            _all_reduce_(grads, ps.get_data_parallel_group(), scale=1.0 / dp)
+            _all_reduce_(dense, ps.get_data_parallel_group(), scale=1.0 / dp)
+        if experts:
+            # Summed over the replicas of these experts, divided by the dense DP size (each
+            # micro-batch loss was multiplied by it): megatron DDP's expert gradient scaling.
+            edp = ps.get_expert_data_parallel_world_size()
+            own = [grads[i] for i in self._experts]
+            if edp > 1:
+                _all_reduce_(own, ps.get_expert_data_parallel_group(), scale=1.0 / dp)
+            elif dp > 1:
+                for g in own:
+                    g.mul_(1.0 / dp)
         sq = torch.zeros((), dtype=torch.float32, device=grads[0].device)
-        for p, g in zip(self.params, grads, strict=True):
-            if param_is_not_tensor_parallel_duplicate(p):
+        for i, (p, g) in enumerate(zip(self.params, grads, strict=True)):
+            if i not in experts and param_is_not_tensor_parallel_duplicate(p):
                 sq += torch.linalg.vector_norm(g) ** 2
         if ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        if experts:  # each expert once: summed over the ranks that hold different experts
+            esq = sum((torch.linalg.vector_norm(grads[i]) ** 2 for i in self._experts),
+                      torch.zeros_like(sq))
+            dist.all_reduce(esq, group=ps.get_expert_tensor_and_model_parallel_group())
+            sq = sq + esq
         norm = sq.sqrt()
         coef = torch.clamp(clip / (norm + 1e-6), max=1.0)  # torch's clip_grad_norm_ rule
         for m, g in zip(self.masters, grads, strict=True):
@@ -136,7 +160,10 @@ class MegatronOptimizer:
         return float(norm or 0.0)
 
     def _param_file(self, path: Path, layout: mmodel.Layout) -> Path:
-        return path / f"megatron_tp{layout.tp_rank:02d}_optim_params.pt"
+        # Under expert parallelism the experts' optimizer writes from each EP rank's first
+        # expert replica: one file per (TP, EP) rank, as the model shards.
+        ep = f"_ep{layout.ep_rank:02d}" if layout.ep_size > 1 else ""
+        return path / f"megatron_tp{layout.tp_rank:02d}{ep}_optim_params.pt"
 
     def state_for_save(self, path: Path, layout: mmodel.Layout) -> Any:
         if self.distributed:  # collective over DP; DP rank 0 writes the gathered state
@@ -157,7 +184,10 @@ class MegatronOptimizer:
         steps = [s.pop("step", None) for s in states]
         try:
             if self.distributed:
-                self.opt.load_parameter_state(str(self._param_file(path, layout)))
+                # no_grad: an fp32 model's main params are views of its parameters, which
+                # megatron copies into in place (outside no_grad autograd refuses that)
+                with torch.no_grad():
+                    self.opt.load_parameter_state(str(self._param_file(path, layout)))
         finally:
             for s, step in zip(states, steps, strict=True):
                 if step is not None:

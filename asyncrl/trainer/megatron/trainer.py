@@ -86,7 +86,10 @@ class MegatronTrainer:
                                "(no loss scaling); use bfloat16")
         self.arch = Arch.from_hf(hf_config)
         replay = routing_replay(algo.routing_replay, hf_config)
-        self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
+        mmodel.check_expert_parallel(self.arch, cfg.expert_parallel, tp=cfg.tensor_parallel,
+                                     pp=cfg.pipeline_parallel)
+        self.layout = mmodel.init_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed,
+                                           ep=cfg.expert_parallel)
         self.device = self.layout.device
         self.recompute = self._recompute(cfg)
         self._attention = attention
@@ -108,7 +111,8 @@ class MegatronTrainer:
         self._opt_step = 0
         log.info("trainer_ready", kind="megatron", device=str(self.device),
                  world_size=self.layout.world_size, tp=self.layout.tp_size,
-                 dp=self.layout.dp_size, optimizer=type(self._opt).__name__,
+                 dp=self.layout.dp_size, ep=self.layout.ep_size,
+                 optimizer=type(self._opt).__name__,
                  params=self.arch.num_params(), dtype=self.dtype, recompute=self.recompute,
                  attention=mmodel.core_attention(self.model))
 
@@ -159,23 +163,27 @@ class MegatronTrainer:
         return mine + [batching.dummy(self.pad_token_id)] * (n - len(mine))
 
     def tensors(self, mb: Packed) -> dict[str, torch.Tensor]:
-        """A packed micro-batch as right-padded rows, one sequence per row `[n, longest]`."""
+        """A packed micro-batch as right-padded rows, one sequence per row `[n, longest]`;
+        under expert parallelism padded further (rows and columns) to the largest shape of
+        the expert-parallel group's micro-batches (`model.common_shape`; collective)."""
         starts = [0] + [i for i in range(1, mb.num_tokens)
                         if mb.seq_index[i] != mb.seq_index[i - 1]]
         spans = list(zip(starts, [*starts[1:], mb.num_tokens], strict=True))
-        width = max(e - s for s, e in spans)
+        n, width = mmodel.common_shape(len(spans), max(e - s for s, e in spans), self.device)
 
         def rows(values: list[Any], fill: float, dtype: torch.dtype) -> torch.Tensor:
-            out = torch.full((len(spans), width), fill, dtype=dtype)
+            out = torch.full((n, width), fill, dtype=dtype)
             for r, (s, e) in enumerate(spans):
                 out[r, : e - s] = torch.tensor(values[s:e], dtype=dtype)
             return out.to(self.device)
 
         extra = {}
         if self.replay is not None and mb.routed_experts:
-            extra["routes"] = moe_replay.routes(
+            routes = moe_replay.routes(
                 mb.routed_experts, [e - s for s, e in spans], width, [], self.arch.num_layers,
                 self.arch.moe_top_k, self.device)
+            extra["routes"] = torch.cat([routes, routes.new_full(
+                ((n - len(spans)) * width, *routes.shape[1:]), -1)])
         return extra | {
             "input_ids": rows(mb.input_ids, self.pad_token_id, torch.long),
             "mask": rows(mb.loss_mask, 0, torch.float32),
@@ -260,7 +268,7 @@ class MegatronTrainer:
         """Full weights by HF name, as fresh CPU tensors on rank 0 ({} on the others, which
         must call it too: the TP shards are gathered). CPU, so that gathering a large model
         never needs a second copy of it in GPU memory."""
-        if self.layout.dp_rank != 0:
+        if not self._exports():
             return {}
         keep = self.layout.rank == 0
         out: dict[str, torch.Tensor] = {}
@@ -274,7 +282,7 @@ class MegatronTrainer:
         gathered tensor at a time."""
         from asyncrl.trainer.megatron.hf_files import write_hf
 
-        if self.layout.dp_rank == 0:
+        if self._exports():
             tensors = mmodel.iter_hf_weights(self.model, self.arch)
             if self.layout.rank == 0:
                 write_hf(path, tensors, self.hf_config, dtype=mmodel.DTYPES[self.dtype])
@@ -283,25 +291,40 @@ class MegatronTrainer:
                     pass
         _barrier()
 
+    def _exports(self) -> bool:
+        """Whether this rank takes part in gathering whole HF tensors: DP replica 0; every
+        rank under expert parallelism (the experts are gathered over the EP group, which
+        spans DP replicas; other replicas' gathers are simply dropped)."""
+        return self.layout.dp_rank == 0 or self.layout.ep_size > 1
+
     def _state_file(self, path: str | Path) -> Path:
-        return Path(path) / f"megatron_tp{self.layout.tp_rank:02d}.pt"
+        ep = f"_ep{self.layout.ep_rank:02d}" if self.layout.ep_size > 1 else ""
+        return Path(path) / f"megatron_tp{self.layout.tp_rank:02d}{ep}.pt"
+
+    def _writes_state(self) -> bool:
+        """DP replica 0 writes the shards; under expert parallelism each EP rank's first
+        expert replica (its experts are its own; the rest is the same on every replica)."""
+        return (self.layout.edp_rank == 0 if self.layout.ep_size > 1
+                else self.layout.dp_rank == 0)
 
     def save_state(self, path: str | Path) -> None:
-        """Per TP rank: model shard, optimizer and schedule; DP replica 0 writes."""
+        """Per TP (and EP) rank: model shard, optimizer and schedule (`_writes_state`)."""
         out = Path(path)
         opt_state = self._opt.state_for_save(out, self.layout)
-        if self.layout.dp_rank == 0:
+        if self._writes_state():
             out.mkdir(parents=True, exist_ok=True)
             state = {"model": self.model.state_dict(), "optimizer": opt_state,
                      "schedule": {"opt_step": self._opt_step, "base_lr": self._base_lr},
-                     "layout": {"tp": self.layout.tp_size, "pp": self.layout.pp_size}}
+                     "layout": {"tp": self.layout.tp_size, "pp": self.layout.pp_size,
+                                "ep": self.layout.ep_size}}
             if self.reference is not None:
                 state["reference"] = self.reference.state_dict()
             torch.save(state, self._state_file(out))
         _barrier()
 
     def load_state(self, path: str | Path) -> None:
-        """Restore what `save_state` wrote, for the same TP size (every rank reads its file)."""
+        """Restore what `save_state` wrote, for the same TP and EP sizes (every rank reads its
+        file)."""
         file = self._state_file(path)
         try:
             state = torch.load(file, map_location=self.device, weights_only=False)
@@ -310,6 +333,9 @@ class MegatronTrainer:
         if state["layout"]["tp"] != self.layout.tp_size:
             raise TrainerError(f"{file}: saved with tensor_parallel={state['layout']['tp']}, "
                                f"running with {self.layout.tp_size}")
+        if state["layout"].get("ep", 1) != self.layout.ep_size:
+            raise TrainerError(f"{file}: saved with expert_parallel={state['layout'].get('ep', 1)}"
+                               f", running with {self.layout.ep_size}")
         self.model.load_state_dict(state["model"])
         self._opt.load(state["optimizer"], Path(path), self.layout)
         self._opt_step = int(state["schedule"]["opt_step"])
