@@ -124,8 +124,11 @@ class Step:
     @property
     def label(self) -> str:
         """The step in words: the words around its arithmetic, as a sentence."""
-        words = f"{self.before} {self.after}".strip() if len(self.before.split()) < 10 \
-            else self.before
+        said = {w.lower() for w in re.findall(r"[A-Za-z]+", self.before)}
+        new = [w for w in re.findall(r"[A-Za-z]+", self.after) if w.lower() not in _STOPWORDS]
+        fresh = new and not any(w.lower() in said for w in new)
+        words = f"{self.before} {self.after}".strip() if fresh and len(said) < 10 \
+            else self.before or self.after
         return words[:1].upper() + words[1:] if words else ""
 
 
