@@ -161,3 +161,55 @@ def test_a_plugin_source_with_worked_solutions_cold_starts_through_train(
     assert ran["programs"] > 18  # the 18 worked programs and their broken first tries
     losses = [r["sft/loss"] for r in metric_rows(run_dir, "sft_step")]
     assert losses[-1] < 0.6 * losses[0], losses
+
+
+@pytest.mark.timeout(300)
+async def test_word_problems_cold_start_in_smollm2s_template_with_real_sandbox_outputs(
+        tmp_path: Path) -> None:
+    """reasoning-gym word problems in SmolLM2's own template, natural style: every program
+    (the failing first tries included) run once in the real sandbox; each transcript says its
+    reasoning, shows what the sandbox printed, and answers with the gold."""
+    import gzip
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from asyncrl.rollout import PythonTool
+    from asyncrl.tasks.families import generate, solution_code
+    from asyncrl.templates import bind_format
+
+    sandbox = pytest.importorskip("sandbox")
+    pytest.importorskip("reasoning_gym")
+    files = ROOT / "tests" / "templates" / "smollm2"
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(files / name, tmp_path / name)
+    (tmp_path / "tokenizer.json").write_bytes(
+        gzip.decompress((files / "tokenizer.json.gz").read_bytes()))
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    fmt = bind_format(F.MARKDOWN, tok, "model")
+    problems, _ = generate("reasoning_gym", {"generators": ["gsm_symbolic", "simple_equations"],
+                                             "train_size": 32, "eval_size": 4}, 0)
+    args = {"tool_fraction": 1.0, "fail_fix_fraction": 0.5, "style": "natural",
+            "system_prompt": "Solve the problem. To run Python, write a ```python block."}
+    outputs = sft.SandboxOutputs()
+    recorded = sft.build_sft_examples(problems, fmt, tok, random.Random(0),
+                                      code_for=solution_code, execute=outputs.record, **args)
+    async with sandbox.SandboxPool(sandbox.PoolConfig(workers=1, time_limit_s=4.0)) as pool:
+        async with sandbox.LocalSandboxClient(pool) as client:
+            await outputs.run(PythonTool(client))
+    real = sft.build_sft_examples(problems, fmt, tok, random.Random(0), code_for=solution_code,
+                                  execute=outputs.replay, **args)
+    assert [e.problem_id for e in real] == [e.problem_id for e in recorded]
+    with_solution = [p for p in problems if solution_code(p) is not None]
+    assert len(real) == len(with_solution) >= 28
+    by_id = {p.id: p for p in problems}
+    for e in real:
+        p = by_id[e.problem_id]
+        text = tok.decode(e.input_ids)
+        reply = text.split("<|im_start|>assistant", 1)[1]
+        assert reply.startswith("\n" + solution_code(p).reasoning)
+        assert f"```output\nExecution succeeded.\n{p.answer}\n" in reply
+        assert reply.endswith(f"<answer>\\boxed{{{p.answer}}}</answer><|im_end|>")
+        if e.kind == "fail_fix":
+            assert "Execution failed (error)." in reply
+    assert {"tool", "fail_fix"} == {e.kind for e in real}
