@@ -58,9 +58,9 @@ _OPS = {"+": "+", "-": "-", "−": "-", "*": "*", "×": "*", "x": "*", "/": "/",
 _MAX_WORDS = 6
 """Words an expression may hold between a number and its operator (`3 skeins per pair of leg
 warmers + ...`); more, and the expression ends there."""
-CONSTANTS = frozenset(Fraction(v) for v in (1, 2, 3, 4, 7, 10, 12, 24, 30, 52, 60, 100, 365,
-                                            1000))
-"""Numbers a step may use without the question naming them: units of time, dozens, percent."""
+CONSTANTS = frozenset(Fraction(v) for v in (1, 2, 7, 10, 12, 24, 30, 52, 60, 100, 365, 1000))
+"""Numbers a step may use without the question naming them: units of time, dozens, percent,
+halving and doubling."""
 _WORD_NUMBERS = {"half": (2, Fraction(1, 2)), "twice": (2,), "double": (2,), "triple": (3,),
                  "thrice": (3,), "quarter": (4, Fraction(1, 4)), "third": (3,), "dozen": (12,),
                  "one": (1,), "two": (2,), "three": (3,), "four": (4,), "five": (5,),
@@ -104,9 +104,9 @@ class Num(NamedTuple):
 
 
 Token = str | Num
+"""An operator or parenthesis (as Python writes it), or a number."""
 _PERCENT = Num(Fraction(100), "%")
 """The 100 of `40%` (`(40 / 100)`): never an earlier step's result."""
-"""An operator or parenthesis (as Python writes it), or a number."""
 
 
 @dataclass
