@@ -121,7 +121,6 @@ def test_a_plugin_source_with_worked_solutions_cold_starts_through_train(
     cfg.write_text("[run]\nname = \"worked\"\nseed = 0\n" + MICRO_MODEL + textwrap.dedent("""
         [data]
         train = "generator:bags:make"
-        eval = "generator:bags:make"
         max_prompt_tokens = 256
         [task]
         reward = "math"
@@ -141,9 +140,6 @@ def test_a_plugin_source_with_worked_solutions_cold_starts_through_train(
         fail_fix_fraction = 0.3
         transcript_style = "natural"
         sandbox_outputs = true
-        [eval]
-        every_steps = 0
-        max_problems = 2
         [checkpoint]
         every_steps = 0
         [logging]
