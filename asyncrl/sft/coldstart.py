@@ -4,8 +4,13 @@ Owns: rendering a problem into a short transcript of one of three kinds, and tok
 a loss mask exactly as the agent loop will see a rollout:
 - `direct`: a one-line reason, then the answer — no tool;
 - `tool`: a reason, one Python call, its output, the answer;
-- `fail_fix`: a call that fails (a misspelt name or an unclosed parenthesis), its error, a
-  one-line fix note, the corrected call, its output, the answer.
+- `fail_fix`: a call that fails (a misspelt builtin or variable, or an unclosed parenthesis),
+  its error, a one-line fix note, the corrected call, its output, the answer.
+
+The program and the reasoning come from the task's worked solution (`Task.solution_code`: a
+program, or an `asyncrl.tasks.task.WorkedSolution` whose sentences are said before the call);
+a problem the task has no solution for gets no tool transcript (left out, and counted by the
+caller).
 
 Every answer is true (SFT data never teaches wrong facts). The policy it gives is imperfect on
 purpose: it answers directly about as often as `1 - tool_fraction`, and for large numbers a
@@ -47,6 +52,7 @@ import msgspec
 
 from asyncrl import formats
 from asyncrl.records import Problem
+from asyncrl.tasks.task import SolutionCode, WorkedSolution, worked_solution
 
 KINDS = ("direct", "tool", "fail_fix")
 REASON_DIRECT = "<reason>Answer directly.</reason>\n"
@@ -97,7 +103,8 @@ class Segment(NamedTuple):
 
 
 # ------------------------------------------------------------------------------ execution
-_BUILTINS: dict[str, Any] = {f.__name__: f for f in (range, sum, len, pow, int, str, abs, min, max)}
+_BUILTINS: dict[str, Any] = {f.__name__: f for f in (range, sum, len, pow, int, str, abs, min, max,
+                                                     round)}
 
 
 def run_trusted(code: str) -> tuple[str, str, str]:
@@ -120,7 +127,15 @@ def run_trusted(code: str) -> tuple[str, str, str]:
 
 def break_code(code: str, rng: random.Random) -> str:
     """A realistic broken version of `code`: a misspelt builtin (NameError) or a dropped
-    closing parenthesis (SyntaxError). The caller checks that it really fails."""
+    closing parenthesis (SyntaxError); in a program of several steps, as often a misspelt
+    later use of one of its variables (NameError). The caller checks that it really fails."""
+    later = _later_uses(code)
+    if later and rng.random() < 0.5:
+        name, spots = rng.choice(later)
+        typos = _typos(name, code)
+        if typos:
+            at = rng.choice(spots)
+            return code[:at] + rng.choice(typos) + code[at + len(name):]
     names = [n for n in ("print", "sum", "range", "pow", "str", "int")
              if re.search(rf"\b{n}\(", code)]
     if names and rng.random() < 0.6:
@@ -134,6 +149,29 @@ def break_code(code: str, rng: random.Random) -> str:
             return re.sub(rf"\b{name}\(", rng.choice(typos) + "(", code, count=1)
     j = code.rstrip().rfind(")")
     return code[:j] + code[j + 1:]
+
+
+def _later_uses(code: str) -> list[tuple[str, list[int]]]:
+    """The variables a program assigns (names of 3 or more letters, `total = ...`) with where
+    each is used after its assignment: the places a misspelling raises a NameError."""
+    out = []
+    for m in re.finditer(r"^([A-Za-z_]\w{2,}) = ", code, re.MULTILINE):
+        name = m.group(1)
+        spots = [u.start() for u in re.finditer(rf"\b{name}\b", code[m.end():])]
+        if spots and name not in _BUILTINS:
+            out.append((name, [m.end() + at for at in spots]))
+    return out
+
+
+def _typos(name: str, code: str) -> list[str]:
+    """Misspellings of `name` (a letter dropped, two swapped) that name nothing in `code`, no
+    builtin and no keyword."""
+    taken = set(re.findall(r"\w+", code)) | set(_BUILTINS) | {"print"}
+    found = set()
+    for i in range(1, len(name)):
+        found |= {name[:i] + name[i + 1:], name[: i - 1] + name[i] + name[i - 1] + name[i + 1:]}
+    return sorted(t for t in found if t.isidentifier() and t not in taken
+                  and not keyword.iskeyword(t) and t != name)
 
 
 def tool_duration(rng: random.Random) -> float:
@@ -161,15 +199,27 @@ def _tool_output(fmt: formats.ToolFormat, code: str, max_chars: int, rng: random
 
 
 # ---------------------------------------------------------------------------- transcripts
+def _tool_reason(solution: WorkedSolution, stock: str, natural: bool) -> str:
+    """What is said before the (first) call: the worked solution's reasoning, then in the
+    natural style the stock phrase (`Let me compute this with Python.`); the stock text alone
+    when it has none."""
+    if not solution.reasoning:
+        return stock
+    if natural:
+        return f"{solution.reasoning.strip()}\n{stock}"
+    return f"<reason>{solution.reasoning.strip()}</reason>\n"
+
+
 def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng: random.Random, *,
-                      code: str | None = None,
+                      code: str | WorkedSolution | None = None,
                       tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                       system_prompt: str = "", max_chars: int = 256,
                       duration_s: float | None = None, style: str = "markup",
                       execute: Executor | None = None, show_time: bool = True) -> list[Segment]:
     """The segments of one transcript of `kind` for `problem` (prompt first, end-of-turn last).
 
-    `code` is the solution program (the task's, `Task.solution_code`; needed by tool kinds). Each
+    `code` is the worked solution (the task's, `Task.solution_code`: a program or a
+    `WorkedSolution`, whose reasoning is said before the call; needed by tool kinds). Each
     tool output shows the execution time `duration_s`, or the executor's, or one drawn from
     `rng` per call (`tool_duration`); with `show_time` False none is shown (the rollouts'
     `rollout.tool_time`). `style` is one of `STYLES`; `execute` runs the programs
@@ -193,10 +243,12 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
                 Segment(fmt.end_of_turn, True)]
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
-    if code is None:
+    solution = worked_solution(code)
+    if solution is None:
         raise ValueError(f"problem {problem.id}: a tool transcript needs its solution program "
                          "(the task source supplies none)")
-    reason = say("tool", REASON_TOOL)
+    code = solution.program
+    reason = _tool_reason(solution, say("tool", REASON_TOOL), natural)
     if kind == "fail_fix":
         broken = break_code(code, rng)
         response, status, _ = _tool_output(fmt, broken, max_chars, rng, duration_s, execute,
@@ -216,7 +268,7 @@ def render_transcript(problem: Problem, fmt: formats.ToolFormat, kind: str, rng:
 
 
 def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
-                        rng: random.Random, *, code: str | None = None,
+                        rng: random.Random, *, code: str | WorkedSolution | None = None,
                         tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                         system_prompt: str = "", max_chars: int = 256) -> dict[str, Any]:
     """The transcript `render_transcript` makes (same arguments, same draws from `rng`), as an
@@ -234,9 +286,11 @@ def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
         return {"messages": msgs, "tools": schemas}
     if not tools:
         raise ValueError("tool transcripts need the Python tool in the prompt (tools is empty)")
-    if code is None:
+    solution = worked_solution(code)
+    if solution is None:
         raise ValueError(f"problem {problem.id}: a tool transcript needs its solution program "
                          "(the task source supplies none)")
+    code = solution.program
 
     def called(reason: str, program: str) -> tuple[str, str]:
         status, stdout, stderr = run_trusted(program)
@@ -247,7 +301,7 @@ def transcript_messages(problem: Problem, fmt: formats.ToolFormat, kind: str,
             status, stdout, stderr, tool_duration(rng), max_chars)})
         return status, stdout
 
-    reason = REASON_TOOL
+    reason = _tool_reason(solution, REASON_TOOL, natural=False)
     if kind == "fail_fix":
         broken = break_code(code, rng)
         if called(reason, broken)[0] == "ok":
@@ -265,24 +319,35 @@ def export_chat(problems: Sequence[Problem], fmt: formats.ToolFormat, rng: rando
                 path: str | Path, tool_fraction: float = 0.5, fail_fix_fraction: float = 0.15,
                 direct_wrong_ok: bool = True, *,
                 tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS, system_prompt: str = "",
-                max_chars: int = 256, code_for: Callable[[Problem], str] | None,
+                max_chars: int = 256, code_for: SolutionCode | None,
                 fail_fix_by_level: Mapping[int, float] | None = None,
                 tool_fraction_by_level: Mapping[int, float] | None = None) -> int:
     """Write the transcripts `build_sft_examples` would make (same arguments and `rng` state:
     the same kinds, programs and failures, in order) as chat JSONL, one row per problem with
     its `id`; returns the row count. Trained through a chat SFT stage they are the same
-    examples, token for token."""
+    examples, token for token; a problem drawn a tool kind that has no worked solution is
+    left out, as there)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    rows = 0
     with out.open("w", encoding="utf-8") as fp:
         for p in problems:
             kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
                                fail_fix_by_level, tool_fraction_by_level)
-            code = code_for(p) if code_for is not None and kind != "direct" else None
+            code = solution_for(p, code_for) if kind != "direct" else None
+            if kind != "direct" and code is None and code_for is not None:
+                continue
+            rows += 1
             row = transcript_messages(p, fmt, kind, rng, code=code, tools=tools,
                                       system_prompt=system_prompt, max_chars=max_chars)
             fp.write(json.dumps({"id": p.id, "kind": kind, **row}, ensure_ascii=False) + "\n")
-    return len(problems)
+    return rows
+
+
+def solution_for(problem: Problem, code_for: SolutionCode | None) -> WorkedSolution | None:
+    """`problem`'s worked solution from `code_for` (None when there is no `code_for`, or it has
+    none for this problem)."""
+    return worked_solution(code_for(problem)) if code_for is not None else None
 
 
 def choose_kind(problem: Problem, rng: random.Random, tool_fraction: float,
@@ -336,19 +401,21 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
                        fail_fix_fraction: float = 0.15, direct_wrong_ok: bool = True, *,
                        tools: Sequence[dict[str, Any]] | None = DEFAULT_TOOLS,
                        system_prompt: str = "", max_chars: int = 256,
-                       code_for: Callable[[Problem], str] | None,
+                       code_for: SolutionCode | None,
                        fail_fix_by_level: Mapping[int, float] | None = None,
                        tool_fraction_by_level: Mapping[int, float] | None = None,
                        style: str = "markup", execute: Executor | None = None,
                        show_time: bool = True) -> list[SFTExample]:
-    """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`.
+    """One tokenized SFT example per problem, in order; kinds drawn by `choose_kind`. A problem
+    drawn a tool kind for which `code_for` has no worked solution (None) is left out: the
+    caller counts them (`len(problems) - len(examples)`).
 
     `fail_fix_fraction` is a share of the tool-using examples; `fail_fix_by_level` replaces it
     (and `tool_fraction_by_level` replaces `tool_fraction`) for the problems of the levels it
     lists. `tools`, `system_prompt`, `max_chars` and `show_time` must be what the rollouts use
     (`rollout.tools`, `data.system_prompt`, `rollout.tool_output_max_chars`,
-    `rollout.tool_time`) so the text matches. `code_for` gives a problem's solution
-    program (the task's `solution_code`; None only when no transcript calls the tool). `style`
+    `rollout.tool_time`) so the text matches. `code_for` gives a problem's worked solution
+    (the task's `solution_code`; None only when no transcript calls the tool). `style`
     and `execute` as in `render_transcript`. Deterministic for the same `rng` state (and the same executor's answers).
     """
     checked = [("tool_fraction", tool_fraction), ("fail_fix_fraction", fail_fix_fraction),
@@ -361,33 +428,37 @@ def build_sft_examples(problems: Sequence[Problem], fmt: formats.ToolFormat, tok
     if not tools and (tool_fraction > 0 or not direct_wrong_ok):
         raise ValueError("tool transcripts need the Python tool: set tool_fraction=0 "
                          "and direct_wrong_ok=True when tools are off")
-    kinds, rendered = [], []
+    kept, kinds, rendered = [], [], []
     for p in problems:
         kind = choose_kind(p, rng, tool_fraction, fail_fix_fraction, direct_wrong_ok,
                            fail_fix_by_level, tool_fraction_by_level)
-        code = code_for(p) if code_for is not None and kind != "direct" else None
+        code = solution_for(p, code_for) if kind != "direct" else None
+        if kind != "direct" and code is None and code_for is not None:
+            continue  # no worked solution for this problem: no tool transcript of it
+        kept.append(p)
         kinds.append(kind)
         rendered.append(render_transcript(p, fmt, kind, rng, code=code, tools=tools,
                                           system_prompt=system_prompt, max_chars=max_chars,
                                           style=style, execute=execute, show_time=show_time))
     return [SFTExample(input_ids=ids, loss_mask=mask, kind=kind, problem_id=p.id)
-            for p, kind, (ids, mask) in zip(problems, kinds, tokenize_many(rendered, tokenizer),
+            for p, kind, (ids, mask) in zip(kept, kinds, tokenize_many(rendered, tokenizer),
                                             strict=True)]
 
 
 def corpus_texts(problems: Iterable[Problem], fmts: Sequence[formats.ToolFormat],
-                 rng: random.Random, code_for: Callable[[Problem], str]) -> Iterator[str]:
+                 rng: random.Random, code_for: SolutionCode) -> Iterator[str]:
     """Whole transcript texts for a tokenizer corpus: kinds and formats taken in turn, so every
     string a rollout can contain (prompts, calls, errors, outputs, answers) is represented.
-    `code_for` gives a problem's solution program."""
+    `code_for` gives a problem's worked solution (one without: a direct transcript)."""
     for i, p in enumerate(problems):
         kind = KINDS[i % len(KINDS)]
         fmt = fmts[(i // len(KINDS)) % len(fmts)]
-        code = None if kind == "direct" else code_for(p)
+        code = None if kind == "direct" else solution_for(p, code_for)
+        kind = kind if code is not None else "direct"
         yield "".join(s.text for s in render_transcript(p, fmt, kind, rng, code=code))
 
 
-def corpus(name: str, problems: Sequence[Problem], code_for: Callable[[Problem], str],
+def corpus(name: str, problems: Sequence[Problem], code_for: SolutionCode,
            seed: int, *, tool_formats: Sequence[str] = ("markdown", "hermes"),
            max_transcripts: int = 3000) -> Iterator[str]:
     """Text to train a local tokenizer on: every string the model will read or write.

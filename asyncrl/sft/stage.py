@@ -19,7 +19,7 @@ import hashlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import StageSection
@@ -29,6 +29,7 @@ from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
 from asyncrl.stopping import StopRequest
+from asyncrl.tasks.task import SolutionCode
 
 if TYPE_CHECKING:
     from asyncrl.rollout.tools import Tool
@@ -148,13 +149,24 @@ class SFTSetup:
     """`rollout.tool_time` resolved: generated tool outputs show a time as rollouts' do."""
     python_tool: Tool | None = None
     """The run's Python tool: runs the generated programs of a stage with `sandbox_outputs`."""
-    solution_code: Callable[[Problem], str] | None = None
-    """The task's solution programs (`Task.solution_code`): what generated transcripts run;
-    None: the task supplies none, and only chat-file stages can train on it."""
+    solution_code: SolutionCode | None = None
+    """The task's worked solutions (`Task.solution_code`): what generated transcripts say and
+    run; None: the task supplies none, and only chat-file stages can train on it."""
+
+
+class Generated(NamedTuple):
+    """A generator stage's examples (generation order) and what became of its problems."""
+
+    pairs: list[Pair]
+    drawn: int
+    """Transcripts asked for (`stage.examples`, else steps * batch size)."""
+    no_solution: int
+    """Of those, problems drawn a tool transcript that the task has no worked solution for:
+    left out."""
 
 
 async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
-                          problems: Sequence[Problem]) -> list[Pair]:
+                          problems: Sequence[Problem]) -> Generated:
     """`generator_pairs` with every program's output from the run's sandbox
     (`stage.sandbox_outputs`): one pass records the programs, the sandbox runs each once, a
     second pass over the same draws renders its outputs."""
@@ -171,14 +183,16 @@ async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
 
 
 def generator_pairs(stage: StageSection, setup: SFTSetup,
-                    problems: Sequence[Problem], execute: Any = None) -> list[Pair]:
-    """Generated transcripts (`asyncrl.sft.coldstart`) of the task's problems with its solution
-    programs (`setup.solution_code`), in generation order, in the stage's `transcript_style`;
-    `execute` runs their programs (default: in process, `coldstart.run_trusted`)."""
+                    problems: Sequence[Problem], execute: Any = None) -> Generated:
+    """Generated transcripts (`asyncrl.sft.coldstart`) of the task's problems with its worked
+    solutions (`setup.solution_code`), in generation order, in the stage's `transcript_style`;
+    `execute` runs their programs (default: in process, `coldstart.run_trusted`). A problem
+    drawn a tool transcript that has no worked solution is left out and counted; a stage left
+    with no tool transcript while it asks for some is a `DataError`."""
     from asyncrl.sft.coldstart import build_sft_examples
 
-    if setup.solution_code is None and stage.tool_fraction + sum(
-            stage.tool_fraction_by_level.values()) > 0:
+    wants_tool = stage.tool_fraction + sum(stage.tool_fraction_by_level.values()) > 0
+    if setup.solution_code is None and wants_tool:
         raise DataError(f"stage {stage.name!r}: the task source supplies no solution programs "
                         "(TaskSource.solution_code), so no transcript can call the tool; give "
                         "it solutions, set tool_fraction = 0, or train on chat files")
@@ -192,7 +206,13 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
         tools=setup.tools, system_prompt=setup.system_prompt,
         max_chars=setup.tool_output_max_chars, style=stage.transcript_style,
         execute=execute, code_for=setup.solution_code, show_time=setup.show_tool_time)
-    return [(e.input_ids, e.loss_mask) for e in examples]
+    if wants_tool and not any(e.kind != "direct" for e in examples):
+        raise DataError(f"stage {stage.name!r}: the task source has a worked solution for none "
+                        f"of the {len(problems)} training problems, so no transcript can call "
+                        "the tool; set tool_fraction = 0 or train on chat files")
+    if not examples:
+        raise DataError(f"stage {stage.name!r}: no transcript was generated")
+    return Generated([(e.input_ids, e.loss_mask) for e in examples], n, n - len(examples))
 
 
 async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
@@ -208,8 +228,12 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
     trainer = setup.trainer
     valid: list[Pair] = []
     if stage.chat is None:
-        pairs = (await sandboxed_pairs(stage, setup, problems) if stage.sandbox_outputs
-                 else generator_pairs(stage, setup, problems))
+        made = (await sandboxed_pairs(stage, setup, problems) if stage.sandbox_outputs
+                else generator_pairs(stage, setup, problems))
+        pairs = made.pairs
+        metrics.write("sft_data", stage=stage.name, step=state.global_step, rows=made.drawn,
+                      train=len(pairs), no_solution=made.no_solution)
+        log.info("sft_generated", transcripts=len(pairs), no_solution=made.no_solution)
         bs = stage.batch_size or DEFAULT_BATCH
 
         def next_batch() -> list[Pair]:

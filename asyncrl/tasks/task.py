@@ -44,8 +44,33 @@ class TaskContext:
 
 RewardFactory = Callable[[TaskContext], "RewardFn"]
 ToolFactory = Callable[[TaskContext], "Sequence[Tool]"]
-SolutionCode = Callable[[Problem], str]
-"""A program whose stdout is the problem's answer (what a cold start's transcripts run)."""
+@dataclass(frozen=True)
+class WorkedSolution:
+    """How one problem is solved, for a cold start's transcripts: a few sentences of reasoning
+    (what the steps are, in words) and a Python program whose stdout is the problem's answer.
+    The transcript shows the reasoning, runs the program with the Python tool, and answers
+    with what it printed."""
+
+    program: str
+    reasoning: str = ""
+    """Sentences said before the call (empty: the transcript's own stock phrase)."""
+
+
+SolutionCode = Callable[[Problem], "str | WorkedSolution | None"]
+"""A problem's worked solution: a program (a str) whose stdout is the answer, a
+`WorkedSolution`, or None when the source has none for this problem (the cold start gives it
+no tool transcript, and counts it)."""
+
+
+def worked_solution(value: str | WorkedSolution | None) -> WorkedSolution | None:
+    """What a `SolutionCode` returned, as a `WorkedSolution` (a bare program has no reasoning);
+    anything else is a `TypeError` naming what it got."""
+    if value is None or isinstance(value, WorkedSolution):
+        return value
+    if isinstance(value, str):
+        return WorkedSolution(program=value)
+    raise TypeError(f"a solution must be a program (str), a WorkedSolution or None, got a "
+                    f"{type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -69,8 +94,9 @@ class TaskSource:
     """A text environment's turn hook factory (`asyncrl.tasks.bridges.textenv`): it answers
     the model's turns with observations; None: turns end the rollout as usual."""
     solution_code: SolutionCode | None = None
-    """A program whose stdout is the problem's answer (a cold start's transcripts); None: the
-    source cannot feed an SFT stage that generates transcripts."""
+    """Each problem's worked solution (`SolutionCode`: a program, a `WorkedSolution`, or None
+    for a problem it has none for): what a cold start's generated transcripts show and run.
+    None: the source cannot feed an SFT stage that generates tool transcripts."""
     system_prompt: str = ""
     """The source's system text, used when `data.system_prompt` is empty."""
     close: Callable[[], None] | None = None
@@ -101,7 +127,7 @@ class Task:
     skipped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Rows or items left out of each split (`"train"`, `"eval"`), by reason."""
     solution_code: SolutionCode | None = None
-    """The source's solution programs, for a cold start (None: it supplies none)."""
+    """The source's worked solutions, for a cold start (None: it supplies none)."""
     name: str = ""
     """What the task was opened from (`tiny_math`, a file path, `module:attr`)."""
     close: Callable[[], None] | None = None

@@ -1,6 +1,7 @@
 """The reasoning_gym task family against the real reasoning-gym package: held-out from a
 distant seed with no shared question, unanswerable and wrongly answered items dropped and
-counted, solution programs that print the answer, and an answer check right for each
+counted, solution programs that print the answer (the word problems' own:
+tests/tasks/test_worked.py), and an answer check right for each
 generator's format where reasoning-gym's own scorer and math-verify are wrong."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from asyncrl.records import Problem, Rollout
-from asyncrl.tasks.families import generate, solution_code
+from asyncrl.tasks.families import generate, rgym, solution_code
 from asyncrl.tasks.families.gym_checks import GymReward, check
 from asyncrl.tasks.rewards.math import numeric_verdict
 
@@ -46,12 +47,18 @@ def test_unanswerable_and_wrongly_answered_items_are_dropped_and_counted() -> No
 
 def test_solution_programs_print_the_answer() -> None:
     train, _ = generate("reasoning_gym", OPTS, 0)
-    for p in [q for q in train if "simple_equations" not in q.source][::40]:
-        out = subprocess.run([sys.executable, "-c", solution_code(p)], capture_output=True,
+    for p in train[::40]:
+        code = solution_code(p)
+        program = code if isinstance(code, str) else code.program
+        out = subprocess.run([sys.executable, "-c", program], capture_output=True,
                              text=True, timeout=30).stdout.strip()
-        assert out == p.answer, (p.question, solution_code(p))
-    with pytest.raises(ValueError, match="no solution program"):
-        solution_code(next(q for q in train if "simple_equations" in q.source))
+        assert out == p.answer, (p.question, program)
+    # a generator without a program maker: no worked solution; another family's problem: refused
+    other = Problem(id="x", question="How many legs?", answer="4",
+                    source="reasoning_gym/leg_counting")
+    assert solution_code(other) is None
+    with pytest.raises(ValueError, match="not one of this family's"):
+        rgym.solution_code(Problem(id="t", question="1+1", answer="2", source="tiny_math"))
 
 
 @pytest.mark.parametrize(("gen", "pred", "gold", "ok"), [

@@ -17,6 +17,7 @@ from typing import Any
 from asyncrl.records import Problem
 from asyncrl.tasks.families import rgym, tiny_math
 from asyncrl.tasks.families.base import TaskFamily
+from asyncrl.tasks.task import WorkedSolution
 
 __all__ = ["TASK_FAMILIES", "TaskFamily", "corpus", "generate", "get_family", "solution_code"]
 
@@ -43,7 +44,8 @@ def generate(name: str, options: Mapping[str, Any],
     return family.make(family.resolve_options(options), seed)
 
 
-def solution_code(problem: Problem) -> str:
-    """A Python program whose stdout is `problem.answer`; the family is `problem.source` up to
-    its first `/` (`reasoning_gym/chain_sum` is the `reasoning_gym` family's)."""
+def solution_code(problem: Problem) -> str | WorkedSolution | None:
+    """The worked solution of `problem` (a program whose stdout is `problem.answer`, a
+    `WorkedSolution`, or None where its family has none); the family is `problem.source` up
+    to its first `/` (`reasoning_gym/chain_sum` is the `reasoning_gym` family's)."""
     return get_family(problem.source.split("/", 1)[0]).solution_code(problem)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.records import Problem
+from asyncrl.tasks.task import WorkedSolution
 
 Sampler = Callable[[random.Random], dict[str, int]]
 """Draws the numbers of one question (slot name -> value)."""
@@ -59,16 +60,18 @@ class TaskFamily:
     """A registered task family.
 
     `make(options, seed)` returns (train, eval) with disjoint questions; `options` has already
-    been checked by `check_options` and completed with `defaults`. `solution_code(problem)` is a
-    short Python program whose stdout is the problem's answer (what the SFT transcripts call
-    the tool with); it raises `ValueError` for a problem that is not from this family.
+    been checked by `check_options` and completed with `defaults`. `solution_code(problem)` is
+    the problem's worked solution (`asyncrl.tasks.task.SolutionCode`: a short Python program
+    whose stdout is the answer, what the SFT transcripts call the tool with, or a
+    `WorkedSolution` with its reasoning, or None where the family has none for it); it raises
+    `ValueError` for a problem that is not from this family.
     """
 
     name: str
     description: str
     defaults: Mapping[str, Any]
     make: Callable[[dict[str, Any], int], tuple[list[Problem], list[Problem]]]
-    solution_code: Callable[[Problem], str]
+    solution_code: Callable[[Problem], str | WorkedSolution | None]
     check: Callable[[dict[str, Any]], None] = lambda opts: None
     """Family-specific value checks (after the type checks); raises ValueError naming the option."""
     reward: Callable[[Any], Any] | None = None

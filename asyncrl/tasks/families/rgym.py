@@ -16,8 +16,10 @@ Owns turning named reasoning-gym generators into asyncrl problems:
   position in `generators` (1, 2, ...), so per-level metrics are per generator;
 - the family's own answer check (`asyncrl.tasks.families.gym_checks`), right for each generator's
   answer format, used by `[task] reward = "auto"`;
-- `solution_code` for the generators whose question carries the expression to evaluate
-  (`basic_arithmetic`, `chain_sum`, `products`): SFT transcripts can be generated for those.
+- `solution_code`, the worked solutions a cold start's transcripts run: `print(<the
+  expression>)` for the generators whose question carries it (`basic_arithmetic`,
+  `chain_sum`, `products`), and checked programs made from the word problems' worked steps
+  (`gsm_symbolic`, `simple_equations`: `asyncrl.tasks.families.worked`); None for the others.
 
 Options: `generators`, `generator_config`, `train_size`, `eval_size` (totals, split evenly over
 the generators), `eval_seed_offset`, `seed_offset` (added to the run seed).
@@ -27,6 +29,7 @@ Does not own: reasoning-gym itself (imported when a source is built), the answer
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 from collections import Counter
@@ -35,8 +38,9 @@ from fractions import Fraction
 from typing import Any
 
 from asyncrl.records import Problem
-from asyncrl.tasks.families import gym_checks
+from asyncrl.tasks.families import gym_checks, worked
 from asyncrl.tasks.families.base import TaskFamily
+from asyncrl.tasks.task import WorkedSolution
 
 NAME = "reasoning_gym"
 
@@ -198,17 +202,41 @@ def make(opts: dict[str, Any], seed: int) -> tuple[ProblemList, ProblemList]:
     return train, eval_
 
 
-def solution_code(problem: Problem) -> str:
-    """`print(<the question's expression>)` for the expression generators (an integer result:
-    reasoning-gym's `basic_arithmetic` divides exactly)."""
-    gen = problem.source.split("/", 1)[-1]
+def solution_code(problem: Problem) -> str | WorkedSolution | None:
+    """A problem's worked solution: `print(<the question's expression>)` for the expression
+    generators (an integer result: reasoning-gym's `basic_arithmetic` divides exactly); for
+    `gsm_symbolic` and `simple_equations` the checked `WorkedSolution` of
+    `asyncrl.tasks.families.worked` (a `gsm_symbolic` problem needs the item this process
+    drew, for its `answer_cot`: one read from a file has none); None for any other generator
+    and for an item whose program does not print its answer. Raises ValueError for a problem
+    that is not from this family."""
+    family, _, gen = problem.source.partition("/")
+    if family != NAME:
+        raise ValueError(f"{NAME}: {problem.id} is a {problem.source!r} problem, not one of "
+                         "this family's")
     pattern = _EXPRESSION.get(gen)
-    m = pattern.match(problem.question) if pattern is not None else None
-    if m is None:
-        raise ValueError(f"{NAME}: no solution program for {problem.source} problem "
-                         f"{problem.id} (only {', '.join(sorted(_EXPRESSION))} have one)")
-    expr = " ".join(m.group("e").split())
-    return f"print({expr})" if "/" not in expr else f"print(round({expr}))"
+    if pattern is not None:
+        m = pattern.match(problem.question)
+        if m is None:
+            return None
+        expr = " ".join(m.group("e").split())
+        return f"print({expr})" if "/" not in expr else f"print(round({expr}))"
+    return _worked(gen, problem.question, problem.answer)
+
+
+@functools.lru_cache(maxsize=65536)
+def _worked(gen: str, question: str, answer: str) -> WorkedSolution | None:
+    """The word generators' checked solutions, made once per item (a cold start asks for the
+    same problem's many times, and the sandbox replay asks twice)."""
+    entry = gym_checks.ENTRIES.get((gen, question))
+    meta = (entry[0].get("metadata") or {}) if entry is not None else {}
+    if gen == "gsm_symbolic":
+        cot = meta.get("answer_cot")
+        return worked.gsm_solution(question, cot, answer) if isinstance(cot, str) else None
+    if gen == "simple_equations":
+        return worked.equation_solution(question, answer, str(meta.get("equation", "")),
+                                        str(meta.get("variable", "")))
+    return None
 
 
 def _reward(ctx: Any) -> Any:
