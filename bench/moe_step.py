@@ -22,7 +22,11 @@ layer) pairs whose experts the trainer's router would have chosen otherwise, the
 `--repeats` timed `train_step`s after one warm-up (none with `--repeats 0`). Arms: `torch`
 and `torch+replay`; with `--megatron`, `megatron` and `megatron+replay` (megatron-core's
 router replay). The ratio is the arm's mean (max) mismatch without replay over with it.
-The load average is read before and after; the routing record's size per token is printed.
+With `--engine router-bf16` a last row, `floor`, is `torch+replay` on a trainer holding the
+engine's bf16-rounded router weights: what replay leaves once the gate weights agree (fp32
+noise, if the records line up and the gate weights are computed as the engine's), so the
+`torch+replay` residual above it is the gate weights' own precision gap. The load average is
+read before and after; the routing record's size per token is printed.
 
     python bench/moe_step.py [--prompts 8] [--samples 4] [--new 48] [--repeats 2]
         [--engine router-bf16|model-bf16|both-bf16|fp32] [--megatron]
@@ -122,7 +126,7 @@ def trainer(kind: str, model, tok, replay: bool, bf16: bool):
                            dtype="bfloat16" if bf16 else "float32")
 
 
-def arm(kind: str, replay: bool, model, tok, rollouts, args) -> dict:
+def arm(kind: str, replay: bool, model, tok, rollouts, args, name: str = "") -> dict:
     tr = trainer(kind, model, tok, replay, bf16=args.engine == "both-bf16")
     diffs = []
     with torch.no_grad():
@@ -146,7 +150,7 @@ def arm(kind: str, replay: bool, model, tok, rollouts, args) -> dict:
             t0 = time.perf_counter()
             tr.train_step(batch_of(copy.deepcopy(rollouts), args.samples))
             times.append(time.perf_counter() - t0)
-    return {"arm": kind + ("+replay" if replay else ""), "mismatch_mean": float(d.mean()),
+    return {"arm": name or kind + ("+replay" if replay else ""), "mismatch_mean": float(d.mean()),
             "mismatch_p99": float(d.quantile(0.99)), "mismatch_max": float(d.max()),
             "tokens": d.numel(), "changed": changed,
             "step_s": statistics.median(times) if times else None, "times": times}
@@ -190,11 +194,17 @@ def main() -> None:
 
         with cpu_megatron():
             rows += [arm("megatron", r, model, tok, rollouts, args) for r in (False, True)]
-    load1 = os.getloadavg()
     for free, rep in zip(rows[::2], rows[1::2], strict=True):
         for r in (free, rep):
             r["ratio_mean"] = free["mismatch_mean"] / rep["mismatch_mean"]
             r["ratio_max"] = free["mismatch_max"] / rep["mismatch_max"]
+    if args.engine == "router-bf16":  # the residual's floor: the engine's own router weights
+        floor = arm("torch", True, engine_model(model, args.engine), tok, rollouts,
+                    argparse.Namespace(**{**vars(args), "repeats": 0}), name="floor")
+        floor["ratio_mean"] = rows[0]["mismatch_mean"] / floor["mismatch_mean"]
+        floor["ratio_max"] = rows[0]["mismatch_max"] / floor["mismatch_max"]
+        rows.append(floor)
+    load1 = os.getloadavg()
     shape = (f"{init['num_experts']} experts, top-{init['num_experts_per_tok']}, "
              f"{init['num_hidden_layers']} layers, hidden {init['hidden_size']}, expert width "
              f"{init['moe_intermediate_size']}")
