@@ -20,12 +20,22 @@ SAMPLES = 2
 NEW = 40
 
 
-def sample_rollouts(model, tok, bf16_router: bool) -> list[Rollout]:
+def sample_rollouts(model, tok, bf16_router: bool, other_choice: float = 0.0
+                    ) -> list[Rollout]:
+    """`other_choice` > 0: the engine's routers choose their experts by their weights plus
+    noise of that scale (deliberate flips), and weight them by the model's own probabilities
+    at those experts, as a replaying trainer does: with replay, a trainer over the same fp32
+    weights must then reproduce the engine's log-probs."""
     engine_model = copy.deepcopy(model)
     if bf16_router:
         with torch.no_grad():
             for r in routers(engine_model):
                 r.weight.copy_(r.weight.bfloat16().float())
+    if other_choice:
+        gen = torch.Generator().manual_seed(1)
+        for r in routers(engine_model):
+            r.forward = _other_choice(r, other_choice * torch.randn(r.weight.shape,
+                                                                    generator=gen))
     prompts = [tok.encode(f"What is {a} + {3 * a}?") for a in range(PROMPTS)]
 
     async def one(e, i):
@@ -46,6 +56,21 @@ def sample_rollouts(model, tok, bf16_router: bool) -> list[Rollout]:
             return await asyncio.gather(*(one(e, i) for i in range(PROMPTS * SAMPLES)))
 
     return asyncio.run(main())
+
+
+def _other_choice(router, noise: torch.Tensor):
+    def forward(hidden):
+        hidden = hidden.reshape(-1, router.weight.shape[1])
+        logits = torch.nn.functional.linear(hidden, router.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        pick = torch.nn.functional.linear(hidden, router.weight + noise)
+        idx = torch.topk(pick, router.top_k, dim=-1).indices
+        weights = probs.gather(1, idx)
+        if router.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return logits, weights.to(logits.dtype), idx
+
+    return forward
 
 
 def one_batch(rollouts: list[Rollout]) -> Batch:

@@ -106,3 +106,29 @@ def test_forced_on_a_dense_model_is_refused(tiny_model_factory, tiny_tokenizer):
     tr = TorchTrainer(tiny_model_factory(0), TorchTrainerConfig(), AlgorithmSection(),
                       pad_token_id=tiny_tokenizer.pad_token_id)
     assert tr.replay is None
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_deliberate_flips_are_reproduced_exactly(moe, tiny_tokenizer, share):
+    """The engine's routers choose other experts for many tokens (its choice by noisy weights,
+    its expert weights the model's own): replaying the records, the trainer over the same fp32
+    weights reproduces the engine's log-probs, so every record lines up with its token (no
+    offset, padding or shared-prefix slip) and the gate weights are computed as the engine's."""
+    rollouts = sample_rollouts(moe, tiny_tokenizer, bf16_router=False, other_choice=0.1)
+    free, _ = _mismatch(moe, tiny_tokenizer, rollouts, replay=False, share=share)
+    replayed, m = _mismatch(moe, tiny_tokenizer, rollouts, replay=True, share=share)
+    assert m["train/routing_replay_changed"] > 0.1
+    assert replayed.max() < 1e-4, replayed.max()
+    assert free.mean() > 1e-2
+
+
+def test_reference_replays_so_the_kl_before_the_first_update_is_zero(moe, tiny_tokenizer,
+                                                                      gap_rollouts):
+    """With `kl_coef`, the frozen reference routes the recorded experts as the policy does:
+    before any update the two are the same model, so the KL penalty is zero."""
+    tr = TorchTrainer(copy.deepcopy(moe), TorchTrainerConfig(),
+                      AlgorithmSection(lr=1e-3, kl_coef=0.1),
+                      pad_token_id=tiny_tokenizer.pad_token_id)
+    out = tr.train_step(one_batch(copy.deepcopy(gap_rollouts)))
+    assert out["train/routing_replay_changed"] > 0
+    assert abs(out["train/kl_ref"]) < 1e-9, out["train/kl_ref"]

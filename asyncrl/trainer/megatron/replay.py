@@ -14,7 +14,9 @@ megatron's own top-k first, the recorded experts wherever there is a record, and
 gathered there, which is what `REPLAY_FORWARD` does for a full record. The target stays set
 until the next micro-batch's forward, so a recomputed forward in the backward
 (`trainer.recompute`) routes the same way. Tokens are ordered as megatron flattens its
-`[s, b, h]` hidden states: position-major.
+`[s, b, h]` hidden states: position-major. One per model: the trainer keeps one for its
+policy and one for its frozen reference (`algorithm.kl_coef`), each set before that model's
+forward, so both route the recorded experts.
 """
 
 from __future__ import annotations

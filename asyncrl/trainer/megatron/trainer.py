@@ -99,6 +99,8 @@ class MegatronTrainer:
         """Routing replay through megatron-core's router replay (`megatron/replay.py`)."""
         self.reference: Any = None
         """Frozen copy of this rank's shard at the first RL update (`algorithm.kl_coef`)."""
+        self._reference_replay: MegatronReplay | None = None
+        """The reference's routers replaying the same records as the policy's."""
         if get_hf is not None:
             mmodel.load_hf_weights(self.model, self.arch, get_hf)
         self.model.train()
@@ -212,15 +214,21 @@ class MegatronTrainer:
         was at the first call, in a second `GPTModel` (see `StepBackend`)."""
         if self.reference is None:
             self.reference = self._frozen_copy()
+        if self._reference_replay is not None:
+            self._reference_replay.set(t.get("routes"), *t["input_ids"].shape)
         with torch.no_grad():
             logits = mmodel.forward_logits(self.reference, t["input_ids"])
             return vocab_parallel.token_logprobs(logits, t["input_ids"], temperature)
 
     def _frozen_copy(self) -> Any:
         """A second model of the same shard layout holding the current weights, no gradients
-        (every rank builds its own shard at the same call)."""
+        (every rank builds its own shard at the same call). With routing replay its routers
+        replay the records too, as the torch trainer's reference does: otherwise the KL
+        penalty would measure the routing noise replay removes from the policy."""
+        replay = self.replay is not None
         ref = mmodel.build_gpt(self.arch, dtype=self.dtype, recompute="none",
-                               attention=self._attention)
+                               attention=self._attention, routing_replay=replay)
+        self._reference_replay = MegatronReplay(ref) if replay else None
         ref.load_state_dict(self.model.state_dict())
         ref.eval()
         for p in ref.parameters():
@@ -240,8 +248,11 @@ class MegatronTrainer:
         with the batch."""
         out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
                            lr_scale=lr_scale)
-        if self.replay is not None:
-            out.update(moe_replay.replay_metrics(self.replay.take_counts(), "train/"))
+        if self.replay is not None:  # the reference's forwards count too, as in the torch trainer
+            counts = self.replay.take_counts()
+            if self._reference_replay is not None:
+                counts = counts + self._reference_replay.take_counts()
+            out.update(moe_replay.replay_metrics(counts, "train/"))
         return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
