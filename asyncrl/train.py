@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -247,7 +247,8 @@ class StageRunner:
         rt, i = self.rt, self.state.stage_index
         teacher = (stage.distill or DistillSection()).teacher
         async with contextlib.AsyncExitStack() as stack:
-            runner, sync = rt.runner, self._sync
+            runner = rt.runner
+            sync: Callable[[], Awaitable[float]] | None = self._sync
             if teacher is not None:
                 engines = await stack.enter_async_context(open_teacher(
                     teacher, f"stages[{i}].distill.teacher", rt.tokenizer,

@@ -32,7 +32,7 @@ import enum
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from asyncrl.config import DistillSection, StageSection, TeacherSection
 from asyncrl.errors import ConfigError, DataError
@@ -301,9 +301,9 @@ async def open_teacher(teacher: TeacherSection, key: str, tokenizer: Any, dtype:
 
     try:
         own = await asyncio.to_thread(modeling.load_tokenizer, teacher.path)
-    except Exception as e:  # any failure to read it: the path is what the user can fix
+    except Exception as exc:  # any failure to read it: the path is what the user can fix
         raise ConfigError(f"{key}.path", f"cannot load the teacher's tokenizer from "
-                          f"{teacher.path!r}: {e}") from None
+                          f"{teacher.path!r}: {exc}") from None
     if own.get_vocab() != tokenizer.get_vocab():
         raise ConfigError(f"{key}.path", f"the teacher's tokenizer ({len(own)} tokens) is not "
                           f"the policy's ({len(tokenizer)}): a distilled transcript is trained "
@@ -317,7 +317,8 @@ async def open_teacher(teacher: TeacherSection, key: str, tokenizer: Any, dtype:
     async with contextlib.AsyncExitStack() as stack:
         for e in engines:
             if hasattr(e, "__aenter__"):
-                await stack.enter_async_context(e)
+                await stack.enter_async_context(
+                    cast(contextlib.AbstractAsyncContextManager[Any], e))
             else:
                 stack.push_async_callback(e.close)
         log.info("teacher_ready", path=teacher.path, engines=[e.name for e in engines])
