@@ -64,14 +64,14 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     sys.modules.pop("distplug", None)
 
 
-def _toml(reward: str, distill: str, steps: int = 4) -> str:
-    return MICRO_MODEL + textwrap.dedent(f"""
+def _toml(reward: str, distill: str, steps: int = 4, model: str = MICRO_MODEL) -> str:
+    return model + textwrap.dedent(f"""
         [run]
         name = "distill"
         seed = 3
         [data]
         train = "generator:distplug:make"
-        max_prompt_tokens = 256
+        max_prompt_tokens = 400
         [task]
         reward = "distplug:{reward}"
         """) + micro_rollout(max_response_tokens=64, seed_requests=True) + MICRO_ENGINE + textwrap.dedent(f"""
@@ -159,6 +159,56 @@ def test_a_source_with_only_a_reward_cold_starts_on_its_accepted_rollouts(
     sft = metric_rows(rd, "sft_step")
     assert sft[-1]["sft_step"] == 4 and len(batches) == 4 and all(len(b) == 4 for b in batches)
     assert (rd / "final" / "config.json").exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_teacher_samples_through_its_own_engine_and_the_policy_learns_its_successes(
+        plugin_dir: Path, monkeypatch: pytest.MonkeyPatch, tiny_tokenizer,
+        tiny_model_factory) -> None:
+    """`[stages.distill.teacher]`: another model (here another architecture) with the
+    policy's tokenizer, on a local engine of its own; the rollouts are its, the policy is
+    never synced between rounds, and the kept rollouts are what the policy trains on."""
+    from asyncrl import modeling
+
+    tiny_tokenizer.save_pretrained(plugin_dir / "tok")
+    modeling.save(tiny_model_factory(5), tiny_tokenizer, plugin_dir / "teacher")
+    model = MICRO_MODEL.replace('train_on = "task_corpus"\nvocab_size = 400',
+                                f'path = "{plugin_dir / "tok"}"')
+    rd, batches = _train(plugin_dir, _toml("lucky", f"""
+        rounds = 2
+        samples_per_problem = 8
+        [stages.distill.teacher]
+        path = "{plugin_dir / "teacher"}"
+        [stages.distill.teacher.engine]
+        kv_token_budget = 8192
+        """, model=model), monkeypatch)
+    rows = metric_rows(rd, "distill_round")
+    assert [r["round"] for r in rows] == [1, 2] and rows[0]["kept"] > 0
+    groups = [g for i in (0, 1) for g in read_jsonl(rd / "distill" / "cold" /
+                                                   f"round_{i:02d}.jsonl", Group)]
+    rolls = [r for g in groups for r in g.rollouts]
+    assert {r.engine for r in rolls} == {"teacher-0"}
+    assert {r.policy_version for r in rolls} == {0}  # no policy sync between the rounds
+    kept = [g.rollouts[i] for g in groups for i in g.kept]
+    assert {(tuple(i), tuple(m)) for b in batches for i, m in b} == {
+        (tuple(r.prompt_ids + r.response_ids), tuple([0] * len(r.prompt_ids) + r.loss_mask))
+        for r in kept}
+
+
+async def test_a_teacher_with_another_vocabulary_is_refused_naming_its_key(
+        tmp_path: Path, tiny_tokenizer) -> None:
+    from asyncrl.config import TeacherSection
+    from asyncrl.modeling import train_tokenizer
+    from asyncrl.sft.distill import open_teacher
+
+    train_tokenizer(["other words entirely"] * 5, vocab_size=300).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        async with open_teacher(TeacherSection(path=str(tmp_path)),
+                                "stages[0].distill.teacher", tiny_tokenizer, "float32",
+                                tmp_path):
+            pass
+    assert e.value.key == "stages[0].distill.teacher.path"
+    assert "vocabulary" in e.value.message
 
 
 async def test_a_distill_stage_that_keeps_nothing_is_an_error_that_says_so(
