@@ -245,6 +245,78 @@ async def test_a_distill_stage_that_keeps_nothing_is_an_error_that_says_so(
     assert state.stage_step == 2  # the first round's steps lapsed; the second's never ran
 
 
+@pytest.mark.parametrize("stop_after", [2, 3])
+async def test_a_stopped_distill_stage_resumes_on_the_same_batches_without_resampling(
+        tmp_path: Path, tiny_model_factory, stop_after: int) -> None:
+    """Stopped mid-round (after step 2 of 3) or between rounds (after step 3, before round 2
+    is sampled), a stage resumed from its state and round files trains the batches an
+    uninterrupted one would, and samples only the rounds it had not."""
+    from asyncrl.config import AlgorithmSection, TorchTrainerConfig
+    from asyncrl.errors import RunStopped
+    from asyncrl.observe.metrics import MetricsWriter
+    from asyncrl.sft.distill import run_distill
+    from asyncrl.sft.stage import SFTSetup
+    from asyncrl.stages import TrainState
+    from asyncrl.stopping import StopRequest
+    from asyncrl.trainer import TRAINER_KINDS
+
+    probs = [Problem(id=f"p{i}", question="q", answer="a") for i in range(4)]
+    stage = config.from_dict({**BASE, "stages": [{
+        "name": "cold", "kind": "distill", "steps": 6, "batch_size": 2,
+        "distill": {"rounds": 2, "samples_per_problem": 3, "max_per_problem": 3}}]}).stages[0]
+
+    def attempt(out: Path, state: TrainState, stop: StopRequest | None):
+        rounds: list[int] = []
+        batches: list = []
+        trainer = TRAINER_KINDS["torch"](tiny_model_factory(0), TorchTrainerConfig(),
+                                         AlgorithmSection(lr=1e-3), pad_token_id=0)
+        real = trainer.sft_step
+
+        def step(examples):
+            batches.append(examples)
+            return real(examples)
+        trainer.sft_step = step
+
+        async def sample(problems: list[Problem], n: int, r: int) -> list[Group]:
+            rounds.append(r)
+            return [Group(group_id=f"{p.id}:{r}", problem=p, rollouts=[
+                _ro(f"{p.id}:{r}:{k}", [10 + int(p.id[1:]), 20 + (k + r) % 3],
+                    reward=float(k != 1)) for k in range(n)]) for p in problems]
+
+        def on_step(_loss):
+            if stop is not None and state.stage_step == stop_after:
+                stop.request()
+
+        async def go() -> None:
+            setup = SFTSetup(trainer=trainer, tokenizer=None, fmt=None, tools=None,
+                             system_prompt="", seed=0, lr=1e-3, tool_output_max_chars=256,
+                             checkpoint_every=0)
+            with MetricsWriter(out) as metrics:
+                await run_distill(stage, setup, state, metrics, probs, sample, _no_sync,
+                                  out / "distill", _no_checkpoint, on_step=on_step, stop=stop)
+        return go, rounds, batches
+
+    go, _, full = attempt(tmp_path / "full", TrainState(), None)
+    await go()
+    state = TrainState()
+    go, first_rounds, before = attempt(tmp_path / "part", state, StopRequest())
+    with pytest.raises(RunStopped):
+        await go()
+    assert state.stage_step == stop_after and first_rounds == [0]
+    go, resumed_rounds, after = attempt(tmp_path / "part", state, None)
+    await go()
+    assert resumed_rounds == [1]
+    assert before + after == full and len(full) == 6
+
+
+async def _no_sync() -> float:
+    return 0.0
+
+
+async def _no_checkpoint() -> None:
+    pass
+
+
 async def _never() -> None:
     raise AssertionError("nothing was trained, so nothing is checkpointed")
 
