@@ -442,3 +442,21 @@ def test_a_teacher_engine_table_without_kind_is_a_local_engine() -> None:
     d = cfg.stages[0].distill
     assert d is not None and d.teacher is not None
     assert (d.teacher.engine.kind, d.teacher.engine.kv_token_budget) == ("local", 99)
+
+
+def test_config_check_shows_the_distill_plan_and_names_a_missing_teacher(tmp_path: Path) -> None:
+    from asyncrl.cli.plan import dry_run
+
+    def cfg(teacher: str) -> config.RunConfig:
+        return config.from_dict({**BASE, "data": {"train": "generator:tiny_math",
+                                                  "generator_options": {"train_size": 4}},
+                                 "stages": [{"name": "d", "kind": "distill", "steps": 2,
+                                             "distill": {"rounds": 2, "teacher": {
+                                                 "path": teacher}}}]})
+    (tmp_path / "t").mkdir()
+    (line,) = [x for x in dry_run(cfg(str(tmp_path / "t"))) if x.startswith("stage 0")]
+    assert "distill 2 rounds x 8 samples, at most 2 kept per problem" in line
+    assert f"teacher {tmp_path / 't'} (local engine)" in line
+    with pytest.raises(ConfigError) as e:
+        dry_run(cfg(str(tmp_path / "nowhere")))
+    assert e.value.key == "stages[0].distill.teacher.path"
