@@ -322,8 +322,9 @@ class TeacherSection(_Section, frozen=True, kw_only=True):
     """The model a distill stage samples from instead of the policy (`[stages.distill.teacher]`)."""
 
     path: str
-    """HF model directory (or, for a server engine, the model name it serves). Its tokenizer
-    must have the policy's vocabulary: the kept rollouts are trained token for token."""
+    """HF model directory (or, for a server engine, the model name it serves), loaded in
+    `model.dtype` by a local engine. Its tokenizer must have the policy's vocabulary: the kept
+    rollouts are trained token for token."""
     engine: EngineConfig = LocalEngineConfig()
     """The teacher's own engine (`[stages.distill.teacher.engine]`, any `engine.kind`; without
     `kind`, local). It is opened for the stage and closed after it, and never receives the
@@ -529,6 +530,13 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             if st.distill is not None and st.kind != "distill":
                 raise ValueError(f"stages[{i}].distill: only a stage of kind \"distill\" "
                                  f"samples and selects rollouts")
+            teng = st.distill.teacher.engine if st.distill and st.distill.teacher else None
+            if (teng is not None and not isinstance(teng, LocalEngineConfig)
+                    and not isinstance(eng, LocalEngineConfig) and not teng.urls
+                    and not eng.urls and teng.base_port == eng.base_port):
+                raise ValueError(f"stages[{i}].distill.teacher.engine.base_port: the teacher's "
+                                 f"servers would be launched on the policy's ports "
+                                 f"({eng.base_port}); give them another base_port")
             rounds = st.distill.rounds if st.distill is not None else 1
             if st.kind == "distill" and st.steps < rounds:
                 raise ValueError(f"stages[{i}].steps: a distill stage of {rounds} rounds "

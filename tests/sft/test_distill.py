@@ -434,6 +434,17 @@ def test_a_distill_config_mistake_names_its_key(stage: dict, key: str) -> None:
     assert e.value.key == key
 
 
+def test_a_launched_teacher_server_needs_ports_of_its_own() -> None:
+    def cfg(port: int) -> config.RunConfig:
+        return config.from_dict({**BASE, "engine": {"kind": "sglang"}, "stages": [{
+            "name": "d", "kind": "distill", "steps": 1, "distill": {"teacher": {
+                "path": "m", "engine": {"kind": "sglang", "base_port": port}}}}]})
+    with pytest.raises(ConfigError) as e:
+        cfg(30000)
+    assert e.value.key == "stages[0].distill.teacher.engine.base_port"
+    assert cfg(31000).stages[0].distill.teacher.engine.base_port == 31000
+
+
 def test_a_teacher_engine_table_without_kind_is_a_local_engine() -> None:
     cfg = config.from_dict({**BASE, "stages": [{"name": "d", "kind": "distill", "steps": 1,
                                                 "distill": {"teacher": {
