@@ -242,7 +242,7 @@ async def _sample_round(stage: StageSection, cfg: DistillSection, seed: int, sta
     rejected = sum(counts[v] for v in REJECTED)
     metrics.write("distill_round", stage=stage.name, step=state.global_step, round=r + 1,
                   problems=len(probs), sampled=sampled, kept=counts[Verdict.KEPT],
-                  rejected=rejected, **{f"rejected/{v}": counts[v] for v in REJECTED},
+                  rejected=rejected, **{f"rejected_{v}": counts[v] for v in REJECTED},
                   pool=len(pool), problems_with_kept=sum(pool.count(p.id) > 0
                                                          for p in problems))
     log.info("distill_round", round=r + 1, problems=len(probs), sampled=sampled,

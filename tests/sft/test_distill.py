@@ -126,10 +126,10 @@ def test_a_source_with_only_a_reward_cold_starts_on_its_accepted_rollouts(
     for r in rows:  # every sampled rollout is kept or rejected for one reason
         assert r["sampled"] == 8 * r["problems"]
         assert r["kept"] + r["rejected"] == r["sampled"]
-        assert r["rejected"] == sum(r[f"rejected/{v}"] for v in
+        assert r["rejected"] == sum(r[f"rejected_{v}"] for v in
                                     ("wrong", "unfinished", "duplicate", "over_cap"))
         kept_total += r["kept"]
-    assert rows[0]["problems"] == 5 and rows[0]["kept"] > 0 and rows[0]["rejected/wrong"] > 0
+    assert rows[0]["problems"] == 5 and rows[0]["kept"] > 0 and rows[0]["rejected_wrong"] > 0
     assert rows[-1]["pool"] == kept_total
 
     # the round files hold every sampled group, its kept rollouts marked
@@ -241,7 +241,7 @@ async def test_a_distill_stage_that_keeps_nothing_is_an_error_that_says_so(
                           tmp_path / "distill", _never)
     assert asked == [(3, 2, 0), (3, 2, 1)]
     rows = metric_rows(tmp_path, "distill_round")
-    assert [(r["kept"], r["rejected/wrong"]) for r in rows] == [(0, 6), (0, 6)]
+    assert [(r["kept"], r["rejected_wrong"]) for r in rows] == [(0, 6), (0, 6)]
     assert state.stage_step == 2  # the first round's steps lapsed; the second's never ran
 
 
