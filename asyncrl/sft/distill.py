@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import DistillSection, StageSection, TeacherSection
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.log import get_logger
@@ -257,8 +258,6 @@ async def _train_round(stage: StageSection, setup: SFTSetup, state: SFTState,
     """The round's optimizer steps (up to stage step `end`) over the whole pool, cycled in a
     seeded order; batch i of the round is a function of (seed, round, i): a resumed round
     takes the batches the stopped one would have."""
-    from asyncrl.algo.schedule import stage_lr
-
     pairs = [transcript(x) for x in pool.kept]
     order = round_order(len(pairs), setup.seed, r)
     begin = _round_begin(stage, r)
