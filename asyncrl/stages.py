@@ -38,7 +38,8 @@ class TrainState(msgspec.Struct, kw_only=True):
     plateau: PlateauState = msgspec.field(default_factory=PlateauState)
     data_cursor: dict[str, Any] = {}
     sft_cursor: dict[str, Any] = {}
-    """Where a chat-file SFT stage is in its epochs (`asyncrl.sft.stage.SFTPlan.cursor`)."""
+    """Where a chat-file SFT stage is in its epochs (`asyncrl.sft.stage.SFTPlan.cursor`), or a
+    distill stage in its rounds (`{"round": r}`: round r sampled, `asyncrl.sft.distill`)."""
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None

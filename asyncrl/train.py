@@ -2,8 +2,9 @@
 
 Per RL step: prompts -> rollouts (the async rollout engine: streaming, tools mid-generation,
 reward as each group ends) -> RoC (2G -> G, advantages) -> update -> weight sync -> log.
-Stages run in order (SFT cold start, then RL stages); a stage ends at its step count or on a
-plateau; a `hard` stage first keeps only the problems the current policy does not solve k/k.
+Stages run in order (an SFT or distill cold start, then RL stages); a stage ends at its step
+count or on a plateau; a `hard` stage first keeps only the problems the current policy does not
+solve k/k.
 Evaluation every N steps; checkpoints every N steps and at stage ends, resumable. A stop
 (SIGINT / SIGTERM, `asyncrl.stopping`) aborts the rollouts under way, saves the last completed
 step and leaves through the normal cleanup (`RunStopped`).
@@ -14,10 +15,11 @@ Owns: the order of things and the run state. Does not own: any component's inter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from asyncrl.algo.roc import apply_roc
 from asyncrl.algo.schedule import stage_lr
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
-from asyncrl.config import RunConfig, StageSection
+from asyncrl.config import DistillSection, RunConfig, StageSection
 from asyncrl.errors import RunStopped
 from asyncrl.formats import PYTHON_TOOL, shows_tool_time
 from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
@@ -39,10 +41,12 @@ from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progres
 from asyncrl.observe.report import write_report
 from asyncrl.observe.sinks import open_sinks
 from asyncrl.records import Batch, Group, Problem, Rollout, save_jsonl
+from asyncrl.rollout import RolloutRunner
 from asyncrl.rollout.agent import RolloutSettings
 from asyncrl.rollout.producer import RolloutProducer, Wave
 from asyncrl.rundir import pick_run_dir
 from asyncrl.runtime import Runtime, open_runtime
+from asyncrl.sft.distill import open_teacher, run_distill
 from asyncrl.sft.stage import SFTSetup, run_sft
 from asyncrl.stages import (
     PlateauState,
@@ -114,15 +118,19 @@ class StageRunner:
         await _push_weights(self.rt, self.state.policy_version)
         return time.monotonic() - t0
 
-    async def _rollouts(self, problems: list[Problem], n: int,
-                        settings: RolloutSettings) -> list[Group]:
+    async def _rollouts(self, problems: list[Problem], n: int, settings: RolloutSettings,
+                        runner: RolloutRunner | None = None) -> list[Group]:
+        """Rollouts of an evaluation, a filter or a distill round (`runner`: the run's, or
+        a teacher's)."""
         self.progress.rollouts_requested(len(problems) * n)
+        runner = runner or self.rt.runner
 
         async def collect() -> list[Group]:
-            return [g async for g in self.rt.runner.run(problems, n, settings,
-                                                        self.state.policy_version)]
+            return [g async for g in runner.run(problems, n, settings,
+                                                self.state.policy_version)]
         # a stop aborts them; none answered (every one failed) stops the run
-        return some_answered(await self.stop.race(collect()), "an evaluation or a filter")
+        return some_answered(await self.stop.race(collect()),
+                             "an evaluation, a filter or a distill round")
 
     # ---------------------------------------------------------------------------- the stages
     async def run(self) -> None:
@@ -157,9 +165,10 @@ class StageRunner:
         self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
                            event="start", stage_kind=stage.kind)
         log.info("stage_start", kind=stage.kind, steps=stage.steps)
-        if stage.kind == "sft":
+        if stage.kind != "rl":  # sft, distill: steps, then a sync and an evaluation
             if not self.state.eval_due:  # set: a stop came during the eval, steps and sync done
-                await self._run_sft(stage)
+                await (self._run_sft(stage) if stage.kind == "sft"
+                       else self._run_distill(stage))
                 await self._sync()
                 self.state.eval_due = True
             await self.evaluate(label="after_sft", stage=stage)
@@ -210,23 +219,56 @@ class StageRunner:
             finally:
                 self._producer = None
 
-    async def _run_sft(self, stage: StageSection) -> None:
+    def _sft_setup(self) -> SFTSetup:
         cfg, rt = self.cfg, self.rt
-        setup = SFTSetup(trainer=self.trainer, tokenizer=rt.tokenizer, fmt=rt.fmt,
-                         tools=[t.schema for t in rt.tools] or None,
-                         system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
-                         lr=cfg.algorithm.lr,
-                         tool_output_max_chars=cfg.rollout.tool_output_max_chars,
-                         checkpoint_every=cfg.checkpoint.sft_every_steps,
-                         show_tool_time=shows_tool_time(cfg.rollout.tool_time,
-                                                        cfg.rollout.seed_requests),
-                         python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None),
-                         solution_code=rt.task.solution_code)
-        await run_sft(stage, setup, self.state, self.metrics, self.train_problems,
-                      lambda: self._checkpoint(force=True),
-                      on_step=lambda loss: self.progress.step(
-                          self.state.stage_step, self.state.global_step, loss=loss),
+        return SFTSetup(trainer=self.trainer, tokenizer=rt.tokenizer, fmt=rt.fmt,
+                        tools=[t.schema for t in rt.tools] or None,
+                        system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
+                        lr=cfg.algorithm.lr,
+                        tool_output_max_chars=cfg.rollout.tool_output_max_chars,
+                        checkpoint_every=cfg.checkpoint.sft_every_steps,
+                        show_tool_time=shows_tool_time(cfg.rollout.tool_time,
+                                                       cfg.rollout.seed_requests),
+                        python_tool=next((t for t in rt.tools if t.name == PYTHON_TOOL), None),
+                        solution_code=rt.task.solution_code)
+
+    def _on_sft_step(self, loss: float | None) -> None:
+        self.progress.step(self.state.stage_step, self.state.global_step, loss=loss)
+
+    async def _run_sft(self, stage: StageSection) -> None:
+        await run_sft(stage, self._sft_setup(), self.state, self.metrics, self.train_problems,
+                      lambda: self._checkpoint(force=True), on_step=self._on_sft_step,
                       stop=self.stop)
+
+    async def _run_distill(self, stage: StageSection) -> None:
+        """Rejection-sampling SFT (`asyncrl.sft.distill`): the policy's rollouts, through the
+        run's engines (synced between rounds), or a teacher's, through engines of its own
+        opened for the stage; sampled at the training temperature and the stage's budget."""
+        rt, i = self.rt, self.state.stage_index
+        teacher = (stage.distill or DistillSection()).teacher
+        async with contextlib.AsyncExitStack() as stack:
+            runner = rt.runner
+            sync: Callable[[], Awaitable[float]] | None = self._sync
+            if teacher is not None:
+                engines = await stack.enter_async_context(open_teacher(
+                    teacher, f"stages[{i}].distill.teacher", rt.tokenizer,
+                    self.cfg.model.dtype, rt.run_dir))
+                # the policy's prompt, tools and reward: only the model sampling differs
+                base = rt.runner
+                runner = RolloutRunner(engines, rt.tokenizer, base.tools, base.reward_fn,
+                                       system_prompt=base.system_prompt, env=base.env,
+                                       reward_timeout_s=base.reward_timeout_s)
+                sync = None
+
+            async def sample(problems: list[Problem], n: int, r: int) -> list[Group]:
+                return await self._rollouts(problems, n, self._settings(
+                    stage, seed_key=f"distill:{i}:{r}"), runner=runner)
+
+            await run_distill(stage, self._sft_setup(), self.state, self.metrics,
+                              self.train_problems, sample, sync,
+                              rt.run_dir / "distill" / stage.name,
+                              lambda: self._checkpoint(force=True),
+                              on_step=self._on_sft_step, stop=self.stop)
 
     async def _filter_hard(self, stage: StageSection) -> None:
         """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
@@ -367,8 +409,8 @@ class StageRunner:
         self.state.rng_state = self.rng.getstate()
         self.state.metrics_rows = self.metrics.rows
         st = self.state
-        sft = self.cfg.stages[min(st.stage_index, len(self.cfg.stages) - 1)].kind == "sft"
-        # the RL step does not move during SFT: an SFT stage's checkpoints have their own names
+        sft = self.cfg.stages[min(st.stage_index, len(self.cfg.stages) - 1)].kind != "rl"
+        # the RL step does not move during SFT (or distill): their checkpoints have own names
         name = f"sft_{st.stage_index:02d}_{st.stage_step:08d}" if sft else None
         await asyncio.to_thread(save_checkpoint, self.rt.run_dir, st.global_step,
                                 self.trainer, msgspec.to_builtins(st),

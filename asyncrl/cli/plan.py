@@ -3,10 +3,11 @@ starting anything heavy (no model, engine, trainer or sandbox)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from asyncrl.algo.schedule import stage_lr
-from asyncrl.config import RunConfig
+from asyncrl.config import DistillSection, RunConfig
 from asyncrl.engine.registry import ENGINE_KINDS
 from asyncrl.errors import ConfigError
 from asyncrl.policy import check_kv_budget
@@ -64,8 +65,23 @@ def dry_run(cfg: RunConfig, *, missing: list[ConfigError] | None = None) -> list
         extra = f", filter=hard(k={st.hard_filter_k})" if st.data_filter == "hard" else ""
         if st.chat is not None:
             extra += f", chat files: {len(st.chat.train)} (layout {st.chat.layout})"
+        if st.kind == "distill":
+            extra += _distill_plan(i, st.distill or DistillSection(), absent)
         plateau = f", plateau({st.plateau.metric}, {st.plateau.patience})" if st.plateau else ""
         lines.append(f"stage {i} {st.name}: {st.kind}, {st.steps} steps, budget "
                      f"{stage_budget(cfg.rollout, st)}, lr {stage_lr(st, cfg.algorithm.lr)}"
                      f"{extra}{plateau}")
     return lines
+
+
+def _distill_plan(i: int, d: DistillSection, absent: Callable[[str, str], None]) -> str:
+    """A distill stage's line: its rounds and, with a teacher, the teacher and its engine (a
+    local teacher's directory must be here)."""
+    out = (f", distill {d.rounds} rounds x {d.samples_per_problem} samples, at most "
+           f"{d.max_per_problem} kept per problem")
+    t = d.teacher
+    if t is not None:
+        out += f", teacher {t.path} ({t.engine.kind} engine)"
+        if t.engine.kind == "local" and not Path(t.path).is_dir():
+            absent(f"stages[{i}].distill.teacher.path", f"no such directory: {t.path}")
+    return out

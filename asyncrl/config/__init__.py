@@ -40,6 +40,7 @@ from asyncrl.config.schema import (
     AlgorithmSection,
     CheckpointSection,
     DataSection,
+    DistillSection,
     EvalSection,
     LoggingSection,
     ModelSection,
@@ -51,6 +52,7 @@ from asyncrl.config.schema import (
     SFTChatSection,
     StageSection,
     TaskSection,
+    TeacherSection,
     TokenizerSection,
 )
 
@@ -58,6 +60,7 @@ __all__ = [
     "AlgorithmSection",
     "CheckpointSection",
     "DataSection",
+    "DistillSection",
     "EngineConfig",
     "EvalSection",
     "Fraction",
@@ -82,6 +85,7 @@ __all__ = [
     "SandboxConfig",
     "StageSection",
     "TaskSection",
+    "TeacherSection",
     "TokenizerSection",
     "TorchTrainerConfig",
     "TrainerConfig",

@@ -120,6 +120,7 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
     for section, default_kind in _DEFAULT_KINDS.items():
         if isinstance(data.get(section), dict) and "kind" not in data[section]:
             data[section] = {"kind": default_kind, **data[section]}
+    data = _teacher_engine_kinds(data)
     try:
         cfg = msgspec.convert(data, RunConfig, strict=True)
     except msgspec.ValidationError as e:
@@ -130,6 +131,24 @@ def from_dict(data: dict[str, Any]) -> RunConfig:
         cfg = msgspec.structs.replace(
             cfg, algorithm=msgspec.structs.replace(cfg.algorithm, correction="decoupled"))
     return cfg
+
+
+def _teacher_engine_kinds(data: dict[str, Any]) -> dict[str, Any]:
+    """A distill stage's `[stages.distill.teacher.engine]` without `kind` is a local engine,
+    as `[engine]` is (copies of the tables it changes; `data` is left alone)."""
+    stages = data.get("stages")
+    if not isinstance(stages, list):
+        return data
+    out = []
+    for st in stages:
+        teacher = (st.get("distill") or {}).get("teacher") if isinstance(st, dict) else None
+        eng = teacher.get("engine") if isinstance(teacher, dict) else None
+        if isinstance(eng, dict) and "kind" not in eng:
+            assert isinstance(st, dict) and isinstance(teacher, dict)
+            st = {**st, "distill": {**st["distill"], "teacher": {
+                **teacher, "engine": {"kind": "local", **eng}}}}
+        out.append(st)
+    return {**data, "stages": out}
 
 
 def _parse_value(text: str) -> Any:

@@ -318,13 +318,51 @@ class SFTChatSection(_Section, frozen=True, kw_only=True):
             raise _bad("train", "name at least one chat file")
 
 
+class TeacherSection(_Section, frozen=True, kw_only=True):
+    """The model a distill stage samples from instead of the policy (`[stages.distill.teacher]`)."""
+
+    path: str
+    """HF model directory (or, for a server engine, the model name it serves), loaded in
+    `model.dtype` by a local engine. Its tokenizer must have the policy's vocabulary: the kept
+    rollouts are trained token for token."""
+    engine: EngineConfig = LocalEngineConfig()
+    """The teacher's own engine (`[stages.distill.teacher.engine]`, any `engine.kind`; without
+    `kind`, local). It is opened for the stage and closed after it, and never receives the
+    policy's weights."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise _bad("path", "name the teacher model's directory")
+
+
+class DistillSection(_Section, frozen=True, kw_only=True):
+    """A distill stage's sampling and selection (`[stages.distill]`): rejection-sampling SFT
+    from the model's own rollouts (or a teacher's) that the task's reward accepts."""
+
+    rounds: PosInt = 1
+    """Sample, select, train; this many times. Each round samples the policy as the previous
+    round left it (a teacher does not change), and trains on every transcript kept so far."""
+    samples_per_problem: PosInt = 8
+    """Rollouts sampled per problem in each round (the stage's budget and the training
+    temperature)."""
+    max_per_problem: PosInt = 2
+    """At most this many kept transcripts per problem, over all rounds (a problem at the cap
+    is not sampled again)."""
+    problems_per_round: NonNegInt = 0
+    """Problems sampled in a round: a seeded random subset of those below the cap (0 = all)."""
+    teacher: TeacherSection | None = None
+    """Sample from this model instead of the policy (None: the policy, through `[engine]`)."""
+
+
 class StageSection(_Section, frozen=True, kw_only=True):
     name: str
     """Stage name (used in logs and checkpoints)."""
-    kind: Literal["sft", "rl"] = "rl"
-    """`sft`: supervised cold start on generated transcripts. `rl`: GRPO-RoC."""
+    kind: Literal["sft", "rl", "distill"] = "rl"
+    """`sft`: supervised cold start on generated transcripts. `rl`: GRPO-RoC. `distill`: a
+    cold start from sampled rollouts the reward accepts (`[stages.distill]`), trained as SFT
+    transcripts."""
     steps: PosInt
-    """Maximum steps of this stage (optimizer steps for SFT, RL steps for RL)."""
+    """Maximum steps of this stage (optimizer steps for SFT and distill, RL steps for RL)."""
     max_response_tokens: NonNegInt = 0
     """Response budget for this stage; 0 keeps `rollout.max_response_tokens`."""
     data_filter: Literal["all", "hard"] = "all"
@@ -362,6 +400,8 @@ class StageSection(_Section, frozen=True, kw_only=True):
     tracebacks and measured times) instead of running the programs in process."""
     chat: SFTChatSection | None = None
     """SFT: train on chat files (`[stages.chat]`) instead of generated transcripts."""
+    distill: DistillSection | None = None
+    """Distill: its sampling and selection (None: the defaults of `DistillSection`)."""
 
 
 # -------------------------------------------------------------------------- eval/ckpt/logs
@@ -484,16 +524,31 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
-            if st.kind == "sft" and st.data_filter != "all":
-                raise ValueError(f"stages[{i}].data_filter: an SFT stage cannot filter hard problems")
+            if st.kind != "rl" and st.data_filter != "all":
+                raise ValueError(f"stages[{i}].data_filter: an SFT or distill stage cannot "
+                                 f"filter hard problems")
+            if st.distill is not None and st.kind != "distill":
+                raise ValueError(f"stages[{i}].distill: only a stage of kind \"distill\" "
+                                 f"samples and selects rollouts")
+            teng = st.distill.teacher.engine if st.distill and st.distill.teacher else None
+            if (teng is not None and not isinstance(teng, LocalEngineConfig)
+                    and not isinstance(eng, LocalEngineConfig) and not teng.urls
+                    and not eng.urls and teng.base_port == eng.base_port):
+                raise ValueError(f"stages[{i}].distill.teacher.engine.base_port: the teacher's "
+                                 f"servers would be launched on the policy's ports "
+                                 f"({eng.base_port}); give them another base_port")
+            rounds = st.distill.rounds if st.distill is not None else 1
+            if st.kind == "distill" and st.steps < rounds:
+                raise ValueError(f"stages[{i}].steps: a distill stage of {rounds} rounds "
+                                 f"needs at least one step per round")
             if st.lr_decay_steps > st.steps:
                 raise ValueError(f"stages[{i}].lr_decay_steps: {st.lr_decay_steps} is more than "
                                  f"the stage's {st.steps} steps")
-            if (lora is not None and lora.apply_to == "rl" and st.kind == "sft"
+            if (lora is not None and lora.apply_to == "rl" and st.kind != "rl"
                     and any(s.kind == "rl" for s in self.stages[:i])):
                 raise ValueError(f"stages[{i}].kind: trainer.lora.apply_to = \"rl\" trains "
-                                 f"the adapter from the first RL stage on; an SFT stage "
-                                 f"cannot follow it")
+                                 f"the adapter from the first RL stage on; an SFT or "
+                                 f"distill stage cannot follow it")
             for key, by_level in (("fail_fix_by_level", st.fail_fix_by_level),
                                   ("tool_fraction_by_level", st.tool_fraction_by_level)):
                 bad = [k for k in by_level if not k.isdigit()]

@@ -160,7 +160,7 @@ class RunProgress:
         head = (f"{self.run}  stage {self.stage_index + 1}/{len(self.stages)} {st.name} "
                 f"({st.kind})  step {self.stage_step}/{st.steps}  "
                 f"ETA stage {_duration(stage_left)}, run {_duration(run_left)}")
-        figure = (f"SFT loss {self.loss:.4f}" if st.kind == "sft" and self.loss is not None
+        figure = (f"SFT loss {self.loss:.4f}" if st.kind != "rl" and self.loss is not None
                   else f"reward {self.reward:.3f}" if self.reward is not None else "reward -")
         acc = ("held-out accuracy -" if self.eval_accuracy is None else
                f"held-out accuracy {100 * self.eval_accuracy:.1f}% (step {self.eval_step})")
