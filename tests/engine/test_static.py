@@ -103,11 +103,11 @@ async def test_greedy_static_equals_eager_and_generate(which, model, vocab_model
 
 
 async def test_rows_join_leave_and_are_preempted(model, tiny_tokenizer) -> None:
-    """Churn through 3 rows under a KV budget that forces preemption: every output still
+    """Churn: 6 requests through 3 rows under a KV budget that forces preemption: every output still
     equals `model.generate` alone; dead rows were reused, the batch compacted."""
     ids = _ids(tiny_tokenizer)
-    prompts = [ids[i % 5] * (1 + (i % 3 == 2) * 2) for i in range(9)]
-    lens = [24 - 2 * (i % 4) for i in range(9)]
+    prompts = [ids[i % 5] * (1 + (i % 3 == 2) * 2) for i in range(6)]
+    lens = [16 - 2 * (i % 4) for i in range(6)]
     ref = [_ref(model, x, n) for x, n in zip(prompts, lens, strict=True)]
     budget = max(len(x) + n for x, n in zip(prompts, lens, strict=True)) + 20
     async with LocalEngine(model, tiny_tokenizer, kv_token_budget=budget, max_running=3,
@@ -161,11 +161,11 @@ async def test_greedy_static_equals_eager_and_generate(which, model, vocab_model
 
 
 async def test_rows_join_leave_and_are_preempted(model, tiny_tokenizer) -> None:
-    """Churn through 3 rows under a KV budget that forces preemption: every output still
+    """Churn: 6 requests through 3 rows under a KV budget that forces preemption: every output still
     equals `model.generate` alone; dead rows were reused, the batch compacted."""
     ids = _ids(tiny_tokenizer)
-    prompts = [ids[i % 5] * (1 + (i % 3 == 2) * 2) for i in range(9)]
-    lens = [24 - 2 * (i % 4) for i in range(9)]
+    prompts = [ids[i % 5] * (1 + (i % 3 == 2) * 2) for i in range(6)]
+    lens = [16 - 2 * (i % 4) for i in range(6)]
     ref = [_ref(model, x, n) for x, n in zip(prompts, lens, strict=True)]
     budget = max(len(x) + n for x, n in zip(prompts, lens, strict=True)) + 20
     async with LocalEngine(model, tiny_tokenizer, kv_token_budget=budget, max_running=3,
