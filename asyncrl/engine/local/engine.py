@@ -28,7 +28,9 @@ moves in, are views. Requests admitted together with the same context (a GRPO gr
 are prefilled once and their cache rows copied. Sampling is one batched pass on the model's
 device (`sampling.sample_rows`); only the step's token ids and log-probs cross to the host.
 Weight updates take the same lock as a step, so they land between steps, never during a
-forward.
+forward. With `decode="static"` the batch is a `static.StaticBatch` instead: the same plan and
+row operations over a preallocated per-row cache, and a fixed-shape decode step with the
+sampling inside it (captured as CUDA graphs on CUDA); prefill is the same.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
