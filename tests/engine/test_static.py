@@ -96,7 +96,7 @@ async def test_greedy_static_equals_eager_and_generate(which, model, vocab_model
             got[decode] = [o.token_ids for o in await _staggered(eng, prompts, lens)]
             assert eng.steps < sum(lens)  # they shared steps
             if decode == "static":
-                rows = {b for b, _, _ in eng._batch.shapes}
+                rows = {k[0] for k in eng._batch.shapes}
                 assert len(rows) > 1  # the batch moved between row buckets
     assert got["static"] == ref
     assert got["eager"] == ref
@@ -138,7 +138,7 @@ async def test_the_cache_grows_mid_run_and_outputs_still_match(model, tiny_token
         joined = await collect(eng, _req("long", long, 10))
         assert eng._batch.width == 128
         assert await running == ref_short
-        widths = {w for _, w, _ in eng._batch.shapes}
+        widths = {k[1] for k in eng._batch.shapes}
     assert joined.token_ids == ref_long
     assert widths >= {64, 128}
 
@@ -196,6 +196,13 @@ def test_the_fixed_sampler_is_sample_rows(top_p) -> None:
     toks, lps = sample_fixed(logits, torch.tensor(temps), torch.tensor(tops), u, top_p)
     assert [int(t) for t in toks] == want_t
     assert lps.tolist() == want_lp
+    if not top_p:  # every sampled row at temperature 1: the division is left out, same draws
+        ones = [0.0 if t == 0 else 1.0 for t in temps]
+        want_t1, want_lp1 = sample_rows(logits, ones, tops, gens(),
+                                        torch.Generator().manual_seed(9))
+        toks, lps = sample_fixed(logits, torch.tensor(ones), torch.tensor(tops), u, False,
+                                 scaled=False)
+        assert [int(t) for t in toks] == want_t1 and lps.tolist() == want_lp1
     assert len(set(want_t)) > 3
 
 

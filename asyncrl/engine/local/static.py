@@ -22,7 +22,7 @@ mask (HF returns such a mask as is).
 
 The step. Its inputs are copied into fixed device buffers (token ids and positions; per row the
 uniform draw, temperature and top-p), then one call computes, with every shape fixed by
-`(rows bucket, width bucket, top-p on)`: the forward of one token per row over the first
+`(rows bucket, width bucket, top-p on, a temperature other than 1)`: the forward of one token per row over the first
 `rows bucket` rows and `width bucket` columns, and the sampling of `sampling.sample_rows`
 written without a host sync (same arithmetic, so the same tokens and log-probs from the same
 logits and uniforms), into a fixed output buffer; one device->host copy brings the ids and
@@ -131,10 +131,10 @@ class StaticBatch:
         pin = device.type == "cuda"
         self._ints_h = torch.zeros((2, max_rows), dtype=torch.long, pin_memory=pin)
         self._floats_h = torch.zeros((3, max_rows), dtype=torch.float32, pin_memory=pin)
-        self._graphs: dict[tuple[int, int, bool], Any] = {}
+        self._graphs: dict[tuple[int, int, bool, bool], Any] = {}
         self._pool: Any = None
         self.captures = 0  # CUDA graphs captured so far (recaptures after growth included)
-        self.shapes: set[tuple[int, int, bool]] = set()  # step shapes run so far
+        self.shapes: set[tuple[int, int, bool, bool]] = set()  # step shapes run so far
 
     # ------------------------------------------------------------------ row operations
     def free(self, rows: list[int]) -> None:
@@ -224,12 +224,13 @@ class StaticBatch:
         floats[2, idx] = torch.tensor(top_ps, dtype=torch.float32)
         sampled = [i for i, t in enumerate(temperatures) if t != 0]
         top_p = any(top_ps[i] < 1.0 for i in sampled)
+        scaled = any(temperatures[i] != 1.0 for i in sampled)
         if sampled:  # the same draws, in the same order, as `sample_rows`
             s = torch.tensor([rows[i] for i in sampled])
             floats[0, s] = _uniforms([generators[i] for i in sampled], default)
         self._ints[:, :b].copy_(ints[:, :b], non_blocking=True)
         self._floats[:, :b].copy_(floats[:, :b], non_blocking=True)
-        key = (b, w, top_p)
+        key = (b, w, top_p, scaled)
         self.shapes.add(key)
         if self.graphs:
             self._replay(key)
@@ -240,10 +241,10 @@ class StaticBatch:
             self.pos[r] += 1
         return [int(t) for t in host[0].tolist()], host[1].tolist()
 
-    def _step(self, key: tuple[int, int, bool]) -> None:
-        """The fixed-shape step for `key = (rows, width, top_p)`, from the input buffers to
-        the output buffer; nothing in it reads back to the host."""
-        b, w, top_p = key
+    def _step(self, key: tuple[int, int, bool, bool]) -> None:
+        """The fixed-shape step for `key = (rows, width, top_p, scaled)`, from the input
+        buffers to the output buffer; nothing in it reads back to the host."""
+        b, w, top_p, scaled = key
         ids, pos = self._ints[0, :b], self._ints[1, :b]
         cache = DynamicCache(config=self._cfg)
         cache.layers = []
@@ -262,17 +263,17 @@ class StaticBatch:
         out = self._model(input_ids=ids.unsqueeze(1), attention_mask=mask,
                           position_ids=pos.unsqueeze(1), past_key_values=cache, use_cache=True)
         toks, lps = sample_fixed(out.logits[:, -1, :], self._floats[1, :b],
-                                 self._floats[2, :b], self._floats[0, :b], top_p)
+                                 self._floats[2, :b], self._floats[0, :b], top_p, scaled)
         self._out[0, :b].copy_(toks)
         self._out[1, :b].copy_(lps)
 
-    def _replay(self, key: tuple[int, int, bool]) -> None:
+    def _replay(self, key: tuple[int, int, bool, bool]) -> None:
         g = self._graphs.get(key)
         if g is None:
             g = self._capture(key)
         g.replay()
 
-    def _capture(self, key: tuple[int, int, bool]) -> Any:
+    def _capture(self, key: tuple[int, int, bool, bool]) -> Any:
         """Warm up, capture and keep the step for `key`, on the current inputs (see the module
         docstring: running it again writes the same keys and values)."""
         side = torch.cuda.Stream(self._device)
@@ -304,18 +305,23 @@ def _like(shape: tuple[int, int, int, int], t: torch.Tensor) -> tuple[int, int, 
 
 
 def sample_fixed(logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
-                 u: torch.Tensor, top_p: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 u: torch.Tensor, top_p: bool, scaled: bool = True
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sampling.sample_rows` with every shape fixed and nothing read back to the host.
 
     Per row: `temps` 0 is greedy, `u` the row's uniform draw (ignored when greedy). `top_p`
     says whether some sampled row has top-p < 1: then every sampled row samples in sorted
-    order over its nucleus, as `sample_rows` does for such a batch. Returns the token ids and
+    order over its nucleus, as `sample_rows` does for such a batch. `scaled` False: every
+    sampled row has temperature 1, and the pass dividing by it is left out, as `sample_rows`
+    leaves it out (dividing by 1 is exact either way). Returns the token ids and
     log-probs as float64 `[B]` tensors on the logits' device. The arithmetic is
     `sample_rows`' step for step (dividing by a temperature of 1 is exact), so the same logits
     and uniforms give the same tokens and log-probs."""
     vocab = logits.shape[1]
     greedy = temps == 0
-    x = logits.float() / torch.where(greedy, 1.0, temps).unsqueeze(1)
+    x = logits.float()
+    if scaled:
+        x = x / torch.where(greedy, 1.0, temps).unsqueeze(1)
     top, toks = x.max(dim=-1, keepdim=True)
     e = (x - top).exp_()
     size = max(1, math.isqrt(vocab))
