@@ -22,9 +22,9 @@ mask (HF returns such a mask as is).
 
 The step. Its inputs are copied into fixed device buffers (token ids and positions; per row the
 uniform draw, temperature and top-p), then one call computes, with every shape fixed by
-`(rows bucket, width bucket, top-p on, a temperature other than 1)`: the forward of one token per row over the first
-`rows bucket` rows and `width bucket` columns, and the sampling of `sampling.sample_rows`
-written without a host sync (same arithmetic, so the same tokens and log-probs from the same
+`(rows bucket, width bucket, top-p on, a temperature other than 1)`: the forward of one token
+per row over the first `rows bucket` rows and `width bucket` columns, and the sampling of
+`sampling.sample_rows` written without a host sync (same arithmetic, so the same tokens and log-probs from the same
 logits and uniforms), into a fixed output buffer; one device->host copy brings the ids and
 log-probs back. Buckets: rows 1, 2, 4, ... up to `max_running` (the last bucket is
 `max_running` itself); width 64, 128, ... up to the buffers' width. That is how SGLang's and
