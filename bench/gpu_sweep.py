@@ -1,4 +1,4 @@
-"""Every GPU check in one command, cheapest first, inside a time budget: one JSON, one table.
+"""Every GPU check in one command, leads then cheapest first, in a time budget: one JSON, one table.
 
 A GPU machine is lent only at times and for about 15 minutes in all (its start, every command
 and the idle time count; one command runs 10 minutes at most), so the checks are prepared here
@@ -12,7 +12,8 @@ Each check runs as its own process group with its own timeout (the smaller of it
 is left of the budget), its output in `<out-dir>/<check>/log.txt`, so a failure or a hang costs
 that check alone. Before a check starts, its estimate is charged against what is left of the
 budget: one that would not fit is skipped and its row says so, as is one whose `needs` did not
-pass. Order: the cheapest check whose needs have run comes next. Each row records pass (ran to
+pass. Order: the lead checks first (`Check.lead`: `megatron_1.7b`, never measured yet, so
+that no overrunning check starves it; issue 57), then the cheapest check whose needs have run. Each row records pass (ran to
 the end and its figures were read), fail (exit status, timeout or missing figures, with the
 last lines of its log) or skip, with the reason, its figures, its bar and whether the bar was
 met. A missed bar does not fail the sweep (figures are reported, not asserted); a failed check
@@ -56,8 +57,9 @@ DRY_CAP_S = 600.0
 
 
 def plan(checks: tuple[Check, ...]) -> list[Check]:
-    """Cheapest on the GPU first, each after the checks it needs (ties keep the declared
-    order); the dry run keeps the same sequence."""
+    """The lead checks first (in declared order: bars never measured yet, issue 57), then the
+    cheapest on the GPU first, each after the checks it needs (ties keep the declared order);
+    the dry run keeps the same sequence. `--only` / `--skip` choose from this order."""
     left, out = list(checks), list[Check]()
     names = {c.name for c in checks}
     for c in checks:
@@ -68,7 +70,7 @@ def plan(checks: tuple[Check, ...]) -> list[Check]:
         ready = [c for c in left if all(n in {o.name for o in out} for n in c.needs)]
         if not ready:
             raise ValueError(f"a cycle of needs among {[c.name for c in left]}")
-        nxt = min(ready, key=lambda c: c.estimate_s)
+        nxt = min(ready, key=lambda c: (not c.lead, 0.0 if c.lead else c.estimate_s))
         out.append(nxt)
         left.remove(nxt)
     return out

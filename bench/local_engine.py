@@ -1,11 +1,18 @@
 """The in-process engine (`engine.kind = "local"`) against `model.generate` on the same model.
 
 For each model and stream count: N requests of a 256-token random prompt and 256 new tokens at
-temperature 1.0 (no stop), all submitted at once to one `LocalEngine` (after a short warm-up
-of both), against one
-`model.generate(do_sample=True, temperature=1.0, top_k=0)` call over the same N prompts
-(left-padded batch: what a user without an engine would write). Prints a table of tokens/s and
-the ratio, writes `bench/results/local_engine.json`.
+temperature 1.0 (no stop), all submitted at once to one `LocalEngine`, once per decode path
+(`--arms`: `eager`, the growing left-padded cache; `static`, the fixed-shape step, captured as
+CUDA graphs on CUDA), against one `model.generate(do_sample=True, temperature=1.0, top_k=0)`
+call over the same N prompts (left-padded batch: what a user without an engine would write).
+Each engine first serves the same N prompts for 8 tokens (its warm-up: CUDA context, kernels,
+the static path's graph for that shape), then the timed batch; `generate` is warmed up once per
+model. Prints a table of tokens/s and the ratios, writes `bench/results/local_engine.json`.
+
+Equality, in the same run: the N prompts, greedy, `--check-new` tokens, through every arm and
+`generate`, in fp32 (a copy of a bf16 model: in bf16 near-tied logits flip under the arms'
+different kernels); a row counts the streams whose tokens equal across arms, and seeded
+sampling (temperature 1, a seed per stream) between the two engine paths.
 
 Models:
 - `tiny`: the tiny curriculum's model (`curricula/tiny.toml`'s `model.init`, 1,024-token vocab);
@@ -15,6 +22,7 @@ Models:
 
     python bench/local_engine.py [--models tiny qwen3-vocab] [--streams 1 16 64 256]
                                  [--prompt 256] [--new 256] [--device cpu] [--quick]
+                                 [--arms eager static] [--check-new 16]
 
 `--quick` runs 16 and 64 streams with 64 new tokens. Weights are random: the point is the speed
 of the generation machinery, which does not depend on what the model says.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import sys
@@ -41,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams, collect  # noqa: E402
-from asyncrl.engine.local.engine import LocalEngine  # noqa: E402
+from asyncrl.engine.local.engine import DECODES, LocalEngine  # noqa: E402
 from asyncrl.modeling import train_tokenizer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -91,26 +100,89 @@ def run_generate(model, ps: list[list[int]], new: int, device: str) -> float:
     return len(ps) * new / dt
 
 
-def run_engine(model, tok, ps: list[list[int]], new: int, device: str) -> tuple[float, int]:
-    async def go() -> tuple[float, int]:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_engine(model, tok, ps: list[list[int]], new: int, device: str, decode: str = "eager",
+               warm: int = 8) -> tuple[float, int, int]:
+    """Tokens/s of one engine over `ps` (after a `warm`-token pass over the same prompts), its
+    decode steps, and the CUDA graphs it captured."""
+    async def go() -> tuple[float, int, int]:
         budget = len(ps) * (len(ps[0]) + new) + 64
         async with LocalEngine(model, tok, kv_token_budget=budget, max_running=len(ps),
-                               device=device) as eng:
+                               device=device, decode=decode) as eng:
+            if warm:
+                await asyncio.gather(*(collect(eng, GenerateRequest(
+                    request_id=f"w{i}", input_ids=p,
+                    sampling=SamplingParams(max_new_tokens=warm, temperature=1.0)))
+                    for i, p in enumerate(ps)))
+            steps0 = eng.steps
+            _sync(device)
             t0 = time.perf_counter()
             gens = await asyncio.gather(*(collect(eng, GenerateRequest(
                 request_id=f"r{i}", input_ids=p,
                 sampling=SamplingParams(max_new_tokens=new, temperature=1.0)))
                 for i, p in enumerate(ps)))
+            _sync(device)
             dt = time.perf_counter() - t0
-            steps = eng.steps
+            steps = eng.steps - steps0
+            captures = getattr(eng._batch, "captures", 0)
         assert all(len(g.token_ids) == new for g in gens)
-        return sum(len(g.token_ids) for g in gens) / dt, steps
+        return sum(len(g.token_ids) for g in gens) / dt, steps, captures
 
     return asyncio.run(go())
 
 
+def engine_tokens(model, tok, ps: list[list[int]], new: int, device: str, decode: str,
+                  **sp) -> list[list[int]]:
+    """Each prompt's tokens from one engine (all submitted at once)."""
+    async def go() -> list[list[int]]:
+        budget = len(ps) * (len(ps[0]) + new) + 64
+        async with LocalEngine(model, tok, kv_token_budget=budget, max_running=len(ps),
+                               device=device, decode=decode) as eng:
+            gens = await asyncio.gather(*(collect(eng, GenerateRequest(
+                request_id=f"q{i}", input_ids=p, sampling=SamplingParams(
+                    max_new_tokens=new, **{k: (v + i if k == "seed" else v)
+                                           for k, v in sp.items()})))
+                for i, p in enumerate(ps)))
+        return [g.token_ids for g in gens]
+
+    return asyncio.run(go())
+
+
+def check_equal(model, tok, ps: list[list[int]], new: int, device: str,
+                arms: list[str]) -> dict:
+    """Greedy tokens of every arm and `generate`, and seeded samples of the engine arms, on
+    the same prompts in fp32: how many streams agree."""
+    m = model if next(model.parameters()).dtype == torch.float32 else (
+        copy.deepcopy(model).float())
+    with torch.inference_mode():
+        ids = torch.tensor(ps, device=device)
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                         do_sample=False, pad_token_id=0, eos_token_id=None)
+    ref = out[:, len(ps[0]):].tolist()
+    greedy = {a: engine_tokens(m, tok, ps, new, device, a, temperature=0.0) for a in arms}
+    res: dict = {"streams": len(ps), "new": new, "dtype": "float32"}
+    for a in arms:
+        res[f"{a}_eq_generate"] = sum(x == y for x, y in zip(greedy[a], ref, strict=True))
+    if "eager" in arms and "static" in arms:
+        res["static_eq_eager"] = sum(x == y for x, y in zip(greedy["static"], greedy["eager"],
+                                                            strict=True))
+        seeded = {a: engine_tokens(m, tok, ps, new, device, a, temperature=1.0, seed=1000)
+                  for a in ("eager", "static")}
+        res["seeded_static_eq_eager"] = sum(
+            x == y for x, y in zip(seeded["static"], seeded["eager"], strict=True))
+    if m is not model:
+        del m
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
 def run_churn(model, tok, n: int, prompt: int, new: int, turns: int, vocab: int,
-              device: str) -> tuple[float, int]:
+              device: str, decode: str = "eager") -> tuple[float, int]:
     g = torch.Generator().manual_seed(1)
     budget = n * (prompt + turns * (new + 16)) + 64
 
@@ -127,7 +199,7 @@ def run_churn(model, tok, n: int, prompt: int, new: int, turns: int, vocab: int,
 
     async def go() -> tuple[float, int]:
         async with LocalEngine(model, tok, kv_token_budget=budget, max_running=n,
-                               device=device) as eng:
+                               device=device, decode=decode) as eng:
             t0 = time.perf_counter()
             made = await asyncio.gather(*(stream(eng, i, p)
                                           for i, p in enumerate(prompts(n, prompt, vocab))))
@@ -146,6 +218,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="16 and 64 streams, 64 new tokens")
     p.add_argument("--churn", action="store_true", help="also the multi-turn churn workload")
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--arms", nargs="+", default=["eager", "static"],
+                   choices=list(DECODES), help="the engine's decode paths to time")
+    p.add_argument("--check-new", type=int, default=16,
+                   help="greedy tokens per stream of the equality check (0: no check)")
     p.add_argument("--out", default=str(RESULTS / "local_engine.json"))
     a = p.parse_args()
     models = a.models or (["tiny", "qwen3-vocab"] + (["qwen3-0.6b"] if a.device == "cuda" else []))
@@ -153,31 +229,49 @@ def main() -> None:
     new = a.new or (64 if a.quick else 256)
     tok = train_tokenizer(["What is 12 plus 7? print(12 + 7)"] * 20, vocab_size=300)
     rows = []
-    print(f"{'model':<12} {'streams':>7} {'engine tok/s':>13} {'generate tok/s':>15} {'ratio':>6}"
-          f" {'steps':>6}", flush=True)
+    heads = "".join(f" {arm + ' tok/s':>13}" for arm in a.arms)
+    ratios = "".join(f" {arm + '/gen':>10}" for arm in a.arms)
+    print(f"{'model':<12} {'streams':>7}{heads} {'generate tok/s':>15}{ratios} {'steps':>6}"
+          f" {'equal':>10}", flush=True)
     for name in models:
         model = build(name, a.device)
-        # Warm both up first (CUDA context, kernels picked, allocator pools) so that neither
-        # pays for starting up inside its timed run; the engine used to run first, cold.
-        warm = prompts(4, a.prompt, SHAPES[name]["vocab_size"])
-        run_engine(model, tok, warm, 8, a.device)
-        run_generate(model, warm, 8, a.device)
+        # Warm `generate` up first (CUDA context, kernels picked, allocator pools); each engine
+        # warms itself up on its own prompts (`run_engine`).
+        run_generate(model, prompts(4, a.prompt, SHAPES[name]["vocab_size"]), 8, a.device)
         for n in streams:
             ps = prompts(n, a.prompt, SHAPES[name]["vocab_size"])
-            eng_tps, steps = run_engine(model, tok, ps, new, a.device)
+            row: dict = dict(model=name, streams=n, prompt=a.prompt, new=new, arms=a.arms)
+            for arm in a.arms:
+                tps, steps, caps = run_engine(model, tok, ps, new, a.device, arm)
+                row.update({f"{arm}_tps": tps, f"{arm}_steps": steps,
+                            **({"static_captures": caps} if arm == "static" else {})})
             gen_tps = run_generate(model, ps, new, a.device)
-            row = dict(model=name, streams=n, prompt=a.prompt, new=new, engine_tps=eng_tps,
-                       generate_tps=gen_tps, ratio=eng_tps / gen_tps, engine_steps=steps)
+            row["generate_tps"] = gen_tps
+            for arm in a.arms:
+                row[f"{arm}_ratio"] = row[f"{arm}_tps"] / gen_tps
+            if "eager" in a.arms:  # the names earlier readers know
+                row.update(engine_tps=row["eager_tps"], ratio=row["eager_ratio"],
+                           engine_steps=row["eager_steps"])
+            if a.check_new:
+                row["equal"] = check_equal(model, tok, ps, a.check_new, a.device, a.arms)
+            row["loadavg"] = os.getloadavg()[0]
             rows.append(row)
-            print(f"{name:<12} {n:>7} {eng_tps:>13.0f} {gen_tps:>15.0f} {row['ratio']:>6.2f}"
-                  f" {steps:>6}", flush=True)
+            eq = row.get("equal", {})
+            eq_s = (f"{eq.get('static_eq_eager', '-')}/{n}" if eq else "-")
+            print(f"{name:<12} {n:>7}" + "".join(f" {row[f'{arm}_tps']:>13.0f}"
+                                                  for arm in a.arms)
+                  + f" {gen_tps:>15.0f}" + "".join(f" {row[f'{arm}_ratio']:>10.2f}"
+                                                   for arm in a.arms)
+                  + f" {row[f'{a.arms[-1]}_steps']:>6} {eq_s:>10}", flush=True)
             if a.churn:
-                tps, steps = run_churn(model, tok, n, a.prompt, new, a.turns,
-                                       SHAPES[name]["vocab_size"], a.device)
-                rows.append(dict(model=name, streams=n, prompt=a.prompt, new=new, turns=a.turns,
-                                 workload="churn", engine_tps=tps, engine_steps=steps))
-                print(f"{name:<12} {n:>7} {tps:>13.0f} {'(churn)':>15} {'':>6} {steps:>6}",
-                      flush=True)
+                for arm in a.arms:
+                    tps, steps = run_churn(model, tok, n, a.prompt, new, a.turns,
+                                           SHAPES[name]["vocab_size"], a.device, arm)
+                    rows.append(dict(model=name, streams=n, prompt=a.prompt, new=new,
+                                     turns=a.turns, workload="churn", arm=arm,
+                                     engine_tps=tps, engine_steps=steps))
+                    print(f"{name:<12} {n:>7} {tps:>13.0f} (churn, {arm}) {steps:>6}",
+                          flush=True)
         del model
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

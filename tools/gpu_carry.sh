@@ -3,9 +3,15 @@
 # lacks into .whl/ (git-ignored; the device tool carries it), check that what travels fits,
 # and print the device call: its command, `carry` and `timeout_s`. The command installs the
 # wheels and asyncrl there, runs `bench/gpu_sweep.py`, and leaves in $OUT the sweep's JSON,
-# its console log and a tarball of every check's JSON and log (run directories without weights).
+# its console log and a tarball of every check's JSON and log (run directories without weights,
+# profiler traces left out: the 1.7B check's top-ops table comes back in its JSON and log).
 #
-#   tools/gpu_carry.sh [--warm] [SWEEP ARGS...]    e.g. tools/gpu_carry.sh --warm --only megatron_1.7b
+#   tools/gpu_carry.sh [--warm] [SWEEP ARGS...]
+#
+# The sweep's two calls (docs/gpu.md): `tools/gpu_carry.sh` first (the install, then the
+# default budget: `megatron_1.7b` first and profiled, pytest -m gpu, the sandbox, the 0.6B
+# Megatron step, both engine checks), then `tools/gpu_carry.sh --warm --only megatron_moe
+# --budget 200` on the machine the first left warm.
 #
 # --warm: the command for a second call on the machine the first one left warm (its wheels and
 # asyncrl are installed there already): it skips the install (~30 s) and names its $OUT files
@@ -81,7 +87,7 @@ sweep_args=""
 if [ $# -gt 0 ]; then sweep_args=" $(printf '%q ' "$@")"; sweep_args="${sweep_args% }"; fi
 install='python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; '
 if [ -n "$warm" ]; then install=''; fi
-cmd='set -o pipefail; '"$install"'export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; timeout -k 25 '"$outer"' python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep'"$warm"'.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/sweep'"$warm"'.json; tar czf $OUT/gpu_sweep'"$warm"'.tgz --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
+cmd='set -o pipefail; '"$install"'export PYTHONUNBUFFERED=1; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; timeout -k 25 '"$outer"' python3 bench/gpu_sweep.py'"$sweep_args"' 2>&1 | tee $OUT/gpu_sweep'"$warm"'.log; rc=$?; cp bench/results/gpu_sweep/sweep.json $OUT/sweep'"$warm"'.json; tar czf $OUT/gpu_sweep'"$warm"'.tgz --exclude="*_trace.json" --exclude="*.safetensors" --exclude="*.pt" --exclude="*.bin" -C bench/results gpu_sweep; exit $rc'
 if [ ${#cmd} -gt 2000 ]; then
   echo "gpu_carry: the command is ${#cmd} characters, over the device tool's 2000" >&2
   exit 1

@@ -40,12 +40,25 @@ class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_fie
     """On a CPU, run the fp32 linear layers on oneDNN with weights packed once for its kernel
     (re-packed after each update; a second copy of those weights in memory). False: PyTorch's
     plain product."""
+    decode: str = "eager"
+    """The decode step: "eager" (a growing left-padded KV cache; the step's shapes change
+    every step) or "static" (a preallocated per-row KV cache and a fixed-shape step per
+    batch-size bucket with sampling on the device; on CUDA captured once per shape as a CUDA
+    graph and replayed). Prefill is eager either way. "static" does not record MoE routing
+    (`algorithm.routing_replay`). docs/gpu.md has the design and figures."""
+    cuda_graphs: bool = True
+    """With `decode = "static"` on a CUDA device: capture the step as CUDA graphs (False: run
+    the same fixed-shape step without capture, e.g. to tell a capture problem from a step
+    problem). Not read otherwise."""
     weight_sync: str = "tensor"
     """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
     the engine's model in-process) or "disk" (an HF directory the engine loads). There is no
     server to join a process group, so "distributed" is refused."""
 
     def __post_init__(self) -> None:
+        if self.decode not in ("eager", "static"):
+            raise _bad("decode", f"{self.decode!r} is not a decode step of the local engine: "
+                       "use \"eager\" or \"static\"")
         if self.weight_sync not in ("tensor", "disk"):
             raise _bad("weight_sync", f"{self.weight_sync!r} is not a weight sync of the local "
                        "engine: use \"tensor\" or \"disk\" (\"distributed\" is for SGLang "

@@ -28,12 +28,17 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 
     if model is None or tokenizer is None:
         raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
+    if cfg.decode == "static" and options.get("record_routing"):
+        raise ConfigError("engine.decode", "\"static\" does not record MoE routing, which "
+                          "routing replay needs (`algorithm.routing_replay`, on by default for "
+                          "an MoE model): use decode = \"eager\", or turn routing replay off")
     opts: dict[str, Any] = {"name": "local-0"}
     opts.update({k: v for k, v in options.items() if k in ("name", "seed", "admit_reserve",
                                                                 "record_routing")})
     return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
                         max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,
-                        packed=cfg.packed_linears, **opts)]
+                        packed=cfg.packed_linears, decode=cfg.decode,
+                        cuda_graphs=cfg.cuda_graphs, **opts)]
 
 
 def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:

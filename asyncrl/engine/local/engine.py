@@ -28,7 +28,9 @@ moves in, are views. Requests admitted together with the same context (a GRPO gr
 are prefilled once and their cache rows copied. Sampling is one batched pass on the model's
 device (`sampling.sample_rows`); only the step's token ids and log-probs cross to the host.
 Weight updates take the same lock as a step, so they land between steps, never during a
-forward.
+forward. With `decode="static"` the batch is a `static.StaticBatch` instead: the same plan and
+row operations over a preallocated per-row cache, and a fixed-shape decode step with the
+sampling inside it (captured as CUDA graphs on CUDA); prefill is the same.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
@@ -68,6 +70,9 @@ from asyncrl.modeling import fuse_experts
 
 log = get_logger(__name__)
 
+DECODES = ("eager", "static")
+"""`decode`'s choices (the `[engine] decode` config key)."""
+
 @dataclass
 class _Out:
     seq: Seq
@@ -92,12 +97,17 @@ class LocalEngine:
     linear layers on oneDNN with pre-packed weights (`packed.pack_linears`).
     `record_routing`: an MoE model's expert choices go with each request's last delta
     (`TokenDelta.routed_experts`, `routing.RouterTap`); a dense model is refused.
+    `decode`: "eager" (the left-padded growing cache above) or "static" (`static.StaticBatch`:
+    a preallocated per-row cache and a fixed-shape decode step with sampling on the device,
+    captured as CUDA graphs on a CUDA device unless `cuda_graphs` is False; prefill stays
+    eager; routing records are refused).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, kv_token_budget: int, max_running: int,
                  name: str = "local-0", device: str = "cpu", threads: int = 0,
                  admit_reserve: int = 16, seed: int = 0, packed: bool = True,
-                 record_routing: bool = False) -> None:
+                 record_routing: bool = False, decode: str = "eager",
+                 cuda_graphs: bool = True) -> None:
         import torch
 
         from asyncrl.engine.local.kvcache import growing_cache
@@ -105,6 +115,11 @@ class LocalEngine:
 
         if kv_token_budget < 2 or max_running < 1:
             raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
+        if decode not in DECODES:
+            raise EngineError(f"{name}: decode {decode!r} is not one of {list(DECODES)}")
+        if decode == "static" and record_routing:
+            raise EngineError(f"{name}: the static decode does not record MoE routing; use "
+                              "decode = \"eager\" for routing replay")
         self.name = name
         self.policy_version = 0
         self.kv_token_budget = kv_token_budget
@@ -131,7 +146,8 @@ class LocalEngine:
         self._seqs: dict[str, Seq] = {}
         self._planner = Planner(kv_token_budget=kv_token_budget, max_running=max_running,
                                 admit_reserve=admit_reserve, name=name)
-        self._batch = BatchCache()
+        self._decode, self._cuda_graphs = decode, cuda_graphs
+        self._batch = self._new_batch()
         self._work = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._driver: asyncio.Task[None] | None = None
@@ -162,7 +178,7 @@ class LocalEngine:
             self._finish(seq, TokenDelta(token_ids=[], logprobs=[], finish_reason="abort",
                                          policy_version=self.policy_version))
         self._planner.rows = []
-        self._batch = BatchCache()
+        self._batch = self._new_batch()
         self._executor.shutdown(wait=True)
 
     async def __aenter__(self) -> LocalEngine:
@@ -312,12 +328,21 @@ class LocalEngine:
                         if seq is not None and seq.state != DONE:
                             self._finish(seq, err)
                     self._planner.rows = []
-                    self._batch = BatchCache()
+                    self._batch = self._new_batch()
                     continue
                 self.steps += 1
                 self._apply(plan, outs)
 
     # ----------------------------------------------------------------- worker thread
+    def _new_batch(self) -> Any:
+        if self._decode == "eager":
+            return BatchCache()
+        from asyncrl.engine.local.static import StaticBatch
+
+        return StaticBatch(self._model, self._device, max_rows=self.max_running,
+                           pad_id=self._pad_id, name=self.name,
+                           graphs=self._cuda_graphs and self._device.type == "cuda")
+
     def _check_layers(self) -> None:
         cfg = self._model.config.get_text_config(decoder=True)
         types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -335,7 +360,12 @@ class LocalEngine:
             if plan.freed:
                 b.free(plan.freed)
             b.trim()
-            if plan.decode:
+            if plan.decode and self._decode == "static":
+                seqs = [plan.rows[i] for i in plan.decode]
+                toks, lps = b.decode(plan.decode, [s.generated[-1] for s in seqs],  # type: ignore[union-attr]
+                                     *self._sampling(seqs), self._generator)  # type: ignore[arg-type]
+                outs.extend(self._outs(seqs, toks, lps))  # type: ignore[arg-type]
+            elif plan.decode:
                 last = torch.full((b.rows, 1), self._pad_id, dtype=torch.long)
                 seqs = [plan.rows[i] for i in plan.decode]
                 rows = torch.tensor(plan.decode)
@@ -413,9 +443,15 @@ class LocalEngine:
         return outs
 
     def _sample(self, logits: Any, seqs: list[Seq]) -> list[_Out]:
-        toks, lps = sample_rows(logits, [s.sampling.temperature for s in seqs],
-                                [s.sampling.top_p for s in seqs], [s.generator for s in seqs],
-                                self._generator)
+        toks, lps = sample_rows(logits, *self._sampling(seqs), self._generator)
+        return self._outs(seqs, toks, lps)
+
+    @staticmethod
+    def _sampling(seqs: list[Seq]) -> tuple[list[float], list[float], list[Any]]:
+        return ([s.sampling.temperature for s in seqs], [s.sampling.top_p for s in seqs],
+                [s.generator for s in seqs])
+
+    def _outs(self, seqs: list[Seq], toks: list[int], lps: list[float]) -> list[_Out]:
         return [_Out(s, tok, lp, self._finish_reason(s, tok))
                 for s, tok, lp in zip(seqs, toks, lps, strict=True)]
 
