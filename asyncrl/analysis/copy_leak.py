@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Callable
 from typing import Any
 
 from asyncrl import formats
 from asyncrl.analysis.answer_parts import CLASSES, classify
 from asyncrl.sft.coldstart import render_transcript, tokenize
 from asyncrl.tasks.families import solution_code
+from asyncrl.tasks.task import SolutionCode
 
 
 def gold_leak(model: Any, tok: Any, problems: list[Any], system_prompt: str,
               tool_time_s: float = 0.01,
-              code_for: Callable[[Any], str] = solution_code) -> dict[str, dict[str, float]]:
+              code_for: SolutionCode = solution_code) -> dict[str, dict[str, float]]:
     """Per level (`"L{n}"`): the mean over problems of sum(1 - p(gold token)) over the
     model-written tokens of the gold tool transcript (its program from `code_for`: the built-in
     families' by default) whose output shows `tool_time_s`, by part (`CLASSES`), and `total`."""
