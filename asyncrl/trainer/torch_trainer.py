@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asyncrl import allocator
 from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
@@ -314,6 +315,7 @@ class TorchTrainer(LoraFace):
                            lr_scale=lr_scale)
         if self.replay is not None:
             out.update(self.replay.metrics("train/"))
+        allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
         return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -322,7 +324,9 @@ class TorchTrainer(LoraFace):
         token (`asyncrl.trainer.threads.ThreadTuner`: all of torch's threads on an idle
         machine, fewer when other programs want the cores); each change is logged (`torch_threads`)."""
         if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
-            return step.sft_step(self, examples)
+            out = step.sft_step(self, examples)
+            allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
+            return out
         if self._tuner is None:
             from asyncrl.trainer.threads import ThreadTuner
 
@@ -337,6 +341,7 @@ class TorchTrainer(LoraFace):
             # the first time it computes): leave it at the default between steps
             torch.set_num_threads(self._tuner.most)
         took = time.perf_counter() - t0
+        allocator.release()  # after the timing: trimming is not the step's cost
         # per token: a step of long transcripts is no slower a thread count than one of short
         # ones (SFT steps of 8 real-model transcripts vary 2x in length)
         self._tuner.record(n, took / max(1, sum(len(ids) for ids, _ in examples)))
@@ -387,6 +392,7 @@ class TorchTrainer(LoraFace):
             out.mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(out, state_dict=sd if self._fsdp else None,
                                        safe_serialization=True)
+        allocator.release()  # the serialisation buffers
         _barrier()
 
     def save_state(self, path: str | Path) -> None:
@@ -415,6 +421,7 @@ class TorchTrainer(LoraFace):
             if self.reference is not None:
                 state["reference"] = self.reference.state_dict()
             torch.save(state, out / STATE_FILE)
+        allocator.release()  # the serialisation buffers
         _barrier()
 
     def load_state(self, path: str | Path) -> None:

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl import allocator
 from asyncrl.engine.base import (
     EngineLoad,
     GenerateRequest,
@@ -67,6 +68,10 @@ from asyncrl.log import get_logger
 from asyncrl.modeling import fuse_experts
 
 log = get_logger(__name__)
+
+RELEASE_IDLE_S = 1.0
+"""Seconds with no request before an idle engine drops its dead rows and trims the heap
+(`_release`): the end of a wave or an evaluation, not the pause of a tool call."""
 
 @dataclass
 class _Out:
@@ -136,6 +141,8 @@ class LocalEngine:
         self._step_lock = asyncio.Lock()
         self._driver: asyncio.Task[None] | None = None
         self._closing = False
+        self._release_due = False
+        """Steps ran since the heap was last trimmed (`asyncrl.allocator`: when idle)."""
         self._check_layers()
 
     # ------------------------------------------------------------------------ lifecycle
@@ -295,6 +302,15 @@ class LocalEngine:
         while not self._closing:
             if self._planner.idle:
                 self._work.clear()
+                if self._release_due:
+                    try:  # idle for a while (not a tool call's pause): drop the dead rows
+                        await asyncio.wait_for(self._work.wait(), RELEASE_IDLE_S)
+                    except TimeoutError:
+                        async with self._step_lock:
+                            self._release_due = False
+                            self._planner.rows = []
+                            await loop.run_in_executor(self._executor, self._release)
+                    continue
                 await self._work.wait()
                 continue
             async with self._step_lock:
@@ -315,9 +331,16 @@ class LocalEngine:
                     self._batch = BatchCache()
                     continue
                 self.steps += 1
+                self._release_due = True
                 self._apply(plan, outs)
 
     # ----------------------------------------------------------------- worker thread
+    def _release(self) -> None:
+        """The batch's cache (only dead rows are left) goes, and the heap's free pages with it
+        (`asyncrl.allocator`)."""
+        self._batch = BatchCache()
+        allocator.release()
+
     def _check_layers(self) -> None:
         cfg = self._model.config.get_text_config(decoder=True)
         types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
@@ -446,6 +469,7 @@ class LocalEngine:
         finally:  # the packed copies follow the weights, even those of a half-done load
             if self._packed is not None:
                 self._packed.repack()
+            allocator.release()  # the old packed copies, a loaded checkpoint's tensors
 
     def _change_weights(self, update: WeightUpdate) -> None:
         from asyncrl.engine.local.lora_merge import AdapterMerger, read_adapter_dir
