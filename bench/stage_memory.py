@@ -19,7 +19,9 @@ far the process's high-water mark rose inside (the phase that sets the run's pea
 with a positive figure last), and RSS on leaving the last call. The child's peak is also read
 by the parent from `getrusage(RUSAGE_CHILDREN)` (the same figure as `/usr/bin/time -v`).
 
-`--env KEY=VALUE` sets the child's environment (for example `MALLOC_ARENA_MAX=2`, to compare
+`--code DIR` runs another checkout's `asyncrl` (a worktree of main, for the figures before a
+change) under the same marks and cut, from that directory (pass its curriculum as `--config`
+for its own settings; a relative `model.path` is read from there). `--env KEY=VALUE` sets the child's environment (for example `MALLOC_ARENA_MAX=2`, to compare
 allocator settings), `--set` passes overrides to the run. The run directory is a temporary one
 unless `--run-dir`. The load average before and after goes in the JSON (a shared machine's
 figures are only comparable at a similar load).
@@ -218,6 +220,7 @@ def timeline(samples: list[list[Any]], step: float = 1.0) -> list[list[Any]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(ROOT / "curricula" / "smollm2.toml"))
+    p.add_argument("--code", default=str(ROOT), help="the checkout whose asyncrl runs")
     p.add_argument("--sft-steps", type=int, default=4)
     p.add_argument("--rl-steps", type=int, default=2)
     p.add_argument("--eval-problems", type=int, default=16)
@@ -228,23 +231,26 @@ def main() -> None:
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    config = Path(a.config)
+    config = Path(a.config).resolve()
     sets = cut_overrides(config, a.sft_steps, a.rl_steps, a.eval_problems) + a.sets
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    code_root = Path(a.code).resolve()
+    env["PYTHONPATH"] = os.pathsep.join([str(code_root), env.get("PYTHONPATH", "")]
+                                        ).rstrip(os.pathsep)
     for kv in a.env:
         k, _, v = kv.partition("=")
         env[k] = v
     with tempfile.TemporaryDirectory(prefix="stage_memory-") as tmp:
         run_dir = a.run_dir or str(Path(tmp) / "run")
         record = Path(tmp) / "record.json"
-        code = CHILD.format(root=str(ROOT), marks=MARKS, out=str(record), interval=a.interval)
+        code = CHILD.format(root=str(code_root), marks=MARKS, out=str(record),
+                            interval=a.interval)
         argv = ["train", str(config), "--run-dir", run_dir]
         for s in sets:
             argv += ["--set", s]
         load_before = os.getloadavg()
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=str(ROOT))
+        proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=str(code_root))
         wall = time.monotonic() - t0
         load_after = os.getloadavg()
         child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
@@ -268,7 +274,7 @@ def main() -> None:
     out_path = Path(a.out) if a.out else RESULTS / name
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(dict(
-        config=str(config), overrides=sets, env=a.env, tag=a.tag,
+        config=str(config), code=str(code_root), overrides=sets, env=a.env, tag=a.tag,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"), wall_s=round(wall, 1),
         load_average_before=load_before, load_average_after=load_after,
         peak_rss_bytes=peak, child_maxrss_bytes=child_peak, phases=rows,
