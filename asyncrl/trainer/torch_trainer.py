@@ -22,6 +22,10 @@ from the first RL update (`"rl"`: SFT steps before it train every parameter). We
 base once whenever it changed; checkpoints hold the adapter, its optimizer state, and the base
 only when this run trained it. LoRA runs in one process (no DDP/FSDP2).
 
+Memory: after each SFT and RL step, checkpoint and export the C heap's free pages are handed
+back (`asyncrl.allocator.release`), so the process holds what is live between phases rather
+than the high-water mark of every thread's arena.
+
 Dropout should be 0 (the default of the HF configs used): the old logprobs are recomputed in
 train mode, and the ratio is only 1 at the first step when both passes see the same network.
 """

@@ -28,7 +28,9 @@ moves in, are views. Requests admitted together with the same context (a GRPO gr
 are prefilled once and their cache rows copied. Sampling is one batched pass on the model's
 device (`sampling.sample_rows`); only the step's token ids and log-probs cross to the host.
 Weight updates take the same lock as a step, so they land between steps, never during a
-forward.
+forward. After `RELEASE_IDLE_S` with no request (a wave or an evaluation over, not a tool
+call's pause) the dead rows' cache is dropped and the C heap trimmed (`asyncrl.allocator`), as
+after each weight update: the KV cache of a full batch is the engine's largest allocation.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
