@@ -14,7 +14,8 @@ Does not own: which rows or columns are in the batch (the engine).
 
 Memory. The headroom of a fresh buffer is half its length again, at most `GROW_MAX` columns
 (plus `_SPARE`): with 64 rows of SmolLM2-135M a column is 2.9 MiB over its 30 layers, so an
-unbounded half of a 600-column batch would hold 0.8 GiB of columns not yet written. `replace`
+unbounded half of a 600-column batch would hold 0.8 GiB of columns not yet written; the cap
+costs one copy of the cache per 96 decode steps at the least. `replace`
 frees the old buffer layer by layer; assigning the new tensors and leaving the adoption to the
 next decode step kept every layer's old buffer and its replacement alive together, doubling
 the whole cache each time requests joined the batch.
@@ -30,7 +31,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 _SPARE = 64
 """Columns of headroom a fresh buffer gets beyond its growth (`GROW_MAX`)."""
 
-GROW_MAX = 128
+GROW_MAX = 32
 """The most columns a fresh buffer grows by beyond its length (half its length when shorter),
 before `_SPARE`: a full buffer is copied once per this many decode steps at the least."""
 
