@@ -22,6 +22,10 @@ from the first RL update (`"rl"`: SFT steps before it train every parameter). We
 base once whenever it changed; checkpoints hold the adapter, its optimizer state, and the base
 only when this run trained it. LoRA runs in one process (no DDP/FSDP2).
 
+Memory: after each SFT and RL step, checkpoint and export the C heap's free pages are handed
+back (`asyncrl.allocator.release`), so the process holds what is live between phases rather
+than the high-water mark of every thread's arena.
+
 Dropout should be 0 (the default of the HF configs used): the old logprobs are recomputed in
 train mode, and the ratio is only 1 at the first step when both passes see the same network.
 """
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from asyncrl import allocator
 from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
@@ -314,6 +319,7 @@ class TorchTrainer(LoraFace):
                            lr_scale=lr_scale)
         if self.replay is not None:
             out.update(self.replay.metrics("train/"))
+        allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
         return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
@@ -322,7 +328,9 @@ class TorchTrainer(LoraFace):
         token (`asyncrl.trainer.threads.ThreadTuner`: all of torch's threads on an idle
         machine, fewer when other programs want the cores); each change is logged (`torch_threads`)."""
         if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
-            return step.sft_step(self, examples)
+            out = step.sft_step(self, examples)
+            allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
+            return out
         if self._tuner is None:
             from asyncrl.trainer.threads import ThreadTuner
 
@@ -337,6 +345,7 @@ class TorchTrainer(LoraFace):
             # the first time it computes): leave it at the default between steps
             torch.set_num_threads(self._tuner.most)
         took = time.perf_counter() - t0
+        allocator.release()  # after the timing: trimming is not the step's cost
         # per token: a step of long transcripts is no slower a thread count than one of short
         # ones (SFT steps of 8 real-model transcripts vary 2x in length)
         self._tuner.record(n, took / max(1, sum(len(ids) for ids, _ in examples)))
@@ -387,6 +396,7 @@ class TorchTrainer(LoraFace):
             out.mkdir(parents=True, exist_ok=True)
             self.model.save_pretrained(out, state_dict=sd if self._fsdp else None,
                                        safe_serialization=True)
+        allocator.release()  # the serialisation buffers
         _barrier()
 
     def save_state(self, path: str | Path) -> None:
@@ -415,6 +425,7 @@ class TorchTrainer(LoraFace):
             if self.reference is not None:
                 state["reference"] = self.reference.state_dict()
             torch.save(state, out / STATE_FILE)
+        allocator.release()  # the serialisation buffers
         _barrier()
 
     def load_state(self, path: str | Path) -> None:

@@ -1,10 +1,18 @@
-"""`GrowingLayer`: in-place appends into one buffer, trims as views, adoption of new tensors."""
+"""`GrowingLayer`: in-place appends into one buffer, trims as views, adoption of new tensors,
+bounded headroom; `BatchCache` keeps one buffer per layer as rows join and leave."""
 
 from __future__ import annotations
 
-import torch
+import weakref
 
-from asyncrl.engine.local.kvcache import GrowingLayer
+import torch
+from transformers import LlamaConfig
+
+from asyncrl.engine.local.batch import BatchCache
+from asyncrl.engine.local.kvcache import _SPARE, GROW_MAX, GrowingLayer, growing_cache
+
+_CFG = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=4, vocab_size=16)
 
 
 def _kv(rows: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,3 +63,61 @@ def test_assigned_tensors_are_adopted() -> None:
     assert keys.shape == (2, 2, 7, 4)
     torch.testing.assert_close(values, torch.cat([v0.index_select(0, idx), v], dim=2),
                                rtol=0, atol=0)
+
+
+def test_a_fresh_buffer_grows_by_at_most_grow_max_columns() -> None:
+    layer = GrowingLayer()
+    k, v = _kv(1, 1000)
+    layer.update(k, v)
+    # half again (1564 columns) would hold 500 columns no decode step may ever write
+    assert layer._kbuf.shape[2] == 1000 + GROW_MAX + _SPARE
+    small = GrowingLayer()
+    small.update(*_kv(1, 10))
+    assert small._kbuf.shape[2] == 10 + 5 + _SPARE  # short buffers still grow by half
+
+
+def test_replace_copies_into_a_fresh_buffer_and_frees_the_old_one_at_once() -> None:
+    layer = GrowingLayer()
+    k0, v0 = _kv(4, 6)
+    layer.update(k0, v0)
+    old = weakref.ref(layer._kbuf)
+    idx = torch.tensor([1, 3])
+    nk, nv = k0.index_select(0, idx), v0.index_select(0, idx)
+    layer.replace(nk.clone(), nv.clone())
+    assert old() is None  # not kept until the next decode step
+    assert layer._offset_in_buffer() == 0  # a view of the new buffer
+    buf = layer._kbuf
+    k, v = _kv(2, 1, seed=3)
+    keys, values = layer.update(k, v)
+    assert layer._kbuf is buf  # the decode step writes in place
+    torch.testing.assert_close(keys, torch.cat([nk, k], dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(values, torch.cat([nv, v], dim=2), rtol=0, atol=0)
+
+
+def test_batch_rows_appended_or_compacted_live_in_one_buffer_per_layer() -> None:
+    """`BatchCache.append` and `compact` leave each layer one buffer (the old one and the
+    prefill's freed), holding what concatenation would."""
+    batch = BatchCache()
+    first, second = growing_cache(_CFG), growing_cache(_CFG)
+    k1, v1 = _kv(2, 5, seed=1)
+    k2, v2 = _kv(3, 8, seed=2)
+    for layer in first.layers:
+        layer.update(k1, v1)
+    for layer in second.layers:
+        layer.update(k2, v2)
+    batch.append(first, torch.ones(2, 5, dtype=torch.long), torch.tensor([5, 5]))
+    old = [weakref.ref(layer._kbuf) for layer in batch.cache.layers]
+    prefill = [weakref.ref(layer._kbuf) for layer in second.layers]
+    batch.append(second, torch.ones(3, 8, dtype=torch.long), torch.tensor([8, 8, 8]))
+    assert all(r() is None for r in old + prefill)
+    want = torch.cat([torch.nn.functional.pad(k1, (0, 0, 3, 0)), k2], dim=0)
+    for layer in batch.cache.layers:
+        assert layer._offset_in_buffer() is not None
+        torch.testing.assert_close(layer.keys, want, rtol=0, atol=0)
+    before = [weakref.ref(layer._kbuf) for layer in batch.cache.layers]
+    batch.compact([4, 0])
+    assert all(r() is None for r in before)
+    for layer in batch.cache.layers:
+        assert layer._offset_in_buffer() is not None
+        torch.testing.assert_close(layer.keys, want.index_select(0, torch.tensor([4, 0])),
+                                   rtol=0, atol=0)

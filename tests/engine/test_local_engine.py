@@ -349,3 +349,30 @@ async def test_a_draining_batch_drops_its_dead_rows(model, tiny_tokenizer, refs)
     assert rows.index(6) <= lens[1] + DRAIN_STEPS + 2
     for i, (o, n) in enumerate(zip(done, lens, strict=True)):
         assert o.token_ids == ref[i % 4][:n]
+
+
+async def test_an_idle_engine_drops_its_dead_rows_and_trims_the_heap(model, tiny_tokenizer,
+                                                                    refs, monkeypatch) -> None:
+    """After `RELEASE_IDLE_S` with no request (a wave or an evaluation ended), the batch's
+    cache goes and the heap is trimmed (`asyncrl.allocator.release`); a brief pause keeps the
+    dead rows for the next request; the next requests still equal `model.generate`."""
+    from asyncrl.engine.local import engine as engine_mod
+
+    released = []
+    monkeypatch.setattr(engine_mod.allocator, "release", lambda: released.append(1) or True)
+    monkeypatch.setattr(engine_mod, "RELEASE_IDLE_S", 0.2)
+    ids, ref = refs
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=4) as eng:
+        await asyncio.gather(*(collect(eng, _req(f"i{i}", ids[i])) for i in range(3)))
+        assert eng._batch.rows == 3 and not released  # just idle: the dead rows stay
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if released:
+                break
+        assert released == [1]
+        assert eng._batch.rows == 0 and eng._batch.cache is None and eng._planner.rows == []
+        outs = await asyncio.gather(*(collect(eng, _req(f"j{i}", ids[i])) for i in range(3, 5)))
+        await asyncio.sleep(0.5)
+        assert released == [1, 1]  # once per idle spell, not once per wait
+    for o, r in zip(outs, ref[3:5], strict=True):
+        assert o.token_ids == r

@@ -275,3 +275,17 @@ def test_cuda_step_matches_cpu_step():
     assert mg["train/loss"] == pytest.approx(mc["train/loss"], abs=1e-4)
     for k, v in gc[0].items():
         torch.testing.assert_close(gg[0][k].cpu(), v, atol=1e-5, rtol=1e-3, msg=k)
+
+
+def test_steps_hand_the_heap_back_after_they_free_their_activations(monkeypatch):
+    """`asyncrl.allocator.release` runs after each SFT and RL step (the process keeps what is
+    live, not the step's high-water mark)."""
+    from asyncrl import allocator
+
+    calls = []
+    monkeypatch.setattr(allocator, "release", lambda: calls.append(1) or True)
+    tr = make()
+    tr.sft_step([([5, 6, 7, 8, 9], [0, 0, 1, 1, 1])])
+    assert len(calls) == 1
+    tr.train_step(rl_batch(3))
+    assert len(calls) == 2

@@ -51,8 +51,7 @@ class BatchCache:
             return
         idx = torch.tensor(keep, device=self.mask.device)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, idx)
-            layer.values = layer.values.index_select(0, idx)
+            _replace(layer, layer.keys.index_select(0, idx), layer.values.index_select(0, idx))
         self.mask = self.mask.index_select(0, idx)
         self.pos = self.pos.index_select(0, idx)
         self.rows = len(keep)
@@ -95,10 +94,11 @@ class BatchCache:
         lo, ln = self.mask.shape[1], mask.shape[1]
         width = max(lo, ln)
         for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([F.pad(old.keys, (0, 0, width - lo, 0)),
-                                  F.pad(new.keys, (0, 0, width - ln, 0))], dim=0)
-            old.values = torch.cat([F.pad(old.values, (0, 0, width - lo, 0)),
-                                    F.pad(new.values, (0, 0, width - ln, 0))], dim=0)
+            _replace(old, torch.cat([F.pad(old.keys, (0, 0, width - lo, 0)),
+                                     F.pad(new.keys, (0, 0, width - ln, 0))], dim=0),
+                     torch.cat([F.pad(old.values, (0, 0, width - lo, 0)),
+                                F.pad(new.values, (0, 0, width - ln, 0))], dim=0))
+            new.reset()  # the prefill's buffers go now, layer by layer
         self.mask = torch.cat([F.pad(self.mask, (width - lo, 0)), F.pad(mask, (width - ln, 0))])
         self.pos = torch.cat([self.pos, pos])
         self.rows += mask.shape[0]
@@ -107,6 +107,16 @@ class BatchCache:
         """`extra` more leading columns, masked out for every row."""
         for layer in self.cache.layers:
             if not layer.widen_left(extra):
-                layer.keys = F.pad(layer.keys, (0, 0, extra, 0))
-                layer.values = F.pad(layer.values, (0, 0, extra, 0))
+                _replace(layer, F.pad(layer.keys, (0, 0, extra, 0)),
+                         F.pad(layer.values, (0, 0, extra, 0)))
         self.mask = F.pad(self.mask, (extra, 0))
+
+
+def _replace(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """New tensors for one layer: a `kvcache.GrowingLayer` copies them into a fresh buffer and
+    drops its old one now (not at the next decode step, when every layer's old buffer would
+    still be alive beside its replacement); another layer takes them as they are."""
+    if hasattr(layer, "replace"):
+        layer.replace(keys, values)
+    else:
+        layer.keys, layer.values = keys, values

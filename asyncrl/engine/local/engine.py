@@ -30,7 +30,11 @@ device (`sampling.sample_rows`); only the step's token ids and log-probs cross t
 Weight updates take the same lock as a step, so they land between steps, never during a
 forward. With `decode="static"` the batch is a `static.StaticBatch` instead: the same plan and
 row operations over a preallocated per-row cache, and a fixed-shape decode step with the
-sampling inside it (captured as CUDA graphs on CUDA); prefill is the same.
+sampling inside it (captured as CUDA graphs on CUDA); prefill is the same. After
+`RELEASE_IDLE_S` with no request (a wave or an evaluation over, not a tool call's pause) the
+dead rows' cache is dropped (the eager batch's; a static one is preallocated and stays) and
+the C heap trimmed (`asyncrl.allocator`), as after each weight update: the KV cache of a full
+batch is the engine's largest allocation.
 
 KV budget. `kv_token_budget` counts tokens held by running requests: input + generated so far
 (padding columns of the batched cache are not counted). The engine never lets the held total
@@ -55,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl import allocator
 from asyncrl.engine.base import (
     EngineLoad,
     GenerateRequest,
@@ -72,6 +77,10 @@ log = get_logger(__name__)
 
 DECODES = ("eager", "static")
 """`decode`'s choices (the `[engine] decode` config key)."""
+
+RELEASE_IDLE_S = 1.0
+"""Seconds with no request before an idle engine drops its dead rows and trims the heap
+(`_release`): the end of a wave or an evaluation, not the pause of a tool call."""
 
 @dataclass
 class _Out:
@@ -152,6 +161,8 @@ class LocalEngine:
         self._step_lock = asyncio.Lock()
         self._driver: asyncio.Task[None] | None = None
         self._closing = False
+        self._release_due = False
+        """Steps ran since the heap was last trimmed (`asyncrl.allocator`: when idle)."""
         self._check_layers()
 
     # ------------------------------------------------------------------------ lifecycle
@@ -311,6 +322,16 @@ class LocalEngine:
         while not self._closing:
             if self._planner.idle:
                 self._work.clear()
+                if self._release_due:
+                    try:  # idle for a while (not a tool call's pause): drop the dead rows
+                        await asyncio.wait_for(self._work.wait(), RELEASE_IDLE_S)
+                    except TimeoutError:
+                        async with self._step_lock:
+                            self._release_due = False
+                            if self._decode == "eager":  # a static batch keeps its rows
+                                self._planner.rows = []
+                            await loop.run_in_executor(self._executor, self._release)
+                    continue
                 await self._work.wait()
                 continue
             async with self._step_lock:
@@ -331,6 +352,7 @@ class LocalEngine:
                     self._batch = self._new_batch()
                     continue
                 self.steps += 1
+                self._release_due = True
                 self._apply(plan, outs)
 
     # ----------------------------------------------------------------- worker thread
@@ -342,6 +364,13 @@ class LocalEngine:
         return StaticBatch(self._model, self._device, max_rows=self.max_running,
                            pad_id=self._pad_id, name=self.name,
                            graphs=self._cuda_graphs and self._device.type == "cuda")
+
+    def _release(self) -> None:
+        """The batch's cache (only dead rows are left) goes, and the heap's free pages with it
+        (`asyncrl.allocator`)."""
+        if self._decode == "eager":  # a static batch's cache is preallocated: it stays
+            self._batch = BatchCache()
+        allocator.release()
 
     def _check_layers(self) -> None:
         cfg = self._model.config.get_text_config(decoder=True)
@@ -482,6 +511,7 @@ class LocalEngine:
         finally:  # the packed copies follow the weights, even those of a half-done load
             if self._packed is not None:
                 self._packed.repack()
+            allocator.release()  # the old packed copies, a loaded checkpoint's tensors
 
     def _change_weights(self, update: WeightUpdate) -> None:
         from asyncrl.engine.local.lora_merge import AdapterMerger, read_adapter_dir

@@ -7,9 +7,18 @@ length, dim]` per layer per step: quadratic in the length). `GrowingLayer` keeps
 writes one column in place, and the buffer grows by half again when full (amortised O(1) per
 token). Dropping leading columns (the engine trims all-padding columns as rows leave) is a view
 into the same buffer, so it copies nothing either, and so is taking such columns back
-(`widen_left`, when a longer request moves into a dead row). Anything else that assigns `keys` / `values`
-(rows selected, new rows merged) is adopted on the next update, with one copy into a fresh
-buffer. Does not own: which rows or columns are in the batch (the engine).
+(`widen_left`, when a longer request moves into a dead row). New tensors (rows selected, new
+rows merged) go in through `replace`, one copy into a fresh buffer that frees the old one at
+once; anything else that assigns `keys` / `values` is adopted the same way on the next update.
+Does not own: which rows or columns are in the batch (the engine).
+
+Memory. The headroom of a fresh buffer is half its length again, at most `GROW_MAX` columns
+(plus `_SPARE`): with 64 rows of SmolLM2-135M a column is 2.9 MiB over its 30 layers, so an
+unbounded half of a 600-column batch would hold 0.8 GiB of columns not yet written; the cap
+costs one copy of the cache per 96 decode steps at the least. `replace`
+frees the old buffer layer by layer; assigning the new tensors and leaving the adoption to the
+next decode step kept every layer's old buffer and its replacement alive together, doubling
+the whole cache each time requests joined the batch.
 """
 
 from __future__ import annotations
@@ -20,7 +29,11 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 _SPARE = 64
-"""Columns of headroom a fresh buffer gets beyond half its length again."""
+"""Columns of headroom a fresh buffer gets beyond its growth (`GROW_MAX`)."""
+
+GROW_MAX = 32
+"""The most columns a fresh buffer grows by beyond its length (half its length when shorter),
+before `_SPARE`: a full buffer is copied once per this many decode steps at the least."""
 
 
 class GrowingLayer(DynamicLayer):
@@ -48,6 +61,17 @@ class GrowingLayer(DynamicLayer):
         self.keys = self._kbuf[:, :, start:end]
         self.values = self._vbuf[:, :, start:end]
         return self.keys, self.values
+
+    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Hold `keys` / `values` (`[rows, heads, length, dim]`, new tensors: rows selected or
+        merged) in a fresh buffer with headroom, copied now; the old buffer is dropped at once
+        rather than at the next update."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self._kbuf = self._vbuf = None
+        self.keys, self.values = keys, values
+        if keys.shape[-2]:
+            self._adopt(keys, values, keys.shape[-2], 0)
 
     def widen_left(self, extra: int) -> bool:
         """Extend `keys` / `values` by `extra` leading columns inside the buffer, as a view.
@@ -83,7 +107,7 @@ class GrowingLayer(DynamicLayer):
                add: int) -> None:
         """Fresh buffers with room for the current `n` columns, `add` more and headroom."""
         rows, heads, _, dim = key_states.shape
-        cap = n + add + (n + add) // 2 + _SPARE
+        cap = n + add + min((n + add) // 2, GROW_MAX) + _SPARE
         kbuf = key_states.new_empty((rows, heads, cap, dim))
         vbuf = value_states.new_empty((rows, heads, cap, value_states.shape[-1]))
         if n:
