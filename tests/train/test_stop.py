@@ -91,7 +91,9 @@ def _same_row(got: dict, want: dict) -> None:
     for k in keys:
         w, g = want[k], got.get(k)
         if isinstance(w, float):
-            assert g == pytest.approx(w, rel=1e-6, abs=1e-9), (want.get("step"), k)
+            # `train/mismatch_*` (~3e-7) is the local engine's last-bit batching noise itself.
+            tol = 1e-6 if k.startswith("train/mismatch") else 1e-9
+            assert g == pytest.approx(w, rel=1e-6, abs=tol), (want.get("step"), k)
         else:
             assert g == w, (want.get("step"), k)
 
