@@ -88,3 +88,32 @@ def test_launch_command_enables_it():
 def test_vllm_refuses_routing_replay():
     with pytest.raises(ConfigError, match="routing_replay"):
         build_vllm_engines(VLLMEngineConfig(urls=["http://127.0.0.1:1"]), record_routing=True)
+
+
+def _meta(arr: np.ndarray, prompt: int, completion: int) -> dict:
+    import base64
+
+    return {"routed_experts": base64.b64encode(arr.astype("<i4").tobytes()).decode(),
+            "prompt_tokens": prompt, "completion_tokens": completion}
+
+
+def test_rows_must_be_prompt_plus_completion_minus_one():
+    from asyncrl.engine.sglang.engine import routed_experts
+
+    arr = np.arange(5 * 2 * 2).reshape(5, 2, 2) % 8  # 5 rows of 2 layers x top-2
+    rec = routed_experts(_meta(arr, 4, 2), 2, 2, "e")
+    assert np.frombuffer(rec.data, dtype="<u1").reshape(5, 2, 2).tolist() == arr.tolist()
+    # Read as one layer's top-2 (10 rows), or against a token too many, the bytes do not line up.
+    with pytest.raises(EngineError, match="not prompt_tokens"):
+        routed_experts(_meta(arr, 4, 2), 1, 2, "e")
+    with pytest.raises(EngineError, match="not prompt_tokens"):
+        routed_experts(_meta(arr, 4, 3), 2, 2, "e")
+
+
+def test_fused_shared_expert_columns_are_refused():
+    from asyncrl.engine.sglang.engine import routed_experts
+
+    # One layer, top-2 plus a fused shared expert's column of -1: 3 rows' worth of top-2 values.
+    arr = np.array([[[3, 5, -1]], [[1, 2, -1]]])
+    with pytest.raises(EngineError, match="negative expert ids"):
+        routed_experts(_meta(arr, 2, 2), 1, 2, "e")

@@ -195,7 +195,17 @@ def routed_experts(meta: dict[str, Any], layers: int, top_k: int, name: str
     if arr.size % (layers * top_k):
         raise EngineError(f"{name}: routed_experts has {arr.size} values, not a multiple of "
                           f"{layers} layers x top-{top_k}")
-    small = int(arr.max(initial=0)) < 255 and int(arr.min(initial=0)) >= 0
+    if int(arr.min(initial=0)) < 0:  # 0.5.23 pads fused shared experts' columns with -1
+        raise EngineError(f"{name}: routed_experts holds negative expert ids (shared experts "
+                          "fused into the top-k): not supported, launch without that fusion")
+    rows = arr.size // (layers * top_k)
+    prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int) and \
+            rows != prompt + completion - 1:
+        raise EngineError(f"{name}: routed_experts has {rows} rows of {layers} layers x "
+                          f"top-{top_k}, not prompt_tokens + completion_tokens - 1 = "
+                          f"{prompt + completion - 1} (another top-k or layer count?)")
+    small = int(arr.max(initial=0)) < 255
     data = arr.astype("<u1" if small else "<u2").tobytes()
     return RoutedExperts(layers=layers, top_k=top_k, itemsize=1 if small else 2, data=data)
 
