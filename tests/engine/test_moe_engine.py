@@ -10,14 +10,13 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from engine_cases import PROMPTS
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams
 from asyncrl.engine.local.engine import LocalEngine
 from asyncrl.errors import EngineError
 from asyncrl.modeling import routers
 
-PROMPTS = ["What is 12 + 7?", "<|im_start|>user\nhello there, compute 3*4<|im_end|>\n",
-           "```python\nprint(1)", "aaa", "What is 1234 + 9876? <reason>Let me"]
 N = 20
 
 

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 import torch
+from engine_cases import PROMPTS
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
 from asyncrl.engine.local.engine import LocalEngine
@@ -16,16 +17,10 @@ from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.engine.local.static import bucket, buckets, sample_fixed
 from asyncrl.errors import ConfigError, EngineError
 
-PROMPTS = ["What is 12 + 7?", "<|im_start|>user\nhello there, compute 3*4<|im_end|>\n",
-           "```python\nprint(1)", "aaa", "What is 1234 + 9876? <reason>Let me"]
-
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_torch_thread):
     yield
-    torch.set_num_threads(prev)
 
 
 @pytest.fixture(scope="module")
