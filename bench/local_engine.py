@@ -208,6 +208,14 @@ def run_churn(model, tok, n: int, prompt: int, new: int, turns: int, vocab: int,
     return asyncio.run(go())
 
 
+def header(arms: list[str]) -> str:
+    """The table's header line: one speed and one ratio column per decode arm."""
+    heads = "".join(f" {arm + ' tok/s':>13}" for arm in arms)
+    ratios = "".join(f" {arm + '/gen':>10}" for arm in arms)
+    return (f"{'model':<12} {'streams':>7}{heads} {'generate tok/s':>15}{ratios} {'steps':>6}"
+            f" {'equal':>10}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=None)
@@ -229,10 +237,7 @@ def main() -> None:
     new = a.new or (64 if a.quick else 256)
     tok = train_tokenizer(["What is 12 plus 7? print(12 + 7)"] * 20, vocab_size=300)
     rows = []
-    heads = "".join(f" {arm + ' tok/s':>13}" for arm in a.arms)
-    ratios = "".join(f" {arm + '/gen':>10}" for arm in a.arms)
-    print(f"{'model':<12} {'streams':>7}{heads} {'generate tok/s':>15}{ratios} {'steps':>6}"
-          f" {'equal':>10}", flush=True)
+    print(header(a.arms), flush=True)
     for name in models:
         model = build(name, a.device)
         # Warm `generate` up first (CUDA context, kernels picked, allocator pools); each engine
