@@ -34,8 +34,9 @@ def last_number(text: str) -> Fraction | None:
 
 def rescore(groups: Iterable[Group]) -> dict[str, float]:
     """Strict (the run's reward) and lenient (`last_number` equals the gold value) accuracy
-    over every answer of the eval `groups`, and the answer count."""
-    n = strict = lenient = 0
+    over every answer of the eval `groups`, the answer count, and the tool calls per answer
+    (`tool_calls`) and the share of them that failed (`tool_errors`)."""
+    n = strict = lenient = calls = failed = 0
     for group in groups:
         gold = plain_number(group.problem.answer)
         for r in group.rollouts:
@@ -43,7 +44,19 @@ def rescore(groups: Iterable[Group]) -> dict[str, float]:
             strict += r.reward >= 1.0
             got = last_number(r.response_text)
             lenient += got is not None and got == gold
-    return {"answers": float(n), "strict": strict / max(n, 1), "lenient": lenient / max(n, 1)}
+            calls += len(r.tool_calls)
+            failed += sum(c.failed for c in r.tool_calls)
+    return {"answers": float(n), "strict": strict / max(n, 1), "lenient": lenient / max(n, 1),
+            "tool_calls": calls / max(n, 1), "tool_errors": failed / max(calls, 1)}
+
+
+def rescore_by_source(groups: Iterable[Group]) -> dict[str, dict[str, float]]:
+    """`rescore` per problem source (a reasoning-gym generator, a dataset), with "all" first."""
+    groups = list(groups)
+    by: dict[str, list[Group]] = {}
+    for g in groups:
+        by.setdefault(g.problem.source or "?", []).append(g)
+    return {"all": rescore(groups), **{k: rescore(v) for k, v in sorted(by.items())}}
 
 
 def rescore_file(path: str | Path) -> dict[str, float]:

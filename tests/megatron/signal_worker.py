@@ -25,10 +25,12 @@ def main(out: Path) -> None:
     from asyncrl.checkpoint import save_checkpoint
     from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
     from asyncrl.errors import RunStopped
+    from asyncrl.log import configure
     from asyncrl.stopping import StopRequest, signal_handlers
     from asyncrl.trainer.megatron import launch
 
     torch.set_num_threads(1)
+    configure()  # as the torchrun entry point (`asyncrl.cli.launch`) does on every rank
     rank, _ = launch.world()
     if rank != 0:
         launch.follow()
