@@ -175,8 +175,10 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
         yield client, reward_pool
 
 
-def _copy_serially(model: Any) -> Any:
-    """A deep copy of `model`, made with one torch thread.
+def _copy_serially(model: Any, share_parameters: bool = False) -> Any:
+    """A deep copy of `model`, made with one torch thread. `share_parameters`: the copy's
+    parameters hold the original's tensors (frozen views of the same storage, ties kept), so
+    only its modules and buffers are new: the engine's model under `weight_sync = "shared"`.
 
     A tensor copy above torch's grain size runs as an OpenMP parallel region, and the first one
     a thread runs leaves that thread a pool of OpenMP workers for the rest of the process. Made
@@ -188,7 +190,11 @@ def _copy_serially(model: Any) -> Any:
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return copy.deepcopy(model)
+        memo: dict[int, Any] = {}
+        if share_parameters:
+            memo = {id(p): torch.nn.Parameter(p.detach(), requires_grad=False)
+                    for p in model.parameters()}
+        return copy.deepcopy(model, memo)
     finally:
         torch.set_num_threads(n)
 
@@ -217,13 +223,18 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                                 cfg.data.chat_template)
     # The local engine generates with its own copy: the trainer owns the training module. The
     # copy is taken first, since a LoRA trainer changes the model's layers in place.
+    # With `weight_sync = "shared"` (a synchronous run) the copy's parameters are the trainer's
+    # own tensors, taken once the trainer has placed them.
+    shared = with_trainer and getattr(cfg.engine, "weight_sync", "") == "shared"
     engine_model = None
-    if cfg.engine.kind == "local":
+    if cfg.engine.kind == "local" and not shared:
         engine_model = _copy_serially(model).eval() if with_trainer else model.eval()
     trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
                                               pad_token_id=tok.pad_token_id,
                                               temperature=cfg.rollout.temperature or 1.0,
                                               seed=cfg.run.seed)
+    if shared:
+        engine_model = _copy_serially(model, share_parameters=True).eval()
     async with contextlib.AsyncExitStack() as stack:
         client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
         # Routing replay (MoE): the engines record each token's experts for the trainer.

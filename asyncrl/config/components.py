@@ -52,17 +52,21 @@ class LocalEngineConfig(_Tagged, frozen=True, kw_only=True, tag="local", tag_fie
     problem). Not read otherwise."""
     weight_sync: str = "tensor"
     """How the train loop pushes new weights: "tensor" (the trainer's state dict, copied into
-    the engine's model in-process) or "disk" (an HF directory the engine loads). There is no
-    server to join a process group, so "distributed" is refused."""
+    the engine's model in-process), "disk" (an HF directory the engine loads) or "shared" (the
+    engine's model holds the trainer's own parameter tensors, not a copy of them: one copy of
+    the weights in memory instead of two, and a push only re-packs the linear layers). "shared"
+    needs a run whose engine never samples while the trainer updates: `rollout.max_staleness
+    = 0`, the torch trainer on the engine's device, without LoRA or a data-parallel wrapper.
+    There is no server to join a process group, so "distributed" is refused."""
 
     def __post_init__(self) -> None:
         if self.decode not in ("eager", "static"):
             raise _bad("decode", f"{self.decode!r} is not a decode step of the local engine: "
                        "use \"eager\" or \"static\"")
-        if self.weight_sync not in ("tensor", "disk"):
+        if self.weight_sync not in ("tensor", "disk", "shared"):
             raise _bad("weight_sync", f"{self.weight_sync!r} is not a weight sync of the local "
-                       "engine: use \"tensor\" or \"disk\" (\"distributed\" is for SGLang "
-                       "servers)")
+                       "engine: use \"tensor\", \"disk\" or \"shared\" (\"distributed\" is "
+                       "for SGLang servers)")
 
 
 class SGLangEngineConfig(_Tagged, frozen=True, kw_only=True, tag="sglang", tag_field="kind"):

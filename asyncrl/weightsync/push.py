@@ -39,7 +39,8 @@ async def push_weights(engines: Sequence[Engine], trainer: Trainer, version: int
 
     "disk": the trainer exports an HF directory `run_dir/weights/v{version}` and the engines
     load it from there (older `v*` directories are removed once they have); "tensor": the
-    trainer's full state dict, in memory; "distributed": the state dict broadcast over
+    trainer's full state dict, in memory ("shared" sends the same, and a local engine whose
+    model holds those very tensors only re-packs); "distributed": the state dict broadcast over
     `group` (`weight_group.WeightGroup`, SGLang servers only; formed on the first push and
     re-formed after a failure). A trainer training LoRA (`AdapterTrainer`) sends
     only its adapter (`v{version}/adapter`, a PEFT directory, on disk), and the base weights

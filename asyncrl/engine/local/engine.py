@@ -546,11 +546,17 @@ class LocalEngine:
             for f in files:
                 sd.update(load_file(str(f)))
         assert isinstance(sd, dict)
-        sd = fuse_experts(sd, self._model.state_dict())  # an MoE checkpoint's per-expert names
+        own = self._model.state_dict()
+        sd = fuse_experts(sd, own)  # an MoE checkpoint's per-expert names
         self._check_update(sd)
-        with torch.no_grad():
-            # strict=False only for tied aliases, which _check_update found covered
-            self._model.load_state_dict(sd, strict=False)
+        # Tensors that are the model's own (`weight_sync = "shared"`: the trainer's live
+        # parameters) already hold the update; only the packed copies must follow (the caller).
+        sd = {k: t for k, t in sd.items() if not _same_tensor(t, own[k])}
+        if sd:
+            with torch.no_grad():
+                # strict=False only for tied aliases and the model's own tensors, which
+                # _check_update found covered
+                self._model.load_state_dict(sd, strict=False)
 
     def _check_update(self, sd: dict[str, Any]) -> None:
         """Refuse, before loading anything, an update that is not the whole model in its
@@ -572,3 +578,9 @@ class LocalEngine:
             if tuple(t.shape) != tuple(own[k].shape):
                 raise WeightSyncError(f"{self.name}: shape of {k} is {tuple(t.shape)} in the "
                                       f"update, {tuple(own[k].shape)} in the model")
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    """`a` and `b` are views of the same memory in the same layout."""
+    return (a.device == b.device and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()
+            and a.shape == b.shape and a.stride() == b.stride())
