@@ -563,17 +563,18 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         it must never sample while they change, and they must be the weights it serves."""
         eng, tr = self.engine, self.trainer
         assert isinstance(eng, LocalEngineConfig)
-        torch = isinstance(tr, TorchTrainerConfig)
-        reasons = [
-            (self.rollout.max_staleness > 0, "the engine would sample while the trainer updates "
-             f"the weights it reads (rollout.max_staleness = {self.rollout.max_staleness})"),
-            (not torch, "the Megatron trainer holds its weights in its own layout"),
-            (torch and tr.lora is not None, "a LoRA trainer's parameters are not the served "
-             "weights"),
-            (torch and tr.parallel != "none", f"a {getattr(tr, 'parallel', '')} trainer's "
-             "parameters are wrapped or sharded"),
-            (torch and tr.device != eng.device, f"the trainer is on {getattr(tr, 'device', '')!r} "
-             f"and the engine on {eng.device!r}")]
+        reasons = [(self.rollout.max_staleness > 0, "the engine would sample while the trainer "
+                    "updates the weights it reads (rollout.max_staleness = "
+                    f"{self.rollout.max_staleness})")]
+        if isinstance(tr, TorchTrainerConfig):
+            reasons += [
+                (tr.lora is not None, "a LoRA trainer's parameters are not the served weights"),
+                (tr.parallel != "none", f"a {tr.parallel} trainer's parameters are wrapped or "
+                 "sharded"),
+                (tr.device != eng.device, f"the trainer is on {tr.device!r} and the engine on "
+                 f"{eng.device!r}")]
+        else:
+            reasons.append((True, "the Megatron trainer holds its weights in its own layout"))
         why = next((text for bad, text in reasons if bad), "")
         if why:
             raise ValueError(f"engine.weight_sync: \"shared\" needs the engine to read the "

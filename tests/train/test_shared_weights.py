@@ -98,7 +98,7 @@ BASE = {"model": {"init": {"model_type": "qwen3"}}, "data": {"train": "generator
     ({"trainer": {"device": "cuda"}}, "'cuda'"),
 ])
 def test_shared_is_refused_where_the_engine_could_read_the_wrong_weights(extra, words):
-    with pytest.raises(ConfigError, match="engine.weight_sync") as e:
+    with pytest.raises(ConfigError, match=r"engine\.weight_sync") as e:
         config.from_dict({**BASE, "engine": {"kind": "local", "weight_sync": "shared"},
                           **extra})
     assert words in str(e.value) and 'weight_sync = "tensor"' in str(e.value)
