@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from micro_config import MICRO_DATA, MICRO_MODEL, micro_rollout, run_ok
+from micro_config import MICRO_DATA, MICRO_ENGINE, MICRO_MODEL, micro_rollout, run_ok
 
 from asyncrl import config
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
@@ -115,13 +115,7 @@ name = "shared"
 seed = 3
 """ + MICRO_MODEL + MICRO_DATA + micro_rollout() + """[algorithm]
 lr = 3e-3
-[engine]
-kv_token_budget = 8192
-weight_sync = "shared"
-[sandbox]
-workers = 1
-time_limit_s = 2.0
-[[stages]]
+""" + MICRO_ENGINE.replace("[engine]\n", '[engine]\nweight_sync = "shared"\n') + """[[stages]]
 name = "sft"
 kind = "sft"
 steps = 4
