@@ -29,6 +29,10 @@ figures are only comparable at a similar load).
     python bench/stage_memory.py [--config curricula/smollm2.toml] [--sft-steps 4]
         [--rl-steps 2] [--eval-problems 16] [--env K=V] [--set K=V] [--tag NAME]
 
+`--full` runs the curriculum as written, no cut (its own steps, evaluations and checkpoints),
+with the same marks: one measured run gives the phases' peaks and the run's learning figures
+(its `metrics.jsonl`, `eval/` in `--run-dir`).
+
 Prints a table and writes `bench/results/stage_memory[-TAG].json` (with an RSS timeline, one
 point a second). Needs the curriculum's model (`docs/real-models.md` imports SmolLM2); minutes
 on 2 cores, so it is not in `run.py`.
@@ -228,11 +232,14 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets")
     p.add_argument("--run-dir", default=None)
+    p.add_argument("--full", action="store_true",
+                   help="no cut: the curriculum's own steps, evaluations and checkpoints")
     p.add_argument("--tag", default="")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     config = Path(a.config).resolve()
-    sets = cut_overrides(config, a.sft_steps, a.rl_steps, a.eval_problems) + a.sets
+    cut = [] if a.full else cut_overrides(config, a.sft_steps, a.rl_steps, a.eval_problems)
+    sets = cut + a.sets
     env = dict(os.environ)
     code_root = Path(a.code).resolve()
     env["PYTHONPATH"] = os.pathsep.join([str(code_root), env.get("PYTHONPATH", "")]

@@ -28,6 +28,10 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
 
     if model is None or tokenizer is None:
         raise ConfigError("engine.kind", "the local engine needs a model and a tokenizer")
+    if cfg.prefix_cache_tokens and options.get("record_routing"):
+        raise ConfigError("engine.prefix_cache_tokens", "the continuation cache does not "
+                          "record MoE routing, which routing replay needs: set it to 0, or "
+                          "turn routing replay off (`algorithm.routing_replay`)")
     if cfg.decode == "static" and options.get("record_routing"):
         raise ConfigError("engine.decode", "\"static\" does not record MoE routing, which "
                           "routing replay needs (`algorithm.routing_replay`, on by default for "
@@ -38,7 +42,8 @@ def _build_local(cfg: Any, *, model: Any = None, tokenizer: Any = None,
     return [LocalEngine(model, tokenizer, kv_token_budget=cfg.kv_token_budget,
                         max_running=cfg.max_running, device=cfg.device, threads=cfg.threads,
                         packed=cfg.packed_linears, decode=cfg.decode,
-                        cuda_graphs=cfg.cuda_graphs, **opts)]
+                        cuda_graphs=cfg.cuda_graphs,
+                        prefix_cache_tokens=cfg.prefix_cache_tokens, **opts)]
 
 
 def _build_sglang(cfg: Any, **options: Any) -> list[Engine]:

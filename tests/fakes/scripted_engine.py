@@ -127,6 +127,9 @@ class ScriptedEngine:
                 self.tokens_sent += len(part)
                 self._active[request.request_id] += len(part)
                 last = i + self.chunk >= len(out)
+                if last:  # a real engine frees a request's KV when it finishes, before its
+                    # consumer reads the last delta (not when the stream is closed)
+                    self._active.pop(request.request_id, None)
                 yield TokenDelta(token_ids=part, logprobs=[-0.5] * len(part),
                                  finish_reason=finish if last else None,
                                  policy_version=self.policy_version)

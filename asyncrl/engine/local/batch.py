@@ -40,6 +40,12 @@ class BatchCache:
         self.mask[idx] = 0
         self.pos[idx] = 0
 
+    def row_kv(self, row: int, n: int) -> list[tuple[Any, Any]]:
+        """Per layer, copies of row `row`'s last `n` keys and values (`[heads, n, dim]`): a
+        live row's whole context, which ends at the last column."""
+        return [(layer.keys[row, :, -n:].clone(), layer.values[row, :, -n:].clone())
+                for layer in self.cache.layers]
+
     def begin_decode(self) -> None:
         """One more column, attended by every row (a dead row's dummy token lands there too)."""
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.rows, 1))], dim=1)

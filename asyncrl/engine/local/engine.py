@@ -68,6 +68,7 @@ from asyncrl.engine.base import (
 )
 from asyncrl.engine.local.batch import BatchCache
 from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
+from asyncrl.engine.local.prefix import PrefixStore
 from asyncrl.engine.local.sampling import sample_rows
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
@@ -77,6 +78,10 @@ log = get_logger(__name__)
 
 DECODES = ("eager", "static")
 """`decode`'s choices (the `[engine] decode` config key)."""
+
+PREFIX_MAX_AGE_S = 120.0
+"""An idle engine's release drops continuation-cache entries older than this (their rollouts
+ended, or were dropped, without continuing)."""
 
 RELEASE_IDLE_S = 1.0
 """Seconds with no request before an idle engine drops its dead rows and trims the heap
@@ -110,13 +115,17 @@ class LocalEngine:
     a preallocated per-row cache and a fixed-shape decode step with sampling on the device,
     captured as CUDA graphs on a CUDA device unless `cuda_graphs` is False; prefill stays
     eager; routing records are refused).
+    `prefix_cache_tokens`: keep up to this many tokens of KV from requests that finished with
+    "stop" (`prefix.PrefixStore`), so a continuation (a tool call's next turn) prefills only
+    what is new; 0 keeps none. Refused with routing records (a continuation's prefill would
+    route only its new tokens).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, kv_token_budget: int, max_running: int,
                  name: str = "local-0", device: str = "cpu", threads: int = 0,
                  admit_reserve: int = 16, seed: int = 0, packed: bool = True,
                  record_routing: bool = False, decode: str = "eager",
-                 cuda_graphs: bool = True) -> None:
+                 cuda_graphs: bool = True, prefix_cache_tokens: int = 0) -> None:
         import torch
 
         from asyncrl.engine.local.kvcache import growing_cache
@@ -126,6 +135,12 @@ class LocalEngine:
             raise ValueError("kv_token_budget must be >= 2 and max_running >= 1")
         if decode not in DECODES:
             raise EngineError(f"{name}: decode {decode!r} is not one of {list(DECODES)}")
+        if prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0")
+        if prefix_cache_tokens and record_routing:
+            raise EngineError(f"{name}: the continuation cache does not record MoE routing "
+                              "(a continuation prefills only its new tokens); set "
+                              "prefix_cache_tokens = 0 for routing replay")
         if decode == "static" and record_routing:
             raise EngineError(f"{name}: the static decode does not record MoE routing; use "
                               "decode = \"eager\" for routing replay")
@@ -147,6 +162,9 @@ class LocalEngine:
 
             self._tap = RouterTap(torch, self._model, name)
         self._merger: Any = None  # engine.adapter.AdapterMerger, made at the first update
+        self.prefix: PrefixStore | None = (PrefixStore(prefix_cache_tokens)
+                                           if prefix_cache_tokens else None)
+        """The continuation cache (worker thread only); None when off."""
         self._tokenizer = tokenizer
         self._threads = threads
         self._pad_id = int(tokenizer.pad_token_id or 0)
@@ -191,6 +209,9 @@ class LocalEngine:
         self._planner.rows = []
         self._batch = self._new_batch()
         self._executor.shutdown(wait=True)
+        if self.prefix is not None:
+            self._log_prefix()
+            self.prefix.clear()
 
     async def __aenter__(self) -> LocalEngine:
         return await self.start()
@@ -370,7 +391,16 @@ class LocalEngine:
         (`asyncrl.allocator`)."""
         if self._decode == "eager":  # a static batch's cache is preallocated: it stays
             self._batch = BatchCache()
+        if self.prefix is not None:
+            self.prefix.expire(PREFIX_MAX_AGE_S)
+            self._log_prefix()
         allocator.release()
+
+    def _log_prefix(self) -> None:
+        assert self.prefix is not None
+        log.info("engine_prefix_cache", engine=self.name, hits=self.prefix.hits,
+                 reused_tokens=self.prefix.reused_tokens, kept=len(self.prefix),
+                 kept_tokens=self.prefix.held)
 
     def _check_layers(self) -> None:
         cfg = self._model.config.get_text_config(decoder=True)
@@ -393,7 +423,9 @@ class LocalEngine:
                 seqs = [plan.rows[i] for i in plan.decode]
                 toks, lps = b.decode(plan.decode, [s.generated[-1] for s in seqs],  # type: ignore[union-attr]
                                      *self._sampling(seqs), self._generator)  # type: ignore[arg-type]
-                outs.extend(self._outs(seqs, toks, lps))  # type: ignore[arg-type]
+                decoded = self._outs(seqs, toks, lps)  # type: ignore[arg-type]
+                self._keep_stopped(decoded, plan.decode)
+                outs.extend(decoded)
             elif plan.decode:
                 last = torch.full((b.rows, 1), self._pad_id, dtype=torch.long)
                 seqs = [plan.rows[i] for i in plan.decode]
@@ -410,22 +442,25 @@ class LocalEngine:
                 if len(seqs) < b.rows:
                     logits = logits.index_select(0, rows.to(self._device))
                 decoded = self._sample(logits, seqs)  # type: ignore[arg-type]
+                self._keep_stopped(decoded, plan.decode)
                 if self._tap is not None:  # one routed token per row: the one each row fed
                     routed = self._tap.take()
                     for o, row in zip(decoded, plan.decode, strict=True):
                         o.routes = routed[row:row + 1]
                 outs.extend(decoded)
             if plan.prefill:
-                outs.extend(self._prefill(plan.prefill, plan.fill))
+                outs.extend(self._prefill(plan.prefill, plan.fill, plan.version))
         return outs
 
-    def _prefill(self, seqs: list[Seq], fill: list[int]) -> list[_Out]:
+    def _prefill(self, seqs: list[Seq], fill: list[int], version: int) -> list[_Out]:
         """Prefill `seqs` together, write the first `len(fill)` into those dead rows, append
         the rest as new rows.
 
         Identical contexts (a GRPO group's samples arrive together with one prompt) are
         computed once: the forward runs on the distinct contexts, and each request gets a copy
-        of its context's cache row and last logits (then samples on its own)."""
+        of its context's cache row and last logits (then samples on its own). A context that
+        continues a kept one (`prefix.PrefixStore`) computes only its new tokens
+        (`_prefill_after`)."""
         torch = self._torch
         ctxs = [s.input_ids + s.generated for s in seqs]
         first: dict[tuple[int, ...], int] = {}
@@ -439,17 +474,22 @@ class LocalEngine:
             owner.append(first[key])
         self.prefills_shared += len(seqs) - len(unique)
         width = max(len(c) for c in unique)
-        ids = torch.full((len(unique), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for i, c in enumerate(unique):
-            ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
-            mask[i, width - len(c):] = 1
-        ids, mask = ids.to(self._device), mask.to(self._device)
-        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache: Any = self._new_cache(self._model.config)
-        out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1, :]
+        hits = ([self.prefix.take(c, version) for c in unique] if self.prefix is not None
+                else [])
+        if any(hits):
+            cache, mask, logits = self._prefill_after(unique, hits)
+        else:
+            ids = torch.full((len(unique), width), self._pad_id, dtype=torch.long)
+            mask = torch.zeros((len(unique), width), dtype=torch.long)
+            for i, c in enumerate(unique):
+                ids[i, width - len(c):] = torch.tensor(c, dtype=torch.long)
+                mask[i, width - len(c):] = 1
+            ids, mask = ids.to(self._device), mask.to(self._device)
+            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+            cache = self._new_cache(self._model.config)
+            out = self._model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                              past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1, :]
         if len(unique) < len(seqs):
             logits = logits.index_select(0, torch.tensor(owner, device=self._device))
         lens = [len(c) for c in ctxs]
@@ -470,6 +510,70 @@ class LocalEngine:
             for o, u, n_ctx in zip(outs, owner, lens, strict=True):
                 o.routes, o.restart = routed[u, width - n_ctx:], True
         return outs
+
+    def _prefill_after(self, ctxs: list[list[int]], hits: list[Any]) -> tuple[Any, Any, Any]:
+        """Prefill `ctxs`, where `hits[i]` is a kept prefix of `ctxs[i]` (its entry and length,
+        or None): the kept keys and values are the past, right-aligned, and only the rest of
+        each context is fed, right-aligned after them; the model masks the gaps. Returns the
+        cache rearranged as a plain prefill leaves it (each row's tokens right-aligned, left
+        padding masked), that mask, and each row's last logits."""
+        torch, dev = self._torch, self._device
+        reuse = [h[1] if h else 0 for h in hits]
+        rest = [len(c) - p for c, p in zip(ctxs, reuse, strict=True)]
+        n, big_p, big_s = len(ctxs), max(reuse), max(rest)
+        cache: Any = self._new_cache(self._model.config)
+        for li, layer in enumerate(cache.layers):
+            k0, v0 = next(h for h in hits if h)[0].kv[li]
+            k = k0.new_zeros((n, k0.shape[0], big_p, k0.shape[2]))
+            v = v0.new_zeros((n, v0.shape[0], big_p, v0.shape[2]))
+            for i, h in enumerate(hits):
+                if h:
+                    k[i, :, big_p - h[1]:] = h[0].kv[li][0][:, :h[1]]
+                    v[i, :, big_p - h[1]:] = h[0].kv[li][1][:, :h[1]]
+            layer.replace(k, v, room=big_s)
+        ids = torch.full((n, big_s), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((n, big_p + big_s), dtype=torch.long)
+        pos = torch.zeros((n, big_s), dtype=torch.long)
+        for i, (c, p, r) in enumerate(zip(ctxs, reuse, rest, strict=True)):
+            ids[i, big_s - r:] = torch.tensor(c[p:], dtype=torch.long)
+            mask[i, big_p - p:big_p] = 1
+            mask[i, big_p + big_s - r:] = 1
+            pos[i, big_s - r:] = torch.arange(p, p + r)
+        out = self._model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                          position_ids=pos.to(dev), past_key_values=cache, use_cache=True,
+                          logits_to_keep=1)
+        # Each row's real columns (kept, then new) gathered right-aligned; the left padding
+        # repeats a real column (finite, masked), as a plain prefill's pads are finite.
+        lens = [len(c) for c in ctxs]
+        width = max(lens)
+        idx = torch.zeros((n, width), dtype=torch.long)
+        plain = torch.zeros((n, width), dtype=torch.long)
+        for i, (p, r, ln) in enumerate(zip(reuse, rest, lens, strict=True)):
+            cols = [*range(big_p - p, big_p), *range(big_p + big_s - r, big_p + big_s)]
+            idx[i, :width - ln] = cols[0]
+            idx[i, width - ln:] = torch.tensor(cols)
+            plain[i, width - ln:] = 1
+        idx = idx.to(dev)
+        for layer in cache.layers:
+            kk, vv = layer.keys, layer.values
+            layer.keys = kk.gather(2, idx[:, None, :, None].expand(
+                n, kk.shape[1], width, kk.shape[3]))
+            layer.values = vv.gather(2, idx[:, None, :, None].expand(
+                n, vv.shape[1], width, vv.shape[3]))
+        return cache, plain.to(dev), out.logits[:, -1, :]
+
+    def _keep_stopped(self, outs: list[_Out], rows: list[int]) -> None:
+        """Requests that stopped this step leave a copy of their cache row (every token fed so
+        far) in the continuation cache, before the row is freed (`prefix.PrefixStore`)."""
+        if self.prefix is None:
+            return
+        for o, row in zip(outs, rows, strict=True):
+            if o.finish == "stop":
+                seq = o.seq
+                n = len(seq.input_ids) + len(seq.generated)
+                if self.prefix.keeps(n):
+                    self.prefix.put(seq.input_ids + seq.generated, self._batch.row_kv(row, n),
+                                    self.policy_version)
 
     def _sample(self, logits: Any, seqs: list[Seq]) -> list[_Out]:
         toks, lps = sample_rows(logits, *self._sampling(seqs), self._generator)
@@ -506,6 +610,8 @@ class LocalEngine:
         return False
 
     def _load_weights(self, update: WeightUpdate) -> None:
+        if self.prefix is not None:  # kept keys and values are the old weights'
+            self.prefix.clear()
         try:
             self._change_weights(update)
         finally:  # the packed copies follow the weights, even those of a half-done load

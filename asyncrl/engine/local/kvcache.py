@@ -62,16 +62,16 @@ class GrowingLayer(DynamicLayer):
         self.values = self._vbuf[:, :, start:end]
         return self.keys, self.values
 
-    def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def replace(self, keys: torch.Tensor, values: torch.Tensor, room: int = 0) -> None:
         """Hold `keys` / `values` (`[rows, heads, length, dim]`, new tensors: rows selected or
-        merged) in a fresh buffer with headroom, copied now; the old buffer is dropped at once
-        rather than at the next update."""
+        merged) in a fresh buffer with headroom (for `room` more columns at least), copied now;
+        the old buffer is dropped at once rather than at the next update."""
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
         self._kbuf = self._vbuf = None
         self.keys, self.values = keys, values
         if keys.shape[-2]:
-            self._adopt(keys, values, keys.shape[-2], 0)
+            self._adopt(keys, values, keys.shape[-2], room)
 
     def widen_left(self, extra: int) -> bool:
         """Extend `keys` / `values` by `extra` leading columns inside the buffer, as a view.

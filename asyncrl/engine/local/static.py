@@ -141,6 +141,11 @@ class StaticBatch:
         for r in rows:
             self.pos[r] = 0
 
+    def row_kv(self, row: int, n: int) -> list[tuple[Any, Any]]:
+        """Per layer, copies of row `row`'s first `n` keys and values (`[heads, n, dim]`)."""
+        return [(k[row, :, :n].clone(), v[row, :, :n].clone())
+                for k, v in zip(self._k, self._v, strict=True)]
+
     def trim(self) -> None:
         """Nothing to trim: each row starts at column 0."""
 
