@@ -17,6 +17,15 @@ after a phase the process holds what is live, not what the phase once held.
 
 Cost: one pass over the free lists, milliseconds for a heap of a few GiB; the pages given back
 are faulted in again (zero-filled) when a later phase allocates them.
+
+`configure()` (called by the `asyncrl` command at start) keeps large blocks out of the heaps
+altogether: glibc's mmap threshold is fixed at `MMAP_THRESHOLD` (4 MiB) instead of rising to
+32 MiB, so a KV-cache buffer, a gradient or a logits tensor is mapped on its own and unmapped
+when freed, and resident memory follows what is live within a phase, not only after one. The
+local engine's growing cache (a fresh, larger buffer per layer every few dozen steps) left holes
+no later buffer fitted: an evaluation of SmolLM2 on 16 problems x 9 answers peaked at 2.77 GiB
+with the default and 2.32 GiB with the threshold fixed, and ran no slower (136 s and 119 s).
+A process that sets `MALLOC_MMAP_THRESHOLD_` itself keeps its setting.
 """
 
 from __future__ import annotations
@@ -24,21 +33,41 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 from typing import Any
+
+MMAP_THRESHOLD = 4 << 20
+"""Bytes from which `configure` has glibc map a block on its own (released when freed)."""
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
 
 @functools.cache
-def _trim() -> Any:
-    """glibc's `malloc_trim`, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
+def _libc_fn(name: str, argtypes: tuple[Any, ...]) -> Any:
+    """glibc's function `name`, or None where the C library has none (macOS, musl)."""
+    lib = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-        fn = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (or no libc to load): nothing to trim
+        libc = ctypes.CDLL(lib) if lib else ctypes.CDLL(None)
+        fn = getattr(libc, name)
+    except (OSError, AttributeError):  # not glibc (or no libc to load)
         return None
-    fn.argtypes = [ctypes.c_size_t]
+    fn.argtypes = list(argtypes)
     fn.restype = ctypes.c_int
     return fn
+
+
+def _trim() -> Any:
+    return _libc_fn("malloc_trim", (ctypes.c_size_t,))
+
+
+def configure(mmap_threshold: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at `mmap_threshold` bytes (see the module docstring); True
+    when set, False without glibc's `mallopt` or when the environment sets
+    `MALLOC_MMAP_THRESHOLD_` (that setting stands)."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    fn = _libc_fn("mallopt", (ctypes.c_int, ctypes.c_int))
+    return bool(fn(_M_MMAP_THRESHOLD, mmap_threshold)) if fn is not None else False
 
 
 def release() -> bool:

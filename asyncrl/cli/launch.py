@@ -19,9 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.cli.main import main as cli_main
 
         return cli_main(argv)
-    # a follower is a command-line process too: its log lines go to its console, as rank 0's
+    # a follower is a command-line process too: its log lines go to its console and its large
+    # blocks are mapped on their own, as rank 0's
+    from asyncrl import allocator
     from asyncrl import log as logmod
 
+    allocator.configure()
     logmod.configure()
     follow()
     return 0

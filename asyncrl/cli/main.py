@@ -139,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 0 if args.command is None else 2
+    from asyncrl import allocator
     from asyncrl import log as logmod
 
+    allocator.configure()  # large blocks mapped on their own: freed memory leaves the process
     # The command is the host here: its log lines go to stderr, readable on a terminal
     # (`train` and `eval` configure again once the run directory is known).
     logmod.configure()
