@@ -170,3 +170,14 @@ def test_refused_with_routing_records(model, tiny_tokenizer) -> None:
     with pytest.raises(EngineError, match="routing"):
         LocalEngine(model, tiny_tokenizer, kv_token_budget=256, max_running=2,
                     prefix_cache_tokens=256, record_routing=True)
+
+
+def test_common_prefix_lengths() -> None:
+    from asyncrl.engine.local.prefix import _common
+
+    a = list(range(300))
+    for cut in (0, 1, 17, 150, 299):
+        b = [*a[:cut], -1, *a[cut + 1:]]
+        assert _common(a, b, 1000) == cut
+    assert _common(a, a, 1000) == 300 and _common(a, a, 40) == 40
+    assert _common(a, a[:10], 1000) == 10 and _common([], a, 5) == 0

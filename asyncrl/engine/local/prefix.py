@@ -109,9 +109,17 @@ class PrefixStore:
 
 
 def _common(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of `a` and `b`, at most `limit`."""
+    """Length of the common prefix of `a` and `b`, at most `limit`: list comparisons (C loops)
+    in a binary search, not a Python loop per token (a prefill compares every context with
+    every entry, each hundreds of tokens)."""
     n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
