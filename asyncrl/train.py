@@ -320,6 +320,8 @@ class StageRunner:
             if kept:
                 if stage.lr_decay_steps:
                     self.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
+                if cfg.rollout.max_staleness == 0:  # the engines wait for this step: their
+                    await _release_engines(self.rt.engines)  # caches go before it starts
                 train_m = await asyncio.to_thread(self.trainer.train_step, Batch(
                     step=step, policy_version=version, groups=kept))
             timing = {"timing/update_s": time.monotonic() - t0,
@@ -545,6 +547,16 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
              viewer=str(report.parent / "viewer.html"),
              wall_s=round(time.monotonic() - t_start, 1))
     return rd
+
+
+async def _release_engines(engines: list[Any]) -> None:
+    """Engines that hold a cache between requests in this process (the local engine's batch)
+    give it back now (`LocalEngine.release`); others have nothing here to give."""
+    from asyncrl.engine.local.engine import LocalEngine
+
+    for e in engines:
+        if isinstance(e, LocalEngine):
+            await e.release()
 
 
 async def _push_weights(rt: Runtime, version: int) -> None:

@@ -372,3 +372,23 @@ async def test_an_idle_engine_drops_its_dead_rows_and_trims_the_heap(model, tiny
         assert released == [1, 1]  # once per idle spell, not once per wait
     for o, r in zip(outs, ref[3:5], strict=True):
         assert o.token_ids == r
+
+
+async def test_release_drops_an_idle_batch_now_and_waits_for_a_busy_one(model, tiny_tokenizer,
+                                                                         refs) -> None:
+    """`release()` (a synchronous run, before the trainer's step) drops the dead rows' cache
+    at once when nothing runs; while a request runs it changes nothing; later requests still
+    equal `model.generate`."""
+    ids, ref = refs
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=4) as eng:
+        await asyncio.gather(*(collect(eng, _req(f"r{i}", ids[i])) for i in range(3)))
+        assert eng._batch.rows == 3
+        assert await eng.release() is True
+        assert eng._batch.rows == 0 and eng._batch.cache is None
+        busy = eng.stream(_req("busy", ids[3]))
+        first = await busy.__anext__()
+        assert await eng.release() is False and eng._batch.rows == 1
+        rest = [d async for d in busy]
+        out = await collect(eng, _req("after", ids[4]))
+    assert [first.token_ids[0]] + [d.token_ids[0] for d in rest] == ref[3]
+    assert out.token_ids == ref[4]

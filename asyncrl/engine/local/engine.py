@@ -276,6 +276,20 @@ class LocalEngine:
             self.policy_version = update.version
         log.info("engine_weights_updated", engine=self.name, version=update.version)
 
+    async def release(self) -> bool:
+        """Drop the batch's cache and trim the heap now, as an idle second would, if nothing is
+        running or waiting; True if it did. A synchronous run calls it before the trainer's
+        step, so the rollouts' KV cache does not live into the step's first second."""
+        loop = asyncio.get_running_loop()
+        async with self._step_lock:
+            if not self._planner.idle or self._closing:
+                return False
+            self._release_due = False
+            if self._decode == "eager":
+                self._planner.rows = []
+            await loop.run_in_executor(self._executor, self._release)
+        return True
+
     # ------------------------------------------------------------------ loop-side state
     def _submit(self, request: GenerateRequest) -> Seq | None:
         if self._driver is None or self._closing:
