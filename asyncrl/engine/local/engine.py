@@ -56,7 +56,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from asyncrl import allocator
@@ -68,11 +67,11 @@ from asyncrl.engine.base import (
 )
 from asyncrl.engine.local.batch import BatchCache
 from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
-from asyncrl.engine.local.prefix import PrefixStore
+from asyncrl.engine.local.prefix import PrefixStore, prefill_continuations
 from asyncrl.engine.local.sampling import sample_rows
+from asyncrl.engine.local.weights import load_base
 from asyncrl.errors import EngineError, EngineUnavailable, WeightSyncError
 from asyncrl.log import get_logger
-from asyncrl.modeling import fuse_experts
 
 log = get_logger(__name__)
 
@@ -210,7 +209,7 @@ class LocalEngine:
         self._batch = self._new_batch()
         self._executor.shutdown(wait=True)
         if self.prefix is not None:
-            self._log_prefix()
+            log.info("engine_prefix_cache", engine=self.name, **self.prefix.stats())
             self.prefix.clear()
 
     async def __aenter__(self) -> LocalEngine:
@@ -407,14 +406,8 @@ class LocalEngine:
             self._batch = BatchCache()
         if self.prefix is not None:
             self.prefix.expire(PREFIX_MAX_AGE_S)
-            self._log_prefix()
+            log.info("engine_prefix_cache", engine=self.name, **self.prefix.stats())
         allocator.release()
-
-    def _log_prefix(self) -> None:
-        assert self.prefix is not None
-        log.info("engine_prefix_cache", engine=self.name, hits=self.prefix.hits,
-                 reused_tokens=self.prefix.reused_tokens, kept=len(self.prefix),
-                 kept_tokens=self.prefix.held)
 
     def _check_layers(self) -> None:
         cfg = self._model.config.get_text_config(decoder=True)
@@ -474,7 +467,7 @@ class LocalEngine:
         computed once: the forward runs on the distinct contexts, and each request gets a copy
         of its context's cache row and last logits (then samples on its own). A context that
         continues a kept one (`prefix.PrefixStore`) computes only its new tokens
-        (`_prefill_after`)."""
+        (`prefix.prefill_continuations`)."""
         torch = self._torch
         ctxs = [s.input_ids + s.generated for s in seqs]
         first: dict[tuple[int, ...], int] = {}
@@ -491,7 +484,8 @@ class LocalEngine:
         hits = ([self.prefix.take(c, version) for c in unique] if self.prefix is not None
                 else [])
         if any(hits):
-            cache, mask, logits = self._prefill_after(unique, hits)
+            cache, mask, logits = prefill_continuations(
+                self._model, self._new_cache(self._model.config), self._pad_id, unique, hits)
         else:
             ids = torch.full((len(unique), width), self._pad_id, dtype=torch.long)
             mask = torch.zeros((len(unique), width), dtype=torch.long)
@@ -524,57 +518,6 @@ class LocalEngine:
             for o, u, n_ctx in zip(outs, owner, lens, strict=True):
                 o.routes, o.restart = routed[u, width - n_ctx:], True
         return outs
-
-    def _prefill_after(self, ctxs: list[list[int]], hits: list[Any]) -> tuple[Any, Any, Any]:
-        """Prefill `ctxs`, where `hits[i]` is a kept prefix of `ctxs[i]` (its entry and length,
-        or None): the kept keys and values are the past, right-aligned, and only the rest of
-        each context is fed, right-aligned after them; the model masks the gaps. Returns the
-        cache rearranged as a plain prefill leaves it (each row's tokens right-aligned, left
-        padding masked), that mask, and each row's last logits."""
-        torch, dev = self._torch, self._device
-        reuse = [h[1] if h else 0 for h in hits]
-        rest = [len(c) - p for c, p in zip(ctxs, reuse, strict=True)]
-        n, big_p, big_s = len(ctxs), max(reuse), max(rest)
-        cache: Any = self._new_cache(self._model.config)
-        for li, layer in enumerate(cache.layers):
-            k0, v0 = next(h for h in hits if h)[0].kv[li]
-            k = k0.new_zeros((n, k0.shape[0], big_p, k0.shape[2]))
-            v = v0.new_zeros((n, v0.shape[0], big_p, v0.shape[2]))
-            for i, h in enumerate(hits):
-                if h:
-                    k[i, :, big_p - h[1]:] = h[0].kv[li][0][:, :h[1]]
-                    v[i, :, big_p - h[1]:] = h[0].kv[li][1][:, :h[1]]
-            layer.replace(k, v, room=big_s)
-        ids = torch.full((n, big_s), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((n, big_p + big_s), dtype=torch.long)
-        pos = torch.zeros((n, big_s), dtype=torch.long)
-        for i, (c, p, r) in enumerate(zip(ctxs, reuse, rest, strict=True)):
-            ids[i, big_s - r:] = torch.tensor(c[p:], dtype=torch.long)
-            mask[i, big_p - p:big_p] = 1
-            mask[i, big_p + big_s - r:] = 1
-            pos[i, big_s - r:] = torch.arange(p, p + r)
-        out = self._model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                          position_ids=pos.to(dev), past_key_values=cache, use_cache=True,
-                          logits_to_keep=1)
-        # Each row's real columns (kept, then new) gathered right-aligned; the left padding
-        # repeats a real column (finite, masked), as a plain prefill's pads are finite.
-        lens = [len(c) for c in ctxs]
-        width = max(lens)
-        idx = torch.zeros((n, width), dtype=torch.long)
-        plain = torch.zeros((n, width), dtype=torch.long)
-        for i, (p, r, ln) in enumerate(zip(reuse, rest, lens, strict=True)):
-            cols = [*range(big_p - p, big_p), *range(big_p + big_s - r, big_p + big_s)]
-            idx[i, :width - ln] = cols[0]
-            idx[i, width - ln:] = torch.tensor(cols)
-            plain[i, width - ln:] = 1
-        idx = idx.to(dev)
-        for layer in cache.layers:
-            kk, vv = layer.keys, layer.values
-            layer.keys = kk.gather(2, idx[:, None, :, None].expand(
-                n, kk.shape[1], width, kk.shape[3]))
-            layer.values = vv.gather(2, idx[:, None, :, None].expand(
-                n, vv.shape[1], width, vv.shape[3]))
-        return cache, plain.to(dev), out.logits[:, -1, :]
 
     def _keep_stopped(self, outs: list[_Out], rows: list[int]) -> None:
         """Requests that stopped this step leave a copy of their cache row (every token fed so
@@ -642,7 +585,7 @@ class LocalEngine:
             self._merger = AdapterMerger(self._model, self.name)
         if update.has_base:
             self._merger.new_base(None)  # a load that fails half-way leaves no known base
-            self._load_base(update)
+            load_base(self._model, update, self.name)
             self._merger.new_base(update.version)
         if update.has_adapter:
             factors: Any = update.adapter
@@ -650,57 +593,3 @@ class LocalEngine:
                 factors = read_adapter_dir(update.adapter_path)
             base = update.version if update.has_base else update.base_version
             self._merger.apply(factors, base)
-
-    def _load_base(self, update: WeightUpdate) -> None:
-        torch = self._torch
-        sd: Any = update.state_dict
-        if sd is None:
-            if not update.path:
-                raise WeightSyncError(f"{self.name}: weight update has neither tensors nor a path")
-            from safetensors.torch import load_file
-
-            files = sorted(Path(update.path).glob("*.safetensors"))
-            if not files:
-                raise WeightSyncError(f"{self.name}: no *.safetensors in {update.path}")
-            sd = {}
-            for f in files:
-                sd.update(load_file(str(f)))
-        assert isinstance(sd, dict)
-        own = self._model.state_dict()
-        sd = fuse_experts(sd, own)  # an MoE checkpoint's per-expert names
-        self._check_update(sd)
-        # Tensors that are the model's own (`weight_sync = "shared"`: the trainer's live
-        # parameters) already hold the update; only the packed copies must follow (the caller).
-        sd = {k: t for k, t in sd.items() if not _same_tensor(t, own[k])}
-        if sd:
-            with torch.no_grad():
-                # strict=False only for tied aliases and the model's own tensors, which
-                # _check_update found covered
-                self._model.load_state_dict(sd, strict=False)
-
-    def _check_update(self, sd: dict[str, Any]) -> None:
-        """Refuse, before loading anything, an update that is not the whole model in its
-        shapes: unknown or missing names (a tied alias such as `lm_head.weight`, which HF drops
-        on save, counts as present when its twin is), or a tensor of another shape."""
-        own = self._model.state_dict(keep_vars=True)
-        unexpected = sorted(sd.keys() - own.keys())
-        if unexpected:
-            raise WeightSyncError(f"{self.name}: unknown parameters in update: {unexpected[:5]}")
-        by_storage: dict[int, set[str]] = {}
-        for name, t in own.items():
-            by_storage.setdefault(t.data_ptr(), set()).add(name)
-        missing = sorted(k for k in own.keys() - sd.keys()
-                         if not by_storage[own[k].data_ptr()] & sd.keys())
-        if missing:
-            raise WeightSyncError(f"{self.name}: missing parameters in update ({len(missing)}): "
-                                  f"{missing[:5]}")
-        for k, t in sd.items():
-            if tuple(t.shape) != tuple(own[k].shape):
-                raise WeightSyncError(f"{self.name}: shape of {k} is {tuple(t.shape)} in the "
-                                      f"update, {tuple(own[k].shape)} in the model")
-
-
-def _same_tensor(a: Any, b: Any) -> bool:
-    """`a` and `b` are views of the same memory in the same layout."""
-    return (a.device == b.device and a.dtype == b.dtype and a.data_ptr() == b.data_ptr()
-            and a.shape == b.shape and a.stride() == b.stride())

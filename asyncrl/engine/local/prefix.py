@@ -12,8 +12,10 @@ keys and values of a prefix do not depend on what follows it, so any common pref
 not only a whole entry.
 
 Owns: the entries, their token budget (least recently stored dropped first), matching a
-context to its longest kept prefix, and dropping entries a weight update made stale. Does not
-own: reading rows out of the batch cache or prefilling (the engine and its batch). Used by the
+context to its longest kept prefix, dropping entries a weight update made stale, and the
+prefill of contexts over kept prefixes (`prefill_continuations`). Does not
+own: reading rows out of the batch cache, or where prefilled rows go (the engine and its
+batch). Used by the
 engine's worker thread only, so there is no lock.
 
 Memory: an entry costs its tokens x (layers x 2 x kv heads x head dim x dtype size), 46 KiB
@@ -26,6 +28,8 @@ import collections
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 MIN_REUSE = 16
 """Common-prefix tokens below which an entry is not worth taking (a plain prefill is as cheap
@@ -96,6 +100,11 @@ class PrefixStore:
         self.reused_tokens += best_n
         return entry, best_n
 
+    def stats(self) -> dict[str, int]:
+        """What was handed out and what is kept (the engine's `engine_prefix_cache` log)."""
+        return dict(hits=self.hits, reused_tokens=self.reused_tokens, kept=len(self),
+                    kept_tokens=self.held)
+
     def clear(self) -> None:
         """Drop every entry (new weights make them stale)."""
         self._entries.clear()
@@ -123,3 +132,56 @@ def _common(a: list[int], b: list[int], limit: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def prefill_continuations(model: Any, cache: Any, pad_id: int, ctxs: list[list[int]],
+                          hits: list[Any]) -> tuple[Any, Any, Any]:
+    """Prefill `ctxs` on `model` into `cache` (an empty `kvcache.growing_cache`), where
+    `hits[i]` is a kept prefix of `ctxs[i]` (`PrefixStore.take`'s entry and length, or None;
+    at least one is not): the kept keys and values are the past, right-aligned, and only the
+    rest of each context is fed, right-aligned after them; the model masks the gaps. Returns the
+    cache rearranged as a plain prefill leaves it (each row's tokens right-aligned, left
+    padding masked), that mask, and each row's last logits."""
+    dev = model.device
+    reuse = [h[1] if h else 0 for h in hits]
+    rest = [len(c) - p for c, p in zip(ctxs, reuse, strict=True)]
+    n, big_p, big_s = len(ctxs), max(reuse), max(rest)
+    for li, layer in enumerate(cache.layers):
+        k0, v0 = next(h for h in hits if h)[0].kv[li]
+        k = k0.new_zeros((n, k0.shape[0], big_p, k0.shape[2]))
+        v = v0.new_zeros((n, v0.shape[0], big_p, v0.shape[2]))
+        for i, h in enumerate(hits):
+            if h:
+                k[i, :, big_p - h[1]:] = h[0].kv[li][0][:, :h[1]]
+                v[i, :, big_p - h[1]:] = h[0].kv[li][1][:, :h[1]]
+        layer.replace(k, v, room=big_s)
+    ids = torch.full((n, big_s), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, big_p + big_s), dtype=torch.long)
+    pos = torch.zeros((n, big_s), dtype=torch.long)
+    for i, (c, p, r) in enumerate(zip(ctxs, reuse, rest, strict=True)):
+        ids[i, big_s - r:] = torch.tensor(c[p:], dtype=torch.long)
+        mask[i, big_p - p:big_p] = 1
+        mask[i, big_p + big_s - r:] = 1
+        pos[i, big_s - r:] = torch.arange(p, p + r)
+    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                      position_ids=pos.to(dev), past_key_values=cache, use_cache=True,
+                      logits_to_keep=1)
+    # Each row's real columns (kept, then new) gathered right-aligned; the left padding
+    # repeats a real column (finite, masked), as a plain prefill's pads are finite.
+    lens = [len(c) for c in ctxs]
+    width = max(lens)
+    idx = torch.zeros((n, width), dtype=torch.long)
+    plain = torch.zeros((n, width), dtype=torch.long)
+    for i, (p, r, ln) in enumerate(zip(reuse, rest, lens, strict=True)):
+        cols = [*range(big_p - p, big_p), *range(big_p + big_s - r, big_p + big_s)]
+        idx[i, :width - ln] = cols[0]
+        idx[i, width - ln:] = torch.tensor(cols)
+        plain[i, width - ln:] = 1
+    idx = idx.to(dev)
+    for layer in cache.layers:
+        kk, vv = layer.keys, layer.values
+        layer.keys = kk.gather(2, idx[:, None, :, None].expand(
+            n, kk.shape[1], width, kk.shape[3]))
+        layer.values = vv.gather(2, idx[:, None, :, None].expand(
+            n, vv.shape[1], width, vv.shape[3]))
+    return cache, plain.to(dev), out.logits[:, -1, :]
