@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 import torch
-from engine_cases import PROMPTS
+from engine_cases import PROMPTS, greedy_reference
 
 from asyncrl.engine.base import GenerateRequest, SamplingParams, WeightUpdate, collect
 from asyncrl.engine.local.engine import LocalEngine
@@ -26,14 +26,12 @@ def _one_thread(one_torch_thread):
 
 
 @pytest.fixture(scope="module")
-def model(spiky_model_factory):
+def model(spiky_model_factory):  # the engine tests' context-dependent tiny model
     return spiky_model_factory(0)
 
 
 def _generate(model, ids: list[int], n: int = N) -> list[int]:
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(ids):].tolist()
+    return greedy_reference(model, ids, n)
 
 
 def _req(rid: str, ids: list[int], n: int = N, stop: list[int] | None = None) -> GenerateRequest:
