@@ -284,7 +284,7 @@ class LocalEngine:
             if not self._planner.idle or self._closing:
                 return False
             self._release_due = False
-            if self._decode == "eager":
+            if self._decode == "eager":  # a static batch keeps its rows
                 self._planner.rows = []
             await loop.run_in_executor(self._executor, self._release)
         return True
@@ -360,11 +360,7 @@ class LocalEngine:
                     try:  # idle for a while (not a tool call's pause): drop the dead rows
                         await asyncio.wait_for(self._work.wait(), RELEASE_IDLE_S)
                     except TimeoutError:
-                        async with self._step_lock:
-                            self._release_due = False
-                            if self._decode == "eager":  # a static batch keeps its rows
-                                self._planner.rows = []
-                            await loop.run_in_executor(self._executor, self._release)
+                        await self.release()
                     continue
                 await self._work.wait()
                 continue
