@@ -59,7 +59,7 @@ from asyncrl.stages import (
 )
 from asyncrl.stopping import StopRequest, signal_handlers
 from asyncrl.tasks.files import LoadResult
-from asyncrl.tasks.stream import ProblemStream, filter_split
+from asyncrl.tasks.stream import ProblemStream, filter_split, held_out_cut
 from asyncrl.templates import end_of_sequence_ids
 from asyncrl.weightsync.push import push_weights
 
@@ -224,7 +224,7 @@ class StageRunner:
         return SFTSetup(trainer=self.trainer, tokenizer=rt.tokenizer, fmt=rt.fmt,
                         tools=[t.schema for t in rt.tools] or None,
                         system_prompt=cfg.data.system_prompt, seed=cfg.run.seed,
-                        lr=cfg.algorithm.lr,
+                        shuffle=cfg.data.shuffle, lr=cfg.algorithm.lr,
                         tool_output_max_chars=cfg.rollout.tool_output_max_chars,
                         checkpoint_every=cfg.checkpoint.sft_every_steps,
                         show_tool_time=shows_tool_time(cfg.rollout.tool_time,
@@ -369,8 +369,7 @@ class StageRunner:
         if not probs:
             return {}
         ev = self.cfg.eval
-        if ev.max_problems:
-            probs = probs[: ev.max_problems]
+        probs = held_out_cut(probs, ev.max_problems)
         t0 = time.monotonic()
         temp = eval_temperature(self.cfg)
         key = f"eval:{self.state.global_step}:{label}"

@@ -74,13 +74,14 @@ def _export(cfg: Any, tok: Any, path: Path) -> int:
     """The transcripts the generator path trains on, as chat rows (see asyncrl.sft.stage.generator_pairs)."""
     from asyncrl import formats
     from asyncrl.sft import coldstart as sft
+    from asyncrl.sft.stage import draw_problems
 
     fmt = formats.get_format(cfg.rollout.tool_format)
     d, st = cfg.data, cfg.stages[0]
     tools = [formats.PYTHON_TOOL_SCHEMA] if cfg.rollout.tools else None
     train, code_for = _split(cfg, tok, fmt, tools, "train")
     n = st.examples or st.steps * (st.batch_size or 16)
-    probs = [train[i % len(train)] for i in range(n)]
+    probs = draw_problems(train, n, cfg.run.seed, cfg.data.shuffle)
     return sft.export_chat(probs, fmt, random.Random(cfg.run.seed), path,
                            tool_fraction=st.tool_fraction, fail_fix_fraction=st.fail_fix_fraction,
                            fail_fix_by_level={int(k): v for k, v in st.fail_fix_by_level.items()},

@@ -93,7 +93,8 @@ class DataSection(_Section, frozen=True, kw_only=True):
     """Options passed to a `generator:` task source (sizes, difficulty levels, seed offset; a
     plugin's own options)."""
     shuffle: bool = True
-    """Shuffle training problems each epoch (seeded by `run.seed`)."""
+    """Shuffle training problems each epoch (seeded by `run.seed`): RL's prompts and the
+    problems a generated cold start renders; off, both take them in list order."""
     max_prompt_tokens: PosInt = 2048
     """Prompts longer than this (tool schema included) are skipped and counted."""
     system_prompt: str = ""
@@ -419,7 +420,8 @@ class EvalSection(_Section, frozen=True, kw_only=True):
     `eval/accuracy_L{n}`; the plateau rule and the run report read it). Skipped when the
     sampled answers are greedy themselves (`temperature = 0`): then `eval/accuracy` is avg@k."""
     max_problems: NonNegInt = 0
-    """Cap on eval problems (0 = all)."""
+    """Cap on eval problems (0 = all): the same `max_problems` of the held-out set every time,
+    spread over it (`asyncrl.tasks.stream.held_out_cut`), not its first ones."""
     max_response_tokens: NonNegInt = 0
     """Eval response budget; 0 = the current stage's."""
 

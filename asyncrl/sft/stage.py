@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -149,6 +150,9 @@ class SFTSetup:
     """`rollout.tool_time` resolved: generated tool outputs show a time as rollouts' do."""
     python_tool: Tool | None = None
     """The run's Python tool: runs the generated programs of a stage with `sandbox_outputs`."""
+    shuffle: bool = True
+    """`data.shuffle`: a generated cold start draws its problems in seeded permutations
+    (`draw_problems`), else in list order."""
     solution_code: SolutionCode | None = None
     """The task's worked solutions (`Task.solution_code`): what generated transcripts say and
     run; None: the task supplies none, and only chat-file stages can train on it."""
@@ -163,6 +167,27 @@ class Generated(NamedTuple):
     no_solution: int
     """Of those, problems drawn a tool transcript that the task has no worked solution for:
     left out."""
+
+
+def draw_problems(problems: Sequence[Problem], n: int, seed: int,
+                  shuffle: bool = True) -> list[Problem]:
+    """The `n` problems a generated cold start renders: pass after pass over `problems`, each
+    pass a permutation that depends only on (`seed`, pass), or in list order when `shuffle` is
+    off. A source lists its problems grouped (reasoning-gym by generator, a file by topic): the
+    first `n` of them in order would teach the first group only. Not RL's order (its own seed
+    text): the cold start does not pre-train the prompts RL meets first."""
+    if not problems:
+        raise DataError("the cold start has no training problems to render")
+    out: list[Problem] = []
+    for p in itertools.count():
+        order = list(range(len(problems)))
+        if shuffle:
+            # a str seed is hashed with SHA-512 by `random`: stable across processes and versions
+            random.Random(f"asyncrl.sft:{seed}:{p}").shuffle(order)
+        out += (problems[i] for i in order[:n - len(out)])
+        if len(out) == n:
+            return out
+    raise AssertionError("unreachable")
 
 
 async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,
@@ -197,7 +222,7 @@ def generator_pairs(stage: StageSection, setup: SFTSetup,
                         "(TaskSource.solution_code), so no transcript can call the tool; give "
                         "it solutions, set tool_fraction = 0, or train on chat files")
     n = stage.examples or stage.steps * (stage.batch_size or DEFAULT_BATCH)
-    probs = [problems[i % len(problems)] for i in range(n)]
+    probs = draw_problems(problems, n, setup.seed, setup.shuffle)
     examples = build_sft_examples(
         probs, setup.fmt, setup.tokenizer, random.Random(setup.seed),
         tool_fraction=stage.tool_fraction, fail_fix_fraction=stage.fail_fix_fraction,

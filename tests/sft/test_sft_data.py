@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from asyncrl import formats as F
+from asyncrl.records import Problem
 from asyncrl.sft import coldstart as sft
 from asyncrl.tasks import families as tasks
 from asyncrl.tasks.families import solution_code
@@ -208,3 +209,23 @@ def test_level_4_transcripts_fit_the_evidence_budget() -> None:
                                 fail_fix_fraction=1.0)
     longest = max(len(e.loss_mask) - e.loss_mask.index(1) for e in ex)
     assert longest <= 200, longest
+
+
+def test_a_generated_cold_start_draws_from_every_group_of_a_grouped_source() -> None:
+    """reasoning-gym lists its training problems by generator: a cold start of fewer
+    transcripts than problems must not render the first generator's alone (issue 55's word
+    cold start taught `simple_equations` only). Each pass is a seeded permutation; with
+    `data.shuffle` off, list order."""
+    from asyncrl.sft.stage import draw_problems
+
+    probs = [Problem(id=f"{g}{i}", question=f"{g} {i}", answer="1", source=g)
+             for g in ("eq", "gsm") for i in range(50)]
+    drawn = draw_problems(probs, 40, seed=0)
+    assert 10 <= sum(p.source == "gsm" for p in drawn) <= 30
+    assert len({p.id for p in drawn}) == 40 and drawn == draw_problems(probs, 40, seed=0)
+    assert drawn != draw_problems(probs, 40, seed=1)
+    long = draw_problems(probs, 250, seed=0)  # every pass visits every problem once
+    for k in range(2):
+        assert {p.id for p in long[100 * k:100 * (k + 1)]} == {p.id for p in probs}
+    assert long[:100] != long[100:200]
+    assert draw_problems(probs, 120, seed=0, shuffle=False) == probs + probs[:20]
