@@ -39,7 +39,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     from asyncrl.runtime import open_runtime
     from asyncrl.stages import eval_temperature
     from asyncrl.tasks.files import LoadResult
-    from asyncrl.tasks.stream import filter_split
+    from asyncrl.tasks.stream import filter_split, held_out_cut
     from asyncrl.templates import end_of_sequence_ids
 
     temp = eval_temperature(cfg) if temperature is None else temperature
@@ -53,7 +53,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         held = LoadResult(rt.task.held_out, dict(rt.task.skipped.get("eval", {})))
         loaded = filter_split(held, data, "eval", rt.tokenizer, rt.fmt, tools,
                               cfg.data.max_prompt_tokens, rt.runner.system_prompt)
-        problems = loaded.problems[:max_problems] if max_problems else loaded.problems
+        problems = held_out_cut(loaded.problems, max_problems)
         r = cfg.rollout
         settings = RolloutSettings(
             max_response_tokens=cfg.eval.max_response_tokens or r.max_response_tokens,

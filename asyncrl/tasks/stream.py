@@ -1,8 +1,9 @@
 """A split's problems made ready for rollouts: prompt-length filtering and the seeded data cursor.
 
 Owns: dropping problems whose prompt (system text and tool schema included) is longer than
-`data.max_prompt_tokens` (`filter_split`), and `ProblemStream`, the seeded epoch iterator whose
-`state()` goes into checkpoints so a resumed run sees the same order.
+`data.max_prompt_tokens` (`filter_split`), the held-out cut an evaluation's `max_problems` takes
+(`held_out_cut`), and `ProblemStream`, the seeded epoch iterator whose `state()` goes into
+checkpoints so a resumed run sees the same order.
 
 Does not own: where problems come from (`asyncrl.tasks.open`), the prompt layout
 (`asyncrl.formats`), or which problems are hard for the current policy (the curriculum).
@@ -92,6 +93,17 @@ def fingerprint(problems: Sequence[Problem]) -> str:
         h.update(p.id.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def held_out_cut(problems: Sequence[Problem], n: int) -> list[Problem]:
+    """`n` of the held-out `problems` (all when `n` is 0 or covers them), in their list order:
+    the same ones for every run, seed and evaluation, so cut evaluations compare. Spread over
+    the whole list, not its first `n`: a source lists its problems grouped (reasoning-gym by
+    generator), and the first `n` would evaluate the first group only."""
+    if not n or n >= len(problems):
+        return list(problems)
+    keep = sorted(random.Random("asyncrl.eval.cut").sample(range(len(problems)), n))
+    return [problems[i] for i in keep]
 
 
 class ProblemStream:

@@ -119,3 +119,19 @@ def test_stream_refuses_changed_data_and_bad_input() -> None:
         stream.ProblemStream([], seed=0)
     with pytest.raises(ValueError, match="batch size"):
         s.next_batch(0)
+
+
+def _grouped(n: int = 30) -> list[Problem]:
+    """A source's list grouped as reasoning-gym's is: one generator's problems, then the next."""
+    return [Problem(id=f"{g}{i}", question=f"{g} {i}", answer="1", source=g)
+            for g in ("eq", "gsm", "sum") for i in range(n)]
+
+
+def test_a_held_out_cut_spreads_over_a_grouped_set_and_is_the_same_every_time() -> None:
+    probs = _grouped()
+    cut = stream.held_out_cut(probs, 12)
+    assert len(cut) == 12 and len({p.id for p in cut}) == 12
+    assert {p.source for p in cut} == {"eq", "gsm", "sum"}  # not the first group's 12
+    assert [probs.index(p) for p in cut] == sorted(probs.index(p) for p in cut)  # list order
+    assert cut == stream.held_out_cut(probs, 12)  # every evaluation, run and seed
+    assert stream.held_out_cut(probs, 0) == probs == stream.held_out_cut(probs, 500)
