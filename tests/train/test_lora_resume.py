@@ -194,10 +194,12 @@ def _same_after(part: Path, ref: Path, resumed_at: int) -> list[int]:
                 # for the local engine's batching: a sequence's logits depend at the last bit
                 # on which others share its forward pass, which timing decides. A different
                 # adapter, optimizer state or data order moves the loss by 1e-2 and more.
-                # The sampler/trainer mismatch figures (`train/mismatch_*`, ~3e-7) are that
-                # last-bit noise themselves, so they get an absolute 1e-6: an engine holding
-                # another adapter than the trainer's would put them at 1e-3 and more.
-                tol = 1e-6 if k.startswith("train/mismatch") else 1e-9
+                # The sampler/trainer mismatch figures (`train/mismatch_*`, ~3e-7 apart) are
+                # that last-bit noise themselves, and their min/max the batch's most extreme
+                # token (2.1e-6 apart once, under load average 4), so they get an absolute
+                # 1e-5: an engine holding another adapter than the trainer's would put them
+                # at 1e-3 and more.
+                tol = 1e-5 if k.startswith("train/mismatch") else 1e-9
                 assert g[k] == pytest.approx(w[k], rel=1e-6, abs=tol), (s, k, w[k], g[k])
             else:
                 assert g[k] == w[k], (s, k)
