@@ -118,7 +118,9 @@ def register(sub: Any) -> None:
                    help="of the k samples (default: eval.temperature, else rollout.temperature)")
     p.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
                    help="also one greedy answer per problem, as `accuracy` (default: eval.greedy)")
-    p.add_argument("--max-problems", type=int, default=0)
+    p.add_argument("--max-problems", type=int, default=0,
+                   help="evaluate this many of the held-out problems, the same ones every time, "
+                        "spread over the set (0: all)")
     p.add_argument("--out", default="", help="output directory (default: runs/NAME-eval)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.set_defaults(func=cmd_eval)
