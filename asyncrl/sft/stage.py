@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
 from asyncrl.stopping import StopRequest
+from asyncrl.tasks.stream import ProblemStream
 from asyncrl.tasks.task import SolutionCode
 
 if TYPE_CHECKING:
@@ -174,20 +174,11 @@ def draw_problems(problems: Sequence[Problem], n: int, seed: int,
     """The `n` problems a generated cold start renders: pass after pass over `problems`, each
     pass a permutation that depends only on (`seed`, pass), or in list order when `shuffle` is
     off. A source lists its problems grouped (reasoning-gym by generator, a file by topic): the
-    first `n` of them in order would teach the first group only. Not RL's order (its own seed
-    text): the cold start does not pre-train the prompts RL meets first."""
+    first `n` of them in order would teach the first group only. Not RL's order (another
+    salt): the cold start does not pre-train the prompts RL meets first."""
     if not problems:
         raise DataError("the cold start has no training problems to render")
-    out: list[Problem] = []
-    for p in itertools.count():
-        order = list(range(len(problems)))
-        if shuffle:
-            # a str seed is hashed with SHA-512 by `random`: stable across processes and versions
-            random.Random(f"asyncrl.sft:{seed}:{p}").shuffle(order)
-        out += (problems[i] for i in order[:n - len(out)])
-        if len(out) == n:
-            return out
-    raise AssertionError("unreachable")
+    return ProblemStream(problems, seed, shuffle, salt="asyncrl.sft").next_batch(n)
 
 
 async def sandboxed_pairs(stage: StageSection, setup: SFTSetup,

@@ -116,7 +116,7 @@ class ProblemStream:
     """
 
     def __init__(self, problems: Sequence[Problem], seed: int, shuffle: bool = True,
-                 epoch: int = 0, position: int = 0) -> None:
+                 epoch: int = 0, position: int = 0, salt: str = "asyncrl.data") -> None:
         if not problems:
             raise DataError("cannot stream an empty problem list")
         if epoch < 0 or not 0 <= position <= len(problems):
@@ -127,6 +127,9 @@ class ProblemStream:
         self.shuffle = shuffle
         self.epoch = epoch
         self.position = position
+        self.salt = salt
+        """Names the order: streams of other salts over the same problems and seed visit
+        them in other orders (the cold start's, `asyncrl.sft`, is not RL's)."""
         self._order = self._epoch_order(epoch)
 
     def __len__(self) -> int:
@@ -137,7 +140,7 @@ class ProblemStream:
         if self.shuffle:
             # A str seed is hashed with SHA-512 by `random`: stable across processes and versions.
             # (the seed text names the module's old place: kept, so orders stay the same)
-            random.Random(f"asyncrl.data:{self.seed}:{epoch}").shuffle(order)
+            random.Random(f"{self.salt}:{self.seed}:{epoch}").shuffle(order)
         return order
 
     def next_batch(self, n: int) -> list[Problem]:

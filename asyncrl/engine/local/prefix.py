@@ -163,9 +163,8 @@ def prefill_continuations(model: Any, cache: Any, pad_id: int, ctxs: list[list[i
         mask[i, big_p - p:big_p] = 1
         mask[i, big_p + big_s - r:] = 1
         pos[i, big_s - r:] = torch.arange(p, p + r)
-    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev),
-                      position_ids=pos.to(dev), past_key_values=cache, use_cache=True,
-                      logits_to_keep=1)
+    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                past_key_values=cache, use_cache=True, logits_to_keep=1)
     # Each row's real columns (kept, then new) gathered right-aligned; the left padding
     # repeats a real column (finite, masked), as a plain prefill's pads are finite.
     lens = [len(c) for c in ctxs]
