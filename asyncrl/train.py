@@ -157,7 +157,10 @@ class StageRunner:
             self.state.stage_problem_ids = None
             if self.state.stage_index < len(stages):
                 self.stream = self._make_stream()
-        await self.evaluate(label="final")
+        # A run that ends in a cold-start stage (an ablation's shared SFT run) was scored on
+        # these weights by that stage's own evaluation: a final one would only repeat it.
+        if not stages or stages[-1].kind == "rl":
+            await self.evaluate(label="final")
 
     async def _run_stage(self, stage: StageSection) -> None:
         self.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))

@@ -246,6 +246,18 @@ def test_a_plateau_ends_only_its_own_stage(tmp_path: Path) -> None:
     assert evals == [("after_sft", 0), ("step", 2), ("step", 4), ("final", 6)], evals
 
 
+@pytest.mark.timeout(600)
+def test_a_run_that_ends_in_its_cold_start_is_evaluated_once(tmp_path: Path) -> None:
+    """An ablation's shared SFT run (`stages` cut to the cold start): the stage's evaluation
+    scores the exported weights; a final one on the same weights would only repeat it."""
+    cfg = _write_config(tmp_path)
+    run = tmp_path / "sft-only"
+    _train(cfg, run, "--set", 'stages=[{name = "sft", kind = "sft", steps = 2, batch_size = 4}]')
+    evals = [(r["label"], r["step"]) for r in metric_rows(run, "eval")]
+    assert evals == [("after_sft", 0)], evals
+    assert (run / "final" / "config.json").exists() and (run / "report" / "summary.md").exists()
+
+
 @pytest.mark.timeout(900)
 def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_path: Path
                                                                             ) -> None:
