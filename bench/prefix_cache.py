@@ -16,7 +16,8 @@ also flip; a real difference would show as many). Prints a table, writes
 `bench/results/prefix_cache[-TAG].json`.
 
     python bench/prefix_cache.py --config curricula/smollm2-word.toml \\
-        --checkpoint DIR [--max-problems 32] [--k 4] [--tokens 32768] [--tag NAME]
+        --checkpoint DIR [--max-problems 32] [--k 4] [--temperature 1] [--tokens 32768]
+        [--tag NAME]
 
 Minutes per arm on 2 cores with SmolLM2; run it alone (the JSON keeps the load average).
 """
@@ -40,13 +41,14 @@ RESULTS = ROOT / "bench" / "results"
 HITS = re.compile(r"engine_prefix_cache\s.*?hits=(\d+).*?reused_tokens=(\d+)")
 
 
-def run_arm(config: str, checkpoint: str, tokens: int, max_problems: int, k: int, out: Path,
-            sets: list[str]) -> dict[str, Any]:
+def run_arm(config: str, checkpoint: str, tokens: int, max_problems: int, k: int,
+            temperature: float, out: Path, sets: list[str]) -> dict[str, Any]:
     """One `asyncrl eval` with `engine.prefix_cache_tokens = tokens`: its eval.json figures,
     the greedy answers' token ids by problem, and the cache's last reported counts."""
     argv = [sys.executable, "-m", "asyncrl.cli.main", "eval", config, "--checkpoint", checkpoint,
-            "--max-problems", str(max_problems), "--k", str(k), "--out", str(out),
-            "--set", f"engine.prefix_cache_tokens={tokens}", "--set", "logging.console=plain"]
+            "--max-problems", str(max_problems), "--k", str(k), "--temperature", str(temperature),
+            "--greedy", "--out", str(out), "--set", f"engine.prefix_cache_tokens={tokens}",
+            "--set", "logging.console=plain"]
     for s in sets:
         argv += ["--set", s]
     t0 = time.monotonic()
@@ -82,6 +84,8 @@ def main() -> None:
     p.add_argument("--checkpoint", required=True, help="an HF model directory")
     p.add_argument("--max-problems", type=int, default=32)
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="of the k sampled answers (the curriculum evaluates greedy only)")
     p.add_argument("--tokens", type=int, default=32768, help="the cache arm's budget")
     p.add_argument("--set", action="append", default=[], dest="sets", metavar="KEY=VALUE")
     p.add_argument("--tag", default="")
@@ -91,7 +95,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="prefix_cache-") as tmp:
         for name, tokens in (("off", 0), ("on", a.tokens)):
             arms[name] = run_arm(a.config, a.checkpoint, tokens, a.max_problems, a.k,
-                                 Path(tmp) / name, a.sets)
+                                 a.temperature, Path(tmp) / name, a.sets)
     load_after = os.getloadavg()
     off, on = arms["off"], arms["on"]
     same = sum(off["greedy"].get(pid) == ids for pid, ids in on["greedy"].items())
@@ -115,7 +119,8 @@ def main() -> None:
         r.pop("model_tokens")
     (RESULTS / name).write_text(json.dumps(dict(
         config=a.config, checkpoint=a.checkpoint, max_problems=a.max_problems, k=a.k,
-        sets=a.sets, time=time.strftime("%Y-%m-%dT%H:%M:%S"), arms=arms, speedup=speedup,
+        temperature=a.temperature, sets=a.sets, time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        arms=arms, speedup=speedup,
         greedy_same=same, greedy_model_tokens_same=same_model, greedy_answers=answers,
         load_average_before=load_before,
         load_average_after=load_after), indent=1))
