@@ -43,7 +43,7 @@ from asyncrl.observe.sinks import open_sinks
 from asyncrl.records import Batch, Group, Problem, Rollout, save_jsonl
 from asyncrl.rollout import RolloutRunner
 from asyncrl.rollout.agent import RolloutSettings
-from asyncrl.rollout.producer import RolloutProducer, Wave
+from asyncrl.rollout.producer import RolloutProducer, Wave, in_problem_order
 from asyncrl.rundir import pick_run_dir
 from asyncrl.runtime import Runtime, open_runtime
 from asyncrl.sft.distill import open_teacher, run_distill
@@ -126,8 +126,8 @@ class StageRunner:
         runner = runner or self.rt.runner
 
         async def collect() -> list[Group]:
-            return [g async for g in runner.run(problems, n, settings,
-                                                self.state.policy_version)]
+            return in_problem_order([g async for g in runner.run(
+                problems, n, settings, self.state.policy_version)], problems)
         # a stop aborts them; none answered (every one failed) stops the run
         return some_answered(await self.stop.race(collect()),
                              "an evaluation, a filter or a distill round")

@@ -42,6 +42,18 @@ RunWave = Callable[[list[Problem], int], AsyncIterator[Group]]
 """`run_wave(problems, policy_version)`: the finished groups of one wave, as they finish."""
 
 
+def in_problem_order(groups: list[Group], problems: Sequence[Problem]) -> list[Group]:
+    """`groups` in the order of their problems in `problems` (a problem listed twice: its
+    groups in the order given). Groups finish in an order set by timing (engine batching, tool
+    calls, what else shares the engines), and what follows draws random numbers group by group
+    (RoC's selection) and sums over them in order (the update), so a seeded run repeats,
+    resumed or not, only if that order is fixed."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(problems):
+        first.setdefault(p.id, i)
+    return sorted(groups, key=lambda g: first.get(g.problem.id, len(first)))
+
+
 @dataclass
 class Wave:
     """One step's rollouts."""
@@ -52,7 +64,8 @@ class Wave:
     """`time.monotonic()` when it was started."""
     started_version: int
     groups: list[Group] = field(default_factory=list)
-    """Finished groups, in completion order (the bounded buffer's share of this wave)."""
+    """Finished groups (the bounded buffer's share of this wave): in completion order while
+    the wave runs, in `problems` order once `take` hands it over."""
     task: asyncio.Task[None] | None = None
     finished: float = 0.0
 
@@ -102,6 +115,7 @@ class RolloutProducer:
         await wave.task  # a runner bug surfaces here
         del self._waves[k]
         self._taken += 1
+        wave.groups = in_problem_order(wave.groups, wave.problems)
         return wave
 
     def step_done(self) -> None:

@@ -144,3 +144,17 @@ async def test_a_rollout_updated_in_flight_records_each_tokens_version(tiny_toke
     assert ro.token_versions[0] == 0 and ro.token_versions[-1] == 1
     assert ro.token_versions == sorted(ro.token_versions)
     assert ro.policy_versions == [0, 1] and ro.policy_version == 0
+
+
+async def test_a_wave_is_handed_over_in_problem_order_whatever_order_its_groups_finished():
+    """RoC draws its random numbers group by group and the update sums over groups in order:
+    a seeded run repeats (resumed or not) only if timing cannot reorder them."""
+    async def finish_backwards(problems: list[Problem], version: int) -> AsyncIterator[Group]:
+        for p in reversed(problems):
+            await asyncio.sleep(0)
+            yield Group(group_id=f"{p.id}:v{version}", problem=p)
+
+    async with RolloutProducer(finish_backwards, Stream().next_batch, prompts_per_step=3,
+                               max_staleness=0, waves_total=1, version=lambda: 0) as prod:
+        wave = await prod.take()
+    assert [g.problem.id for g in wave.groups] == ["p0", "p1", "p2"]
