@@ -45,6 +45,30 @@ def test_unanswerable_and_wrongly_answered_items_are_dropped_and_counted() -> No
     assert not any("0 = 0" in p.question for p in train)
 
 
+def test_train_weights_share_out_the_training_set_and_leave_the_held_out_set_alone() -> None:
+    opts = {"generators": ["chain_sum", "products"], "train_size": 40, "eval_size": 10}
+    even_train, even_eval = generate("reasoning_gym", opts, 0)
+    train, eval_ = generate("reasoning_gym", {**opts, "train_weights": {"products": 3}}, 0)
+    assert [p.question for p in eval_] == [p.question for p in even_eval]
+    assert sum(p.source.endswith("/products") for p in even_train) == 20
+    assert sum(p.source.endswith("/products") for p in train) == 30
+    # the first 10 chain_sum items are the even split's first 10: a weight only adds or trims
+    assert [p.question for p in train[:10]] == [p.question for p in even_train[:10]]
+    assert rgym._split_sizes(7, [1.0, 1.0]) == [4, 3] and rgym._split_sizes(10, [1, 2, 2]) == [2, 4, 4]
+
+
+@pytest.mark.parametrize(("weights", "message"), [
+    ({"basic_arithmetic": 2}, "not in 'generators'"),
+    ({"products": 0}, "above 0"),
+    ({"products": True}, "above 0"),
+])
+def test_bad_train_weights_are_refused_by_name(weights, message) -> None:
+    opts = {"generators": ["chain_sum", "products"], "train_size": 4, "eval_size": 2,
+            "train_weights": weights}
+    with pytest.raises(ValueError, match=message):
+        generate("reasoning_gym", opts, 0)
+
+
 def test_solution_programs_print_the_answer() -> None:
     train, _ = generate("reasoning_gym", OPTS, 0)
     for p in train[::40]:

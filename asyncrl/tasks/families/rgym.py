@@ -21,8 +21,10 @@ Owns turning named reasoning-gym generators into asyncrl problems:
   `chain_sum`, `products`), and checked programs made from the word problems' worked steps
   (`gsm_symbolic`, `simple_equations`: `asyncrl.tasks.families.worked`); None for the others.
 
-Options: `generators`, `generator_config`, `train_size`, `eval_size` (totals, split evenly over
-the generators), `eval_seed_offset`, `seed_offset` (added to the run seed).
+Options: `generators`, `generator_config`, `train_size`, `eval_size` (totals; the held-out set
+is split evenly over the generators, the training set by `train_weights`: `{ gsm_symbolic = 3 }`
+gives that generator three shares of `train_size` to every other's one), `eval_seed_offset`,
+`seed_offset` (added to the run seed).
 Does not own: reasoning-gym itself (imported when a source is built), the answer checks.
 """
 
@@ -47,6 +49,7 @@ NAME = "reasoning_gym"
 DEFAULTS: dict[str, Any] = {
     "generators": ["basic_arithmetic"],
     "generator_config": {},
+    "train_weights": {},
     "train_size": 2000,
     "eval_size": 128,
     "eval_seed_offset": 1_000_000,
@@ -130,6 +133,11 @@ def _check(opts: dict[str, Any]) -> None:
     if extra:
         raise ValueError(f"{NAME}: generator_config names {extra[0]!r}, which is not in "
                          "'generators'")
+    for name, w in opts["train_weights"].items():
+        if name not in opts["generators"]:
+            raise ValueError(f"{NAME}: train_weights names {name!r}, which is not in 'generators'")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+            raise ValueError(f"{NAME}: train_weights.{name} must be a number above 0, got {w!r}")
     if opts["eval_seed_offset"] < max(opts["train_size"], opts["eval_size"]) * 4:
         raise ValueError(f"{NAME}: option 'eval_seed_offset' must be far above the split sizes "
                          "(items are drawn from Random(seed + index): nearby seeds repeat "
@@ -178,8 +186,14 @@ def _draw(name: str, config: dict[str, Any], seed: int, n: int, split: str,
                      f"questions of {n}: ask for fewer, or widen its generator_config")
 
 
-def _split_sizes(total: int, k: int) -> list[int]:
-    return [total // k + (1 if i < total % k else 0) for i in range(k)]
+def _split_sizes(total: int, weights: list[float]) -> list[int]:
+    """`total` split in proportion to `weights` (largest remainders; ties to the earlier)."""
+    exact = [total * w / sum(weights) for w in weights]
+    sizes = [int(x) for x in exact]
+    by_rest = sorted(range(len(weights)), key=lambda i: (sizes[i] - exact[i], i))
+    for i in by_rest[:total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
 
 
 def make(opts: dict[str, Any], seed: int) -> tuple[ProblemList, ProblemList]:
@@ -190,11 +204,12 @@ def make(opts: dict[str, Any], seed: int) -> tuple[ProblemList, ProblemList]:
     d_train: Counter[str] = Counter()
     d_eval: Counter[str] = Counter()
     taken: set[str] = set()
-    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["eval_size"], len(gens)),
+    weights = [float(opts["train_weights"].get(name, 1)) for name in gens]
+    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["eval_size"], [1.0] * len(gens)),
                                           strict=True), start=1):
         eval_ += _draw(name, dict(opts["generator_config"].get(name, {})),
                        base + opts["eval_seed_offset"], n, "eval", taken, d_eval, level)
-    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["train_size"], len(gens)),
+    for level, (name, n) in enumerate(zip(gens, _split_sizes(opts["train_size"], weights),
                                           strict=True), start=1):
         train += _draw(name, dict(opts["generator_config"].get(name, {})), base, n, "train",
                        taken, d_train, level)
