@@ -28,8 +28,9 @@ the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
         [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
 
-`--reuse` keeps every finished run (SFT or arm) and runs only the missing ones, so an
-interrupted ablation continues where it stopped; `--report-only` runs nothing and summarises
+`--reuse` keeps every finished run (SFT or arm), resumes an unfinished one from its last
+checkpoint (`asyncrl train --resume`, the same overrides) and runs the missing ones, so an
+interrupted ablation continues where it stopped (stop a run with SIGINT: it checkpoints); `--report-only` runs nothing and summarises
 the finished runs it finds. Each run takes minutes on 2 CPU cores; not part of the tests.
 """
 
@@ -63,11 +64,22 @@ def log(out_dir: Path, msg: str) -> None:
         f.write(line + "\n")
 
 
-def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what: str) -> None:
-    if run_dir.exists():
+def resumable(run_dir: Path) -> bool:
+    """An unfinished run that left a checkpoint (stopped with SIGINT/SIGTERM, or killed after
+    one was written): `asyncrl train --resume` continues it."""
+    return any((run_dir / "checkpoints").glob("step_*"))
+
+
+def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what: str,
+          reuse: bool = False) -> None:
+    resume = reuse and resumable(run_dir)
+    if run_dir.exists() and not resume:
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "asyncrl.cli.main", "train", str(curriculum), "--run-dir",
-           str(run_dir), *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
+           str(run_dir), *(["--resume"] if resume else []),
+           *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
+    if resume:
+        what += " (resumed)"
     log(out_dir, f"start {what}")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -84,7 +96,7 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
     sft_dir = out_dir / f"sft-seed{seed}"
     if not (args.reuse and finished(sft_dir)):
         train(sft_dir, args.curriculum, [*common, f"stages={toml_value(sft_stages)}"], out_dir,
-              f"sft seed {seed}")
+              f"sft seed {seed}", args.reuse)
     final = (sft_dir / "final").resolve()
     for arm in arms:
         arm_dir = out_dir / f"{arm}-seed{seed}"
@@ -93,7 +105,7 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
         train(arm_dir, args.curriculum,
               [*common, *ARMS[arm], f"model.path={json.dumps(str(final))}",
                f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
-              out_dir, f"{arm} seed {seed}")
+              out_dir, f"{arm} seed {seed}", args.reuse)
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
