@@ -23,7 +23,7 @@ from typing import Any
 
 from asyncrl.config import apply_overrides
 from asyncrl.errors import ConfigError, DataError
-from asyncrl.observe.report import sampled_key
+from asyncrl.observe.report import load_metrics, run_clock, sampled_key
 
 ARMS: dict[str, list[str]] = {
     "roc-weighted": ["roc.kind=roc", "roc.positive=weighted"],
@@ -62,8 +62,9 @@ def split_stages(curriculum: Path, overrides: list[str]) -> tuple[list[dict], li
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    """A run's `metrics.jsonl` rows."""
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    """A run's `metrics.jsonl` rows, as its report reads them: a resumed run's history without
+    the rows a crashed attempt wrote after its last checkpoint (those steps were redone)."""
+    return load_metrics(run_dir / "metrics.jsonl")
 
 
 def tool_error_ratio(steps: list[dict], prefix: str) -> float:
@@ -120,7 +121,9 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
         "response_tokens_mean": fmean(r.get("rollout/response_tokens_mean", 0.0)
                                       for r in steps) if steps else 0.0,
         "reward_mean": fmean(r["reward/mean"] for r in steps) if steps else 0.0,
-        "wall_s": done["wall_s"] if done else None,
+        # every attempt of a stopped and resumed run (`done` holds the last one's alone)
+        "wall_s": max((t for t in run_clock(rows) if t is not None), default=None) if done
+        else None,
         "curves": {
             "tool_error_pos": [r.get("rollout/tool_error_ratio_pos", 0.0) for r in steps],
             "tool_error_all": [r.get("rollout/tool_error_ratio", 0.0) for r in steps],

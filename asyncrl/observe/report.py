@@ -6,7 +6,8 @@ after RL, wall time, steps per stage, final figures), drawing the plots, and the
 command rebuilds the report of any run directory, finished or not.
 
 Input: one JSON object per line, `{"kind": "rl_step" | "sft_step" | "eval" | "stage",
-"stage": str, "step": int (global RL step), "time_s": float (since run start), ...metrics}`.
+"stage": str, "step": int (global RL step), "time_s": float (since the start of its attempt: a
+resumed run's clock starts again at 0; `run_clock` joins the attempts), ...metrics}`.
 Rows or keys that are missing, malformed or non-finite are skipped (a run killed mid-write
 still gets a report); a file with no usable row is a `DataError` with a clear message.
 
@@ -120,7 +121,9 @@ def load_metrics(path: Path) -> list[Row]:
         if isinstance(row, dict) and isinstance(row.get("kind"), str):
             if row["kind"] == "resumed" and isinstance(row.get("keep_rows"), int):
                 # the rows a crashed attempt wrote after its checkpoint were redone: drop them
-                keep = [j for j, n in enumerate(kept_lines) if n < row["keep_rows"]]
+                # (a `stopped` row stays: it marks where that attempt's clock ended)
+                keep = [j for j, n in enumerate(kept_lines)
+                        if n < row["keep_rows"] or rows[j]["kind"] == "stopped"]
                 rows = [rows[j] for j in keep]
                 kept_lines = [kept_lines[j] for j in keep]
             rows.append(row)
@@ -164,7 +167,7 @@ class StageSummary:
     first_step: int | None = None
     last_step: int | None = None
     start_s: float | None = None
-    """`time_s` of the stage's first row."""
+    """The stage's first row on the run clock (`run_clock`)."""
     end_s: float | None = None
     """Where the next stage starts (the last stage: the run's last row)."""
 
@@ -174,7 +177,8 @@ class Summary:
     rows: int
     wall_time_s: float | None
     before: Row | None
-    """The eval row labelled `after_sft` (else the first eval)."""
+    """The eval row labelled `after_sft`, else the last eval before the first RL step (None
+    when RL started first: an RL-only run from an exported model)."""
     after: Row | None
     """The eval row labelled `final` (else the last eval, if it is not `before`)."""
     stages: list[StageSummary] = field(default_factory=list)
@@ -186,22 +190,54 @@ class Summary:
     """`FAILURE_KEYS` summed over the RL steps, and `rollout/count` the rollouts they cover."""
 
 
+def run_clock(rows: Sequence[Row]) -> list[float | None]:
+    """Each row's time on one clock for the whole run: a row's `time_s` counts from the start
+    of its attempt, and a resumed attempt's clock starts again at 0, so each attempt is
+    placed after the ones before it (their last row). None where a row has no time."""
+    out: list[float | None] = []
+    offset = last = 0.0
+    for r in rows:
+        if r.get("kind") == "resumed":
+            offset, last = offset + last, 0.0
+        t = _number(r.get("time_s"))
+        if t is not None:
+            last = max(last, t)
+        out.append(None if t is None else offset + t)
+    return out
+
+
+def _before_rl(evals: Sequence[Row], rows: Sequence[Row]) -> Row | None:
+    """The evaluation before RL: the one labelled `after_sft`, else the last one before the
+    first RL step (a run with no RL step: the first). None when RL started before any
+    evaluation (an RL-only run from an exported model): its first evaluation is not a
+    "before"."""
+    labelled = next((r for r in evals if r.get("label") == "after_sft"), None)
+    if labelled is not None:
+        return labelled
+    first_rl = next((st for r in rows if r["kind"] == "rl_step"
+                     and isinstance(st := r.get("step"), int) and not isinstance(st, bool)), None)
+    if first_rl is None:
+        return evals[0] if evals else None
+    return next((r for r in reversed(evals) if isinstance(st := r.get("step"), int)
+                 and not isinstance(st, bool) and st < first_rl), None)
+
+
 def summarize(rows: Sequence[Row]) -> Summary:
     """Pure: the figures `summary.md` reports."""
-    times = [t for r in rows if (t := _number(r.get("time_s"))) is not None]
+    clock = run_clock(rows)
+    times = [t for t in clock if t is not None]
     evals = [r for r in rows if r["kind"] == "eval" and _number(r.get("eval/accuracy")) is not None]
-    before = next((r for r in evals if r.get("label") == "after_sft"), evals[0] if evals else None)
+    before = _before_rl(evals, rows)
     after = next((r for r in reversed(evals) if r.get("label") == "final"), None)
     if after is None and evals and evals[-1] is not before:
         after = evals[-1]
 
     stages: dict[str, StageSummary] = {}
-    for r in rows:
+    for r, t in zip(rows, clock, strict=True):
         name = r.get("stage")
         if not isinstance(name, str) or not name:
             continue
         st = stages.setdefault(name, StageSummary(name))
-        t = _number(r.get("time_s"))
         if t is not None:
             st.start_s = t if st.start_s is None else min(st.start_s, t)
             st.end_s = t if st.end_s is None else max(st.end_s, t)
@@ -296,6 +332,10 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
         measure = "greedy accuracy" if greedy else f"sampled {avg.removeprefix('eval/')}"
         out += ["", f"Change: **{100 * (a - b):+.1f} points** of {measure} ({s.evals} "
                 "evaluations in all)."]
+    elif s.before is None and s.after is not None:
+        out += ["", f"Change: n/a ({s.evals} evaluations, none before the first RL step: a run "
+                "that starts RL from an exported model is compared with the evaluation of the "
+                "run that made it)."]
     else:
         out += ["", f"Change: n/a ({s.evals} evaluations; need one before and one after RL)."]
     out += _level_table(s, avg if sampled else "", maj if sampled else "")

@@ -54,6 +54,27 @@ def test_run_ratios_weigh_steps_by_their_calls() -> None:
     assert runs.tool_error_ratio([], "pos") == 0.0
 
 
+def test_a_resumed_arm_counts_each_step_once_and_every_attempts_time(tmp_path: Path) -> None:
+    import json
+
+    def step(n: int, t: float, err: float) -> dict:
+        return {"kind": "rl_step", "step": n, "time_s": t, "reward/mean": 0.5,
+                "rollout/tool_calls_pos": 10.0, "rollout/tool_errors_pos": 10.0 * err,
+                "rollout/tool_calls_mean": 1.0, "rollout/count": 8.0,
+                "rollout/tool_error_ratio": err, "roc/p_err_kept_pos": 0.0}
+
+    rows = [step(1, 100.0, 0.0),
+            step(2, 200.0, 1.0),  # written after the last checkpoint by an attempt that crashed
+            {"kind": "resumed", "step": 1, "time_s": 20.0, "keep_rows": 1},
+            step(2, 90.0, 0.5),
+            {"kind": "eval", "step": 2, "time_s": 120.0, "label": "final", "eval/accuracy": 0.5},
+            {"kind": "done", "step": 2, "time_s": 120.0, "wall_s": 120.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arm = runs.read_arm(tmp_path, tail=5)
+    assert arm["tool_error_pos_run"] == pytest.approx(0.25)  # steps 1 and the redone 2
+    assert arm["wall_s"] == pytest.approx(100.0 + 120.0)
+
+
 def test_stats_over_seeds() -> None:
     s = report.stats([0.2, 0.4, 0.6])
     assert s["mean"] == pytest.approx(0.4) and s["min"] == 0.2 and s["max"] == 0.6

@@ -84,6 +84,45 @@ def test_without_labels_first_and_last_eval_are_before_and_after() -> None:
     assert "Change: n/a" in report.render_markdown(one, "x", [])
 
 
+def test_an_rl_only_run_has_no_before_and_no_change_of_zero(tmp_path: Path) -> None:
+    # an RL run from an exported cold start (an ablation arm): its one evaluation is the final
+    # one, which is not also its "before"
+    rows = [_rl_row(s, "rl", 0.5) for s in range(1, 4)]
+    rows.append({"kind": "eval", "stage": "", "step": 3, "time_s": 70.0, "label": "final",
+                 "eval/accuracy": 0.54})
+    s = report.summarize(rows)
+    assert s.before is None and s.after is rows[-1]
+    text = report.write_report(_write(tmp_path / "run", rows)).read_text()
+    assert "| before RL |  | n/a |" in text and "| after RL (`final`) | 3 | 54.0% |" in text
+    assert "none before the first RL step" in text and "+0.0 points" not in text
+    # an evaluation during RL is not "before RL" either; one before the first step is
+    mid = [_rl_row(1, "rl", 0.5), {"kind": "eval", "step": 1, "eval/accuracy": 0.3},
+           _rl_row(2, "rl", 0.5), {"kind": "eval", "step": 2, "eval/accuracy": 0.4}]
+    assert report.summarize(mid).before is None
+    first = [{"kind": "eval", "step": 0, "eval/accuracy": 0.2}, *mid]
+    assert report.summarize(first).before is first[0]
+
+
+def test_a_stopped_and_resumed_run_is_timed_over_all_its_attempts(tmp_path: Path) -> None:
+    # each attempt's time_s starts at 0: the run took 100 + 60 s, its rl stage 90 + 30 s
+    rows = [{"kind": "stage", "stage": "rl", "step": 0, "time_s": 10.0},
+            {**_rl_row(1, "rl", 0.5), "time_s": 90.0},
+            {"kind": "rl_step", "stage": "rl", "step": 2, "time_s": 95.0},  # after the checkpoint
+            {"kind": "stopped", "stage": "rl", "step": 1, "time_s": 100.0},
+            {"kind": "resumed", "step": 1, "time_s": 20.0, "keep_rows": 2},
+            {"kind": "stage", "stage": "rl", "step": 1, "time_s": 20.0},
+            {**_rl_row(2, "rl", 0.5), "time_s": 50.0},
+            {"kind": "stage", "stage": "rl-anneal", "step": 2, "time_s": 50.0},
+            {**_rl_row(3, "rl-anneal", 0.5), "time_s": 60.0}]
+    # the step the stop interrupted is dropped (it is redone); the stop's time stays
+    kept = report.load_metrics(_write(tmp_path / "run", rows) / "metrics.jsonl")
+    assert [r["kind"] for r in kept[:3]] == ["stage", "rl_step", "stopped"]
+    assert report.run_clock(kept) == [10.0, 90.0, 100.0, 120.0, 120.0, 150.0, 150.0, 160.0]
+    text = report.write_report(tmp_path / "run").read_text()
+    assert "Wall time: 2m 40s" in text
+    assert "| rl | rl | 2 | 1-2 | 2m 20s |" in text and "| rl-anneal | rl | 1 | 3-3 | 10s |" in text
+
+
 def test_missing_keys_and_bad_lines_do_not_crash(tmp_path: Path) -> None:
     rows = [
         {"kind": "rl_step", "stage": "rl", "step": 1},
