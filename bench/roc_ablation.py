@@ -46,6 +46,7 @@ from pathlib import Path
 
 from asyncrl.analysis.ablation_report import markdown, paired, summarise
 from asyncrl.analysis.ablation_runs import ARMS, read_arm, read_sft, split_stages, toml_value
+from asyncrl.checkpoint import latest_checkpoint
 from asyncrl.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def log(out_dir: Path, msg: str) -> None:
 def resumable(run_dir: Path) -> bool:
     """An unfinished run that left a checkpoint (stopped with SIGINT/SIGTERM, or killed after
     one was written): `asyncrl train --resume` continues it."""
-    return any((run_dir / "checkpoints").glob("step_*"))
+    return latest_checkpoint(run_dir) is not None
 
 
 def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what: str,
