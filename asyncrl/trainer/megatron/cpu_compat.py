@@ -19,11 +19,9 @@ model we use (`GPTModel`, local layer spec, tensor parallel over gloo):
    only by the tests that run that path on CPU) sends those tensors to the CPU and names CPU
    tensor types as their CUDA twins; everything else runs unchanged. The Megatron trainer
    itself uses plain torch AdamW with explicit collectives when it runs on CPU.
-4. MoE router without Transformer Engine. megatron-core 0.16's `moe_utils` tests
-   `te_general_gemm is not None` in the router's gating linear but defines the name only when
-   TE imports: without TE every MoE forward is a `NameError`. We define it as None (the
-   plain-torch branch). Its all-to-all token dispatcher makes CUDA streams at construction;
-   the model builder picks the all-gather dispatcher on a CPU.
+4. MoE's token dispatcher: the all-to-all one makes CUDA streams at construction; the model
+   builder picks the all-gather dispatcher on a CPU. (The router's missing `te_general_gemm`
+   without Transformer Engine is on every device: `model.build_gpt` defines it.)
 Megatron's own `DotProductAttention` (only built on request: `attention="local"`) gets an
 explicit causal mask from `model.causal_mask`, since its default one is built on "cuda"; the
 fused cores need none.
@@ -116,16 +114,9 @@ def cpu_megatron() -> Iterator[None]:
     mrandom.CudaRNGStatesTracker = _cpu_tracker_class()
     mrandom.initialize_rng_tracker(force_reset=True)  # a fresh tracker of the CPU class
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    from megatron.core.transformer.moe import moe_utils
-
-    no_gemm = not hasattr(moe_utils, "te_general_gemm")
-    if no_gemm:
-        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        if no_gemm:
-            del moe_utils.te_general_gemm
         torch.cuda.current_device = saved_device  # type: ignore[method-assign]
         mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = saved_get, saved_set
         mrandom.CudaRNGStatesTracker = saved_class

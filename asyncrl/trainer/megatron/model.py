@@ -208,6 +208,17 @@ def _layer_spec(attention: str, qk_norm: bool, num_experts: int | None = None) -
                                     normalization="RMSNorm")
 
 
+def _router_without_te() -> None:
+    """megatron-core 0.16's router gating linear tests `te_general_gemm is not None` but
+    `moe_utils` defines that name only when Transformer Engine imports: without TE, on a GPU
+    as on a CPU, every MoE forward was a `NameError` (the H200 sweep of 2026-11-29). Defined as
+    None, the plain-torch branch runs; left alone when TE defined it."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+
+
 def _recompute_kwargs(recompute: str, attention: str) -> dict[str, Any]:
     """megatron's recompute settings. `selective` recomputes what is cheap to redo and costly
     to keep: the core attention when it materialises [b, h, s, s] scores (`local`), else the
@@ -288,6 +299,8 @@ def build_gpt(
             "expert_model_parallel_size": ep} if arch.num_experts else {}),
         **_recompute_kwargs(recompute, attention),
     )
+    if arch.num_experts:
+        _router_without_te()
     model = GPTModel(
         config, _layer_spec(attention, arch.qk_norm, arch.num_experts or None),
         pre_process=ps.is_pipeline_first_stage(),
