@@ -72,7 +72,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_output_bytes: int = 65536
     """Cap per stream (stdout, stderr); head and tail are kept, the middle dropped."""
     max_processes: int = 256
-    """RLIMIT_NPROC of a call: bounds threads (Linux counts them per user, pool-wide)."""
+    """Threads (and processes) the calls may start beyond the pool's own processes. Linux
+    counts RLIMIT_NPROC per user, and every worker, template and call of a pool runs as one
+    user (nobody under nsjail), so the limit set is this plus the pool's own
+    (`process_budget`): at full load the pool's children alone no longer exhaust it."""
     max_file_mb: int = 16
     """RLIMIT_FSIZE of a call: largest file it may write, MiB."""
     max_open_files: int = 64
@@ -109,6 +112,15 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True):
     built, else python)."""
     huge_pages: bool = True
     """Back the zygote heap with transparent huge pages: makes fork and exit ~2x cheaper."""
+
+    @property
+    def process_budget(self) -> int:
+        """RLIMIT_NPROC of the workers, their templates and calls: `max_processes` above what
+        the pool itself runs as that user, per worker its controller, two templates and up to
+        `max_inflight_per_worker` calls. (It was `max_processes` alone: 16 workers x 16 calls
+        plus their templates passed 256, and forks failed with EAGAIN at 90% load.) Other
+        pools on the machine that run as the same user count against it too."""
+        return self.max_processes + self.workers * (self.max_inflight_per_worker + 3)
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> SandboxConfigError:

@@ -43,7 +43,8 @@ Not covered (be honest about these):
 - Side channels and denial of service through shared resources: CPU time of other calls,
   memory pressure up to ``workers x inflight x memory_mb``, tmpfs pages, the page cache.
 - RLIMIT_NPROC counts per user, not per call (all workers' calls share one budget under
-  nobody), and does not apply to root.
+  nobody: ``PoolConfig.process_budget``, the pool's own processes plus ``max_processes``), and
+  does not apply to root.
 - Hosted functions (``call_function``) run without the seccomp filter: they are trusted code
   that may hang or blow up, not hostile code.
 - Calls of one worker share its /tmp tmpfs: one call filling it makes the others' writes fail

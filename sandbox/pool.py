@@ -125,7 +125,7 @@ class SandboxPool:
             "seccomp": self.plan.level is not IsolationLevel.NONE,
             "landlock": self.plan.landlock_paths(cfg),
             "workroot": self._workroot, "memory_mb": cfg.memory_mb,
-            "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.max_processes,
+            "max_output_bytes": cfg.max_output_bytes, "max_processes": cfg.process_budget,
             "max_file_mb": cfg.max_file_mb, "max_open_files": cfg.max_open_files,
             "function_max_result_bytes": cfg.function_max_result_bytes,
             "huge_pages": cfg.huge_pages, "jailed": self.plan.jail is not None,

@@ -23,6 +23,9 @@ from sandbox import (
     PoolConfig,
     SandboxPool,
 )
+from sandbox.config import IsolationLevel
+from sandbox.errors import IsolationUnavailable
+from sandbox.isolation import plan
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(60)]
 
@@ -33,6 +36,37 @@ async def test_pool_and_health_report_the_level_in_force(jail_pool):
     info = jail_pool.describe()
     assert info["isolation"] == "jail+seccomp" and info["jail"] in ("nsjail", "bwrap")
     assert info["landlock"] is True and info["workers_ready"] == 2
+
+
+def _nsjail_missing() -> str:
+    try:
+        plan(PoolConfig(isolation=IsolationLevel.JAIL_SECCOMP, jail="nsjail"))
+        return ""
+    except IsolationUnavailable as exc:
+        return str(exc)
+
+
+@pytest.mark.skipif(bool(_nsjail_missing()), reason="nsjail (which runs calls as nobody) is "
+                                                     "not available here")
+async def test_a_full_pool_forks_every_call_and_a_thread_bomb_still_fails() -> None:
+    # Every worker, template and call of a pool runs as nobody under nsjail, and Linux counts
+    # RLIMIT_NPROC per user: with the limit at max_processes alone, the pool's own processes
+    # used it up (on an H200, 16 workers x 16 calls: "fork failed: Resource temporarily
+    # unavailable" at 90% load). Here 2 workers x 16 calls in flight against max_processes 24
+    # (under the old limit, 24, calls failed; the session's other jailed pools, idle, run as
+    # nobody too and count against it as well).
+    cfg = PoolConfig(isolation=IsolationLevel.JAIL_SECCOMP, jail="nsjail", workers=2,
+                     max_processes=24, time_limit_s=10.0)
+    assert cfg.process_budget == 24 + 2 * (16 + 3)
+    async with SandboxPool(cfg) as pool:
+        rs = await asyncio.gather(*[run(pool, f"import time; time.sleep(0.4); print({i})")
+                                    for i in range(40)])
+        assert [(r.status, r.stdout) for r in rs] == [("ok", f"{i}\n") for i in range(40)]
+        bomb = await run(pool, "import threading, time\nts = []\nfor _ in range(200):\n"
+                               "    ts.append(threading.Thread(target=time.sleep, args=(1,)))\n"
+                               "    ts[-1].start()\nprint('all started')")
+        assert bomb.status == "error" and "can't start new thread" in bomb.stderr, bomb
+        await assert_serves(pool)
 
 
 # ----------------------------------------------------------------------------- worker health
