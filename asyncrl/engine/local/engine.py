@@ -65,6 +65,7 @@ from asyncrl.engine.base import (
     TokenDelta,
     WeightUpdate,
 )
+from asyncrl.engine.local import attention
 from asyncrl.engine.local.batch import BatchCache
 from asyncrl.engine.local.plan import DONE, RUNNING, Plan, Planner, Seq
 from asyncrl.engine.local.prefix import PrefixStore, prefill_continuations
@@ -154,6 +155,7 @@ class LocalEngine:
         self._new_cache = growing_cache
         self._device = torch.device(device)
         self._model = model.to(self._device).eval()
+        attention.install(self._model)  # one-token GQA steps without repeat_kv
         self._packed = pack_linears(self._model, self._device) if packed else None
         self._tap: Any = None
         if record_routing:

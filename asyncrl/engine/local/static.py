@@ -56,14 +56,16 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from asyncrl.engine.local import attention
 from asyncrl.engine.local.sampling import NEG_LOGPROB, _block_sums, _pick, _sample_top_p, _uniforms
 from asyncrl.errors import EngineError
 
 MIN_WIDTH = 64
 """The narrowest width bucket (and the buffers' first width)."""
 
-ATTENTION = ("sdpa", "eager")
-"""Attention implementations whose mask this path can build."""
+ATTENTION = ("sdpa", attention.NAME, "eager")
+"""Attention implementations whose mask this path can build (`attention.NAME` is `sdpa` with
+one-token GQA steps packed)."""
 
 
 def buckets(limit: int, first: int = 1) -> list[int]:
