@@ -138,7 +138,8 @@ def engine_cmd(streams: int, dry_streams: int) -> Callable[[Ctx], list[str]]:
                   "--prompt", "32", "--new", "16"] if ctx.dry else
                  ["--device", "cuda", "--models", "qwen3-0.6b", "--streams", str(streams),
                   "--prompt", "256", "--new", "256"])
-        shape += ["--arms", "eager", "static", "--check-new", "8" if ctx.dry else "16"]
+        shape += ["--arms", "eager", "static", "--check-new", "8" if ctx.dry else "16",
+                  "--split"]
         return [ctx.python, "bench/local_engine.py", *shape,
                 "--out", str(ctx.dir / "local_engine.json")]
     return cmd
@@ -153,7 +154,7 @@ def engine_read(bar: float) -> Callable[[Ctx], Reading]:
         f = {k: row.get(k) for k in ("model", "streams", "prompt", "new", "eager_tps",
                                      "static_tps", "generate_tps", "eager_ratio",
                                      "static_ratio", "eager_steps", "static_steps",
-                                     "static_captures", "loadavg")}
+                                     "static_captures", "static_split", "loadavg")}
         eq = row.get("equal") or {}
         f["equal"] = eq
         same = eq.get("static_eq_eager")
@@ -163,6 +164,11 @@ def engine_read(bar: float) -> Callable[[Ctx], Reading]:
                 f"{f['eager_ratio']:.2f}x); greedy static = eager {same}/{eq.get('streams')}, "
                 f"= generate {eq.get('static_eq_generate')}, seeded "
                 f"{eq.get('seeded_static_eq_eager')}")
+        if f.get("static_split"):  # where a static step's time went (bench/local_engine.py)
+            parts = f["static_split"]
+            note += (f"; static step {sum(parts.values()):.1f} ms: device "
+                     f"{parts['device_ms']:.1f}, host {parts['host_prep_ms'] + parts['thread_ms']:.1f}"
+                     f" + loop {parts['loop_ms']:.1f}, prefill {parts['prefill_ms']:.1f}")
         met = f["static_ratio"] >= bar and same is not None and same == eq.get("streams")
         return Reading(f, met, note)
     return read

@@ -27,6 +27,11 @@ Models:
 `--quick` runs 16 and 64 streams with 64 new tokens. Weights are random: the point is the speed
 of the generation machinery, which does not depend on what the model says.
 
+`--split` times the static arm a second time (the first stays unperturbed) with timers on the
+engine's parts and reports, per step, the device's share (on CUDA the graph replay,
+synchronised), the host's preparation, the rest of the forward thread, prefill and the event
+loop (`StepSplit`): whether the host or the GPU bounds a step.
+
 `--churn` adds the RL shape, engine only (`generate` cannot serve it): each stream runs
 `--turns` requests one after the other, each a continuation of the last (its context plus a
 16-token "tool output"), with new-token counts drawn from 16..`--new`, so rows leave and join
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -105,11 +111,79 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+class StepSplit:
+    """Where the timed batch's time went, per engine step (`--split`): the engine's methods
+    wrapped with timers while the block runs. `device_ms`: the static path's step from its
+    inputs to its outputs (on CUDA the graph's replay, synchronised); `host_prep_ms`: the rest
+    of the static `decode` (inputs to fixed buffers, draws, the copy back); `thread_ms`: the
+    rest of the forward thread's step (the plan's row operations, stop checks; the eager path's
+    whole forward and sampling); `prefill_ms`: prefills; `loop_ms`: the event loop between
+    steps (planning, handing out tokens, the consumers, the thread hand-off). They add up to
+    the wall time."""
+
+    NAMES = ("device_ms", "host_prep_ms", "thread_ms", "prefill_ms", "loop_ms")
+
+    def __init__(self, device: str) -> None:
+        from asyncrl.engine.local import static
+
+        self._targets = [(LocalEngine, "_step"), (LocalEngine, "_prefill"),
+                         (static.StaticBatch, "decode"), (static.StaticBatch, "_replay"),
+                         (static.StaticBatch, "_step")]
+        self._cuda = device == "cuda"
+        self.t: dict[str, float] = {}
+        self._saved: list = []
+        self._depth = 0
+
+    def __enter__(self) -> StepSplit:
+        for cls, name in self._targets:
+            fn = getattr(cls, name)
+            self._saved.append((cls, name, fn))
+            setattr(cls, name, self._wrap(f"{cls.__name__}.{name}", fn))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for cls, name, fn in self._saved:
+            setattr(cls, name, fn)
+
+    def _wrap(self, key: str, fn):
+        split = self
+        device_side = key in ("StaticBatch._replay", "StaticBatch._step")
+
+        def timed(*args, **kwargs):
+            if device_side:  # `_step` runs inside `_replay` when it captures: count once
+                split._depth += 1
+            t0 = time.perf_counter()
+            try:
+                out = fn(*args, **kwargs)
+                if device_side and split._cuda:
+                    torch.cuda.synchronize()
+                return out
+            finally:
+                dt = time.perf_counter() - t0
+                if device_side:
+                    split._depth -= 1
+                if not device_side or split._depth == 0:
+                    split.t[key] = split.t.get(key, 0.0) + dt
+        return timed
+
+    def per_step(self, wall_s: float, steps: int) -> dict[str, float]:
+        t = self.t
+        device = t.get("StaticBatch._replay", 0.0) + t.get("StaticBatch._step", 0.0)
+        parts = {"device_ms": device,
+                 "host_prep_ms": t.get("StaticBatch.decode", 0.0) - device,
+                 "prefill_ms": t.get("LocalEngine._prefill", 0.0),
+                 "thread_ms": (t.get("LocalEngine._step", 0.0) - t.get("StaticBatch.decode", 0.0)
+                               - t.get("LocalEngine._prefill", 0.0)),
+                 "loop_ms": wall_s - t.get("LocalEngine._step", 0.0)}
+        return {k: round(v * 1e3 / max(steps, 1), 3) for k, v in parts.items()}
+
+
 def run_engine(model, tok, ps: list[list[int]], new: int, device: str, decode: str = "eager",
-               warm: int = 8) -> tuple[float, int, int]:
+               warm: int = 8, split: bool = False) -> tuple[float, int, int, dict | None]:
     """Tokens/s of one engine over `ps` (after a `warm`-token pass over the same prompts), its
-    decode steps, and the CUDA graphs it captured."""
-    async def go() -> tuple[float, int, int]:
+    decode steps, the CUDA graphs it captured, and with `split` where each step's time went
+    (`StepSplit.per_step`; the timers' own cost is in it)."""
+    async def go() -> tuple[float, int, int, dict | None]:
         budget = len(ps) * (len(ps[0]) + new) + 64
         async with LocalEngine(model, tok, kv_token_budget=budget, max_running=len(ps),
                                device=device, decode=decode) as eng:
@@ -119,18 +193,21 @@ def run_engine(model, tok, ps: list[list[int]], new: int, device: str, decode: s
                     sampling=SamplingParams(max_new_tokens=warm, temperature=1.0)))
                     for i, p in enumerate(ps)))
             steps0 = eng.steps
+            timer = StepSplit(device) if split else contextlib.nullcontext()
             _sync(device)
-            t0 = time.perf_counter()
-            gens = await asyncio.gather(*(collect(eng, GenerateRequest(
-                request_id=f"r{i}", input_ids=p,
-                sampling=SamplingParams(max_new_tokens=new, temperature=1.0)))
-                for i, p in enumerate(ps)))
-            _sync(device)
-            dt = time.perf_counter() - t0
+            with timer:
+                t0 = time.perf_counter()
+                gens = await asyncio.gather(*(collect(eng, GenerateRequest(
+                    request_id=f"r{i}", input_ids=p,
+                    sampling=SamplingParams(max_new_tokens=new, temperature=1.0)))
+                    for i, p in enumerate(ps)))
+                _sync(device)
+                dt = time.perf_counter() - t0
             steps = eng.steps - steps0
             captures = getattr(eng._batch, "captures", 0)
         assert all(len(g.token_ids) == new for g in gens)
-        return sum(len(g.token_ids) for g in gens) / dt, steps, captures
+        parts = timer.per_step(dt, steps) if isinstance(timer, StepSplit) else None
+        return sum(len(g.token_ids) for g in gens) / dt, steps, captures, parts
 
     return asyncio.run(go())
 
@@ -230,6 +307,9 @@ def main() -> None:
                    choices=list(DECODES), help="the engine's decode paths to time")
     p.add_argument("--check-new", type=int, default=16,
                    help="greedy tokens per stream of the equality check (0: no check)")
+    p.add_argument("--split", action="store_true",
+                   help="time the static arm a second time with timers on the engine's parts "
+                        "(StepSplit): device, host prep, forward thread, prefill, event loop")
     p.add_argument("--out", default=str(RESULTS / "local_engine.json"))
     a = p.parse_args()
     models = a.models or (["tiny", "qwen3-vocab"] + (["qwen3-0.6b"] if a.device == "cuda" else []))
@@ -247,9 +327,15 @@ def main() -> None:
             ps = prompts(n, a.prompt, SHAPES[name]["vocab_size"])
             row: dict = dict(model=name, streams=n, prompt=a.prompt, new=new, arms=a.arms)
             for arm in a.arms:
-                tps, steps, caps = run_engine(model, tok, ps, new, a.device, arm)
+                tps, steps, caps, parts = run_engine(model, tok, ps, new, a.device, arm)
                 row.update({f"{arm}_tps": tps, f"{arm}_steps": steps,
                             **({"static_captures": caps} if arm == "static" else {})})
+                if a.split and arm == "static":  # a second pass, with timers (StepSplit)
+                    parts = run_engine(model, tok, ps, new, a.device, arm, split=True)[3]
+                    row[f"{arm}_split"] = parts
+                    print(f"  {arm} per step: " + ", ".join(f"{k} {v:.2f}"
+                                                           for k, v in parts.items()),
+                          flush=True)
             gen_tps = run_generate(model, ps, new, a.device)
             row["generate_tps"] = gen_tps
             for arm in a.arms:
