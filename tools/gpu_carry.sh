@@ -8,10 +8,9 @@
 #
 #   tools/gpu_carry.sh [--warm] [SWEEP ARGS...]
 #
-# The sweep's two calls (docs/gpu.md): `tools/gpu_carry.sh` first (the install, then the
-# default budget: `megatron_1.7b` first and profiled, pytest -m gpu, the sandbox, the 0.6B
-# Megatron step, both engine checks), then `tools/gpu_carry.sh --warm --only megatron_moe
-# --budget 200` on the machine the first left warm.
+# The sweep's calls (docs/gpu.md, "The next sweep"): the first with the install, then
+# `--warm` ones on the machine the first left warm; without --only it runs every check that
+# fits the default budget of 500 s, in the sweep's order (`megatron_1.7b` first).
 #
 # --warm: the command for a second call on the machine the first one left warm (its wheels and
 # asyncrl are installed there already): it skips the install (~30 s) and names its $OUT files
