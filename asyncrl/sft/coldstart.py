@@ -153,14 +153,22 @@ def break_code(code: str, rng: random.Random) -> str:
 
 def _later_uses(code: str) -> list[tuple[str, list[int]]]:
     """The variables a program assigns (names of 3 or more letters, `total = ...`) with where
-    each is used after its assignment: the places a misspelling raises a NameError."""
+    each is used after its assignment, outside comments: the places a misspelling raises a
+    NameError."""
     out = []
     for m in re.finditer(r"^([A-Za-z_]\w{2,}) = ", code, re.MULTILINE):
         name = m.group(1)
-        spots = [u.start() for u in re.finditer(rf"\b{name}\b", code[m.end():])]
+        spots = [u.start() for u in re.finditer(rf"\b{name}\b", code[m.end():])
+                 if not _in_comment(code, m.end() + u.start())]
         if spots and name not in _BUILTINS:
             out.append((name, [m.end() + at for at in spots]))
     return out
+
+
+def _in_comment(code: str, at: int) -> bool:
+    """Whether position `at` of `code` is inside a `#` comment (a misspelling there fails
+    nothing). The programs here have no `#` inside a string."""
+    return "#" in code[code.rfind("\n", 0, at) + 1:at]
 
 
 def _typos(name: str, code: str) -> list[str]:

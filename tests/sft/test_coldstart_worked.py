@@ -57,6 +57,17 @@ def test_fail_fix_misspells_a_variable_of_a_multi_line_program() -> None:
     assert text.count("```python") == 2 and "Error" in text and text.count(PROGRAM) == 1
 
 
+def test_fail_fix_never_misspells_inside_a_comment() -> None:
+    # a step's words above its line name its variable; a typo there would fail nothing
+    commented = ("# Ann has 3 bags\nbags = 3\n# Each bag holds 4, and the bags hold bags "
+                 "times that\ntotal = bags * 4\nprint(total)")
+    for seed in range(60):
+        broken = sft.break_code(commented, random.Random(seed))
+        assert [ln for ln in broken.splitlines() if ln.startswith("#")] == \
+            [ln for ln in commented.splitlines() if ln.startswith("#")], broken
+        assert sft.run_trusted(broken)[0] == "error", broken
+
+
 def test_problems_without_a_worked_solution_get_no_tool_transcript() -> None:
     from asyncrl.modeling import train_tokenizer
 

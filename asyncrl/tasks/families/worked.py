@@ -4,7 +4,9 @@ Owns turning what a generator gives into a `WorkedSolution` (a few sentences of 
 Python program that prints the answer), checked by running it:
 - `gsm_symbolic`: its `answer_cot` steps (`35 × 3 = 105 kiwi`, `$79/hour * 7 hours = $553`,
   `#### 288`) become one variable per step, a later step naming an earlier one where its
-  number is an earlier result, and the words of each step become the reasoning. A step whose
+  number is an earlier result, and the words of each step become a comment right above the
+  line that computes it (`# He has 3 times as many kiwi` / `kiwi = 35 * 3`): the phrase and
+  its operation sit side by side, so the solution has no separate reasoning. A step whose
   left side is not arithmetic (`48=48`), whose value is not what the line says, or whose
   numbers are in neither the question nor an earlier step (`72*0.25` for a question that says
   "dropped 54 of 72") is refused: the program would teach numbers from nowhere.
@@ -310,16 +312,16 @@ def gsm_solution(question: str, answer_cot: str, gold: str) -> WorkedSolution | 
                 todo.append(j)
     names: dict[int, str] = {}
     taken: set[str] = set()
-    lines, reasons = [], []
+    lines: list[str] = []
     try:
         for i in sorted(used):
             names[i] = _name(steps[i], taken, i + 1)
             expr = " ".join(names[j] if j is not None else
                             _literal(t) if isinstance(t, Num) else t
                             for t, j in zip(steps[i].tokens, refs[i], strict=True))
+            if steps[i].label:  # the step's words right above the line that computes it
+                lines.append(f"# {' '.join(steps[i].label.split()).rstrip('.')}")
             lines.append(f"{names[i]} = {expr.replace('( ', '(').replace(' )', ')')}")
-            if steps[i].label:
-                reasons.append(steps[i].label.rstrip(".") + ".")
     except ValueError:
         return None
     places = len(gold.strip().partition(".")[2])
@@ -328,7 +330,7 @@ def gsm_solution(question: str, answer_cot: str, gold: str) -> WorkedSolution | 
     program = "\n".join([*lines, f"print({show})"])
     if (run_trusted(program) or "").strip() != gold.strip():
         return None
-    return WorkedSolution(program=program, reasoning=" ".join(reasons))
+    return WorkedSolution(program=program)
 
 
 # --------------------------------------------------------------------- simple_equations
