@@ -1,7 +1,7 @@
 """Worked solutions for reasoning-gym's word problems: the program a cold start's transcripts run.
 
-Owns turning what a generator gives into a `WorkedSolution` (a few sentences of reasoning and a
-Python program that prints the answer), checked by running it:
+Owns turning what a generator gives into a `WorkedSolution` (a Python program that prints the
+answer, with its words as comments or as a few sentences of reasoning), checked by running it:
 - `gsm_symbolic`: its `answer_cot` steps (`35 × 3 = 105 kiwi`, `$79/hour * 7 hours = $553`,
   `#### 288`) become one variable per step, a later step naming an earlier one where its
   number is an earlier result, and the words of each step become a comment right above the
