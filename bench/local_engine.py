@@ -121,8 +121,6 @@ class StepSplit:
     steps (planning, handing out tokens, the consumers, the thread hand-off). They add up to
     the wall time."""
 
-    NAMES = ("device_ms", "host_prep_ms", "thread_ms", "prefill_ms", "loop_ms")
-
     def __init__(self, device: str) -> None:
         from asyncrl.engine.local import static
 
@@ -150,20 +148,20 @@ class StepSplit:
         device_side = key in ("StaticBatch._replay", "StaticBatch._step")
 
         def timed(*args, **kwargs):
-            if device_side:  # `_step` runs inside `_replay` when it captures: count once
-                split._depth += 1
+            # `_step` runs inside `_replay` when it captures: only the outermost call counts,
+            # and only it synchronises (never inside a graph capture)
+            outer = not device_side or split._depth == 0
+            split._depth += device_side
             t0 = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)
-                if device_side and split._cuda:
+                if device_side and outer and split._cuda:
                     torch.cuda.synchronize()
                 return out
             finally:
-                dt = time.perf_counter() - t0
-                if device_side:
-                    split._depth -= 1
-                if not device_side or split._depth == 0:
-                    split.t[key] = split.t.get(key, 0.0) + dt
+                split._depth -= device_side
+                if outer:
+                    split.t[key] = split.t.get(key, 0.0) + time.perf_counter() - t0
         return timed
 
     def per_step(self, wall_s: float, steps: int) -> dict[str, float]:

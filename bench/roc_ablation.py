@@ -31,7 +31,8 @@ the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings
 `--reuse` keeps every finished run (SFT or arm), resumes an unfinished one from its last
 checkpoint (`asyncrl train --resume`, the same overrides) and runs the missing ones, so an
 interrupted ablation continues where it stopped (stop a run with SIGINT: it checkpoints);
-`--report-only` runs nothing and summarises the finished runs it finds. Each run takes minutes on 2 CPU cores; not part of the tests.
+`--report-only` runs nothing and summarises the finished runs it finds. Each run takes minutes
+on 2 CPU cores; not part of the tests.
 """
 
 from __future__ import annotations

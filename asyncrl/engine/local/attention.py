@@ -70,6 +70,5 @@ def install(model: Any) -> bool:
     AttentionInterface.register(NAME, decode_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     config._attn_implementation = NAME
-    for sub in {id(text): text, id(config): config}.values():  # a multimodal model's text config
-        sub._attn_implementation = NAME
+    text._attn_implementation = NAME  # a multimodal model's text config (else `config` again)
     return True
