@@ -15,7 +15,9 @@
     ├── WeightSyncError              new weights could not reach an engine
     ├── CheckpointError              a checkpoint cannot be written or read
     └── RunStopped                   a stop was asked for (SIGINT / SIGTERM); not a failure: the
-                                     run saved its last completed step (`asyncrl.stopping`)
+        │                            run saved its last completed step (`asyncrl.stopping`)
+        └── StepAbandoned            a trainer gave up the step it was taking for a stop (its
+                                     weights and optimizer untouched)
 
 Sandbox failures are `sandbox.errors.SandboxError` (the sandbox is its own package).
 Third-party exceptions are translated at the edge into one of these.
@@ -99,3 +101,10 @@ class RunStopped(AsyncRLError):
         """Whether the stop itself wrote `checkpoint` (else it was there already)."""
         self.where = ""
         """The last completed step, in words (stage and step)."""
+
+
+class StepAbandoned(RunStopped):
+    """A trainer gave up the step it was running because a stop was requested
+    (`StopRequest.overdue`): raised between micro-batches, before any optimizer step of the
+    call, with the gradients dropped; the weights and optimizer state are those of the last
+    completed step, which the loop then saves."""

@@ -9,7 +9,10 @@ The contract with the loop. The first signal sets the request; the loop notices 
 boundary (before a step, or while waiting for rollouts, an eval or the hard filter: `race`
 raises `RunStopped` there), writes a checkpoint of the last completed step and returns through
 its normal cleanup (the progress display is restored, engines and sandbox closed). A trainer
-call already running is not interrupted: its step finishes and is saved. If all that takes
+step already running (`trainer_step`) is given up between two micro-batches, its weights
+untouched (`StepAbandoned`): an SFT step at once, an RL update once half the grace is gone
+(it finishes if it can: its rollouts are lost with it). Trainers that cannot give a step up
+(multi-rank ones) finish it, and it is saved. If all that takes
 longer than `grace_s`, or a second SIGINT arrives, the process leaves at once with
 `os._exit(128 + signum)`: a checkpoint being written then stays an invisible `.tmp-*`
 directory (`asyncrl.checkpoint`'s atomic rename), never a half-written `step_*`.
@@ -32,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-from asyncrl.errors import RunStopped
+from asyncrl.errors import RunStopped, StepAbandoned
 from asyncrl.log import get_logger
 
 log = get_logger(__name__)
@@ -52,6 +55,9 @@ class StopRequest:
         self.at: float | None = None
         """`time.monotonic()` of the first request."""
         self.count = 0
+        self.grace_s: float | None = None
+        """The grace period the signal handlers enforce (None: no deadline, e.g. a stop an
+        embedding program requests without them)."""
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -85,6 +91,21 @@ class StopRequest:
         if self.requested:
             raise RunStopped(self.name)
 
+    def overdue(self, share: float) -> bool:
+        """Whether a step still running should be given up (`StepAbandoned`, at its next
+        micro-batch, its weights untouched): a stop was requested and `share` of the grace
+        period is gone. `share` 0 gives up at once; without a grace period only `share` 0
+        does. What it is for: a step longer than the grace (a real model's SFT step on a CPU,
+        an RL update of many rollouts) would otherwise be cut by the hard exit, and with it
+        every step since the last checkpoint."""
+        if not self.requested:
+            return False
+        if share <= 0:
+            return True
+        if self.grace_s is None or self.at is None:
+            return False
+        return time.monotonic() - self.at >= share * self.grace_s
+
     async def race(self, aw: Awaitable[T]) -> T:
         """`await aw`, unless a stop comes first: then `aw` is cancelled (and awaited) and
         `RunStopped` is raised. A stop requested before the call raises at once."""
@@ -112,6 +133,30 @@ class StopRequest:
         return task.result()
 
 
+SFT_GIVE_UP = 0.0
+"""An SFT step is given up as soon as a stop comes: it is one batch, redone on resume."""
+RL_GIVE_UP = 0.5
+"""An RL update runs on while half the grace remains: giving it up loses its rollouts (a
+resumed run samples them again), so it finishes if it can, and else leaves the other half for
+the checkpoint."""
+
+
+async def trainer_step(stop: StopRequest | None, share: float, call: Callable[..., T],
+                       *args: Any) -> T:
+    """`call(*args, give_up=...)` (a trainer's `sft_step` or `train_step`) in a worker thread,
+    asked to give the step up once `stop.overdue(share)`. Its `StepAbandoned` (a `RunStopped`)
+    leaves with the stop's signal named; the weights are the last completed step's."""
+    if stop is None:
+        return await asyncio.to_thread(call, *args)
+    try:
+        return await asyncio.to_thread(call, *args, give_up=lambda: stop.overdue(share))
+    except StepAbandoned as e:
+        e.signal_name = stop.name
+        log.warning("step_abandoned", signal=stop.name,
+                    after_s=round(time.monotonic() - (stop.at or time.monotonic()), 2))
+        raise
+
+
 def _hard_exit(stop: StopRequest, why: str, describe: Callable[[], str]) -> None:
     """Leave now: restore the terminal, say what is on disk, `os._exit(128 + signum)`."""
     try:
@@ -133,6 +178,8 @@ def signal_handlers(stop: StopRequest, grace_s: float, *, describe: Callable[[],
     entered on the main thread with the run's loop running. Previous handlers come back on exit.
     `enabled=False` (`checkpoint.on_signal = false`) leaves the handlers as they are."""
     stop.bind(asyncio.get_running_loop())
+    if enabled:
+        stop.grace_s = grace_s
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield stop
         return

@@ -33,7 +33,7 @@ from asyncrl.algo.schedule import stage_lr
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
 from asyncrl.config import DistillSection, RunConfig, StageSection
-from asyncrl.errors import RunStopped
+from asyncrl.errors import RunStopped, StepAbandoned
 from asyncrl.formats import PYTHON_TOOL, shows_tool_time
 from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
@@ -57,7 +57,7 @@ from asyncrl.stages import (
     rollout_settings,
     stage_done,
 )
-from asyncrl.stopping import StopRequest, signal_handlers
+from asyncrl.stopping import RL_GIVE_UP, StopRequest, signal_handlers, trainer_step
 from asyncrl.tasks.files import LoadResult
 from asyncrl.tasks.stream import ProblemStream, filter_split, held_out_cut
 from asyncrl.templates import end_of_sequence_ids
@@ -308,6 +308,7 @@ class StageRunner:
             self.state.global_step = step
             version = self.state.policy_version
             fresh, stale = split_stale(wave.groups, version, cfg.rollout.max_staleness)
+            rng_before = self.rng.getstate()  # a given-up step leaves the state as it found
             kept, roc_m = apply_roc(fresh, cfg.roc, cfg.rollout.group_size, self.rng,
                                     adv_eps=cfg.algorithm.adv_eps)
             roc_m["roc/groups_stale"] = float(len(stale))
@@ -325,8 +326,15 @@ class StageRunner:
                     self.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
                 if cfg.rollout.max_staleness == 0:  # the engines wait for this step: their
                     await _release_engines(self.rt.engines)  # caches go before it starts
-                train_m = await asyncio.to_thread(self.trainer.train_step, Batch(
-                    step=step, policy_version=version, groups=kept))
+                try:
+                    train_m = await trainer_step(self.stop, RL_GIVE_UP, self.trainer.train_step,
+                                                 Batch(step=step, policy_version=version,
+                                                       groups=kept))
+                except StepAbandoned:  # the step never happened: its problems are sampled
+                    self.state.global_step = step - 1  # again on resume, RoC draws again
+                    self.rng.setstate(rng_before)
+                    prod.give_back(wave)
+                    raise
             timing = {"timing/update_s": time.monotonic() - t0,
                       "timing/sync_s": await self._sync() if kept else 0.0}
             self.state.stage_step += 1

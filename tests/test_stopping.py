@@ -50,6 +50,21 @@ async def test_work_that_finishes_first_is_returned() -> None:
     stop.check()  # no request: no stop
 
 
+async def test_a_step_is_given_up_at_its_share_of_the_grace() -> None:
+    # SFT steps give up at once (share 0); RL updates once half the grace is gone; with no
+    # grace known (no signal handlers) only share 0 gives up
+    stop = StopRequest()
+    assert not stop.overdue(0.0) and not stop.overdue(0.5)
+    stop.request(signal.SIGINT)
+    assert stop.overdue(0.0) and not stop.overdue(0.5)
+    stop.grace_s = 30.0
+    assert not stop.overdue(0.5)
+    stop.at = time.monotonic() - 16.0
+    assert stop.overdue(0.5) and not stop.overdue(0.6)
+    with signal_handlers(StopRequest(), 7.0) as s2:  # the handlers set the grace they enforce
+        assert s2.grace_s == 7.0
+
+
 async def test_sigterm_becomes_a_request_and_the_old_handlers_come_back() -> None:
     before = signal.getsignal(signal.SIGTERM)
     stop = StopRequest()

@@ -7,7 +7,9 @@ mismatch metrics; with one mini-batch they come from the training forward itself
 `algorithm.kl_coef`, under the frozen reference policy, then per mini-batch accumulate
 `grpo_loss` with its off-policy correction (plus the weighted `kl_penalty`) over the
 micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
-cross-entropy, token-mean over all examples, with and without one optimizer step.
+cross-entropy, token-mean over all examples, with and without one optimizer step. A step
+given `give_up` asks it before each micro-batch until its first optimizer step: true, and it
+drops its gradients and raises `StepAbandoned` (a stop that cannot wait for the step's end).
 
 Does not own: the model, optimizer, parallelism or checkpoint I/O (the trainer, behind
 `StepBackend`), the loss math (`loss`, `offpolicy`), sequences, sharding and packing
@@ -21,7 +23,7 @@ the whole batch up to float summation order, whatever the packing or the number 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -31,6 +33,7 @@ from asyncrl.algo import batching, offpolicy
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats, grpo_loss, kl_penalty, sft_loss
 from asyncrl.config import AlgorithmSection
+from asyncrl.errors import StepAbandoned
 from asyncrl.log import get_logger
 from asyncrl.records import Batch
 
@@ -38,6 +41,8 @@ log = get_logger(__name__)
 
 Tensors = dict[str, torch.Tensor]
 SftExamples = list[tuple[list[int], list[int]]]
+GiveUp = Callable[[], bool] | None
+"""Asked before each micro-batch of a step until its first optimizer step (`StopRequest.overdue`)."""
 
 
 class StepBackend(Protocol):
@@ -101,14 +106,26 @@ class StepBackend(Protocol):
         ranks; the lr used)."""
         ...
 
+    def discard_gradients(self) -> None:
+        """Drop the gradients accumulated so far (an abandoned step): the weights and the
+        optimizer state stay those of the last optimizer step."""
+        ...
+
     def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
         """`stats` summed over every rank (extremes: max/min), as `StepStats.means(prefix)`;
         ranks holding copies of the same data (tensor parallel) count once."""
         ...
 
 
+def _check_give_up(backend: StepBackend, give_up: GiveUp) -> None:
+    if give_up is not None and give_up():
+        backend.discard_gradients()
+        raise StepAbandoned()
+
+
 def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
-            temperature: float, lr_scale: float = 1.0) -> dict[str, float]:
+            temperature: float, lr_scale: float = 1.0,
+            give_up: GiveUp = None) -> dict[str, float]:
     """One RL step on the kept rollouts of `batch` (see `asyncrl.trainer.base.Trainer`).
 
     `temperature` is the rollouts' sampling temperature; `lr_scale` multiplies the scheduled
@@ -123,12 +140,15 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     plans = [backend.plan(mini) for mini in minis]
     stats = StepStats()
     quant = offpolicy.RatioQuantiles()
-    olds, refs = _old_and_reference_logprobs(backend, plans, algo, temperature, stats, quant)
+    olds, refs = _old_and_reference_logprobs(backend, plans, algo, temperature, stats, quant,
+                                             give_up)
 
     norms, lr = [], 0.0
     for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
         normalizer = float(sum(s.num_loss_tokens for s in mini))
         for i, (mb, old, ref) in enumerate(zip(plan, old_plan, ref_plan, strict=True)):
+            if not norms:  # past the first optimizer step the weights have moved: finish
+                _check_give_up(backend, give_up)
             _train_micro_batch(backend, mb, i, len(plan), old, ref, algo, normalizer,
                                temperature, stats, quant)
         norm, lr = backend.apply_gradients(lr_scale)
@@ -152,6 +172,7 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
 def _old_and_reference_logprobs(
         backend: StepBackend, plans: list[list[Packed]], algo: AlgorithmSection,
         temperature: float, stats: StepStats, quant: offpolicy.RatioQuantiles,
+        give_up: GiveUp = None,
 ) -> tuple[list[list[torch.Tensor | None]], list[list[torch.Tensor | None]]]:
     """Per micro-batch of every plan: its old (proximal) log-probs under the weights that will
     be updated, and its reference log-probs (with `algorithm.kl_coef`); None where not computed
@@ -169,6 +190,8 @@ def _old_and_reference_logprobs(
             olds.append([])
             refs.append([])
             for mb in plan:
+                if kl or not fused:
+                    _check_give_up(backend, give_up)
                 t = backend.tensors(mb) if kl or not fused else {}
                 refs[-1].append(backend.reference_logprobs(t, temperature) if kl else None)
                 old = None if fused else backend.logprobs(t, temperature)
@@ -213,7 +236,8 @@ def _mismatch(stats: StepStats, quant: offpolicy.RatioQuantiles, old: torch.Tens
     quant.add(old, t["sampling_logprobs"], t["mask"])
 
 
-def sft_step(backend: StepBackend, examples: SftExamples) -> dict[str, float]:
+def sft_step(backend: StepBackend, examples: SftExamples,
+             give_up: GiveUp = None) -> dict[str, float]:
     """One optimizer step of masked cross-entropy on (token ids, loss mask) pairs, token-mean
     over all examples (logits at temperature 1). Returns `sft/loss`, `sft/tokens`,
     `sft/grad_norm`, `sft/lr`, `sft/examples` and `sft/optimizer_step`."""
@@ -222,6 +246,7 @@ def sft_step(backend: StepBackend, examples: SftExamples) -> dict[str, float]:
     normalizer = float(max(1, sum(s.num_loss_tokens for s in seqs)))
     stats = StepStats()
     for i, mb in enumerate(plan):
+        _check_give_up(backend, give_up)
         t = backend.tensors(mb)
         with backend.accumulate(i, len(plan)):
             loss, m = sft_loss(backend.logprobs(t, 1.0), t["mask"], normalizer=normalizer)

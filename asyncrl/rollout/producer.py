@@ -89,6 +89,7 @@ class RolloutProducer:
         self.waves_total = waves_total
         self._version = version
         self._resume = list(resume_problems)
+        self._given_back: list[Problem] = []
         self._waves: dict[int, Wave] = {}
         self._started = 0
         self._taken = 0
@@ -123,11 +124,17 @@ class RolloutProducer:
         self.steps_done += 1
         self._admit()
 
+    def give_back(self, wave: Wave) -> None:
+        """The step of `wave`, the last taken, was given up (a stop, `StepAbandoned`): its
+        problems count as pending again, ahead of the waves started after it."""
+        self._given_back = list(wave.problems)
+
     def pending_problems(self) -> list[Problem]:
-        """Problems of waves started and not yet taken, in wave order (for a checkpoint: a
-        resumed run regenerates them first)."""
+        """Problems of waves started and not yet taken, in wave order, after those of a wave
+        given back (for a checkpoint: a resumed run regenerates them first)."""
         started = [p for k in sorted(self._waves) for p in self._waves[k].problems]
-        return started + self._resume  # resumed problems not re-issued yet come last
+        # resumed problems not re-issued yet come last
+        return self._given_back + started + self._resume
 
     def stats(self) -> dict[str, float]:
         """`async/waves_in_flight` (started, not taken), `async/buffered_groups` (finished

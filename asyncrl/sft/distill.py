@@ -41,7 +41,7 @@ from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Group, Problem, Rollout, RolloutStatus, read_jsonl, save_jsonl
 from asyncrl.sft.stage import DEFAULT_BATCH, Pair, SFTSetup, SFTState
-from asyncrl.stopping import StopRequest
+from asyncrl.stopping import SFT_GIVE_UP, StopRequest, trainer_step
 
 log = get_logger(__name__)
 
@@ -269,7 +269,7 @@ async def _train_round(stage: StageSection, setup: SFTSetup, state: SFTState,
             trainer.set_lr(stage_lr(stage, setup.lr, state.stage_step))
         i = (state.stage_step - begin) * bs
         batch = [pairs[order[(i + j) % len(pairs)]] for j in range(bs)]
-        m = await asyncio.to_thread(trainer.sft_step, batch)
+        m = await trainer_step(stop, SFT_GIVE_UP, trainer.sft_step, batch)
         state.stage_step += 1
         if on_step is not None:
             on_step(m.get("sft/loss"))

@@ -28,7 +28,7 @@ from asyncrl.formats import ToolFormat
 from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
 from asyncrl.records import Problem
-from asyncrl.stopping import StopRequest
+from asyncrl.stopping import SFT_GIVE_UP, StopRequest, trainer_step
 from asyncrl.tasks.stream import ProblemStream
 from asyncrl.tasks.task import SolutionCode
 
@@ -239,8 +239,8 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
     """Run `stage` from `state.stage_step` to `stage.steps`. `state.sft_cursor` holds the chat
     path's cursor across checkpoints; the generator path's order is a function of the step.
     `on_step(loss)` runs after every step (the progress display). A `stop` request is honoured
-    between steps (`RunStopped`: `state` then describes the last completed step; the caller
-    saves it)."""
+    between steps and gives up a step under way (`RunStopped`: `state` then describes the last
+    completed step; the caller saves it)."""
     trainer = setup.trainer
     valid: list[Pair] = []
     if stage.chat is None:
@@ -284,7 +284,7 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
             stop.check()
         if stage.lr_decay_steps:
             trainer.set_lr(stage_lr(stage, setup.lr, state.stage_step))
-        m = await asyncio.to_thread(trainer.sft_step, next_batch())
+        m = await trainer_step(stop, SFT_GIVE_UP, trainer.sft_step, next_batch())
         state.stage_step += 1  # SFT steps do not advance `global_step` (the RL step count)
         if on_step is not None:
             on_step(m.get("sft/loss"))

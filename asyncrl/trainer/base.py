@@ -13,6 +13,11 @@ Contract:
 - `sft_step(examples)`: one optimizer step of masked cross-entropy on (token ids, loss mask)
   pairs (the SFT cold start). Returns `sft/…` metrics. `sft_eval(examples)`: the same loss
   without an update (held-out loss; `sft/loss` is the token mean).
+- `give_up` (both steps): asked before each micro-batch until the step's first optimizer
+  step; true, and the trainer drops the gradients and raises `StepAbandoned`, its weights and
+  optimizer those of the last completed step (the loop's stop, `StopRequest.overdue`, when a
+  step would outlast the grace period). A trainer may not ask it (multi-rank ones do not:
+  every rank must take the same micro-batches); the stop then waits for the step's end.
 - `state_dict_for_sync()`: full (unsharded) weights by HF parameter name, for an in-process
   engine; `export_hf(path)` writes an HF model directory (weights and config, not the
   tokenizer) for engines that load from disk and for users.
@@ -30,6 +35,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -44,9 +50,11 @@ class Trainer(Protocol):
     model: Any
     """The trained model (an HF `PreTrainedModel` for the torch trainer, unwrapped)."""
 
-    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]: ...
+    def train_step(self, batch: Batch, lr_scale: float = 1.0,
+                   give_up: Callable[[], bool] | None = None) -> dict[str, float]: ...
 
-    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]: ...
+    def sft_step(self, examples: list[tuple[list[int], list[int]]],
+                 give_up: Callable[[], bool] | None = None) -> dict[str, float]: ...
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]: ...
 

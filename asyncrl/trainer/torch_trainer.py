@@ -47,8 +47,9 @@ from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
+from asyncrl.algo.step import GiveUp
 from asyncrl.config import AlgorithmSection, TorchTrainerConfig
-from asyncrl.errors import TrainerError
+from asyncrl.errors import StepAbandoned, TrainerError
 from asyncrl.log import get_logger
 from asyncrl.modeling import moe_shape, routing_replay
 from asyncrl.records import Batch
@@ -307,30 +308,45 @@ class TorchTrainer(LoraFace):
             self._base_trained = self.base_changed = True
         return float(norm), lr
 
+    def discard_gradients(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
     def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
         stats.reduce(self.device)
         return stats.means(prefix)
 
     # ----------------------------------------------------------------------------- steps
-    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
+    def train_step(self, batch: Batch, lr_scale: float = 1.0,
+                   give_up: GiveUp = None) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking."""
         self.attach_lora()  # lora.apply_to = "rl": the adapter starts at the first RL update
-        out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
-                           lr_scale=lr_scale)
+        try:
+            out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
+                               lr_scale=lr_scale, give_up=self._own(give_up))
+        finally:
+            allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
         if self.replay is not None:
             out.update(self.replay.metrics("train/"))
-        allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
         return out
 
-    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    def _own(self, give_up: GiveUp) -> GiveUp:
+        """`give_up` on one process; None under torchrun, where every rank must take the same
+        micro-batches (a rank that gave up alone would leave the others in a collective)."""
+        return give_up if self.world_size == 1 else None
+
+    def sft_step(self, examples: list[tuple[list[int], list[int]]],
+                 give_up: GiveUp = None) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples. On a CPU
         with `threads = 0`, the thread count of each step is chosen by timing the steps per
         token (`asyncrl.trainer.threads.ThreadTuner`: all of torch's threads on an idle
         machine, fewer when other programs want the cores); each change is logged (`torch_threads`)."""
+        give_up = self._own(give_up)
         if self.cfg.threads or self.device.type != "cpu" or self.world_size > 1:
-            out = step.sft_step(self, examples)
-            allocator.release()  # the step's activations and gradients (`asyncrl.allocator`)
-            return out
+            try:
+                return step.sft_step(self, examples, give_up)
+            finally:
+                allocator.release()  # the step's activations and gradients
+                # (`asyncrl.allocator`)
         if self._tuner is None:
             from asyncrl.trainer.threads import ThreadTuner
 
@@ -339,7 +355,10 @@ class TorchTrainer(LoraFace):
         torch.set_num_threads(n)  # this thread's OpenMP team (the engine's is its own)
         t0 = time.perf_counter()
         try:
-            out = step.sft_step(self, examples)
+            out = step.sft_step(self, examples, give_up)
+        except StepAbandoned:
+            allocator.release()
+            raise  # a part of a step says nothing of its thread count's speed
         finally:
             # torch also keeps the count as the one a new thread starts with (the engine's,
             # the first time it computes): leave it at the default between steps

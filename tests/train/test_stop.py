@@ -240,3 +240,92 @@ async def test_a_stop_request_saves_the_last_completed_step_and_resume_goes_on(
     steps = [r["step"] for r in metric_rows(rd, "rl_step")]
     assert steps == [1, 2, 3]  # step 2 was never logged before the stop
     assert (rd / "final" / "config.json").exists()
+
+
+@pytest.mark.timeout(600)
+async def test_a_stop_gives_up_the_step_under_way_and_resume_matches_an_unstopped_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A step longer than the grace period (a real model's SFT step on a CPU) must not run into
+    # the hard exit: the stop gives it up between two micro-batches, weights untouched, and the
+    # last completed step is saved. Here the stop comes inside SFT step 3 and, in the resumed
+    # run, inside RL step 2's update (grace 0: already past half of it); each is given up, and
+    # the twice-resumed run matches one that was never stopped, step for step.
+    from asyncrl.algo import step as step_mod
+    from asyncrl.errors import StepAbandoned
+    from asyncrl.train import train_async
+
+    path = tmp_path / "stop.toml"
+    path.write_text(CONFIG)
+    # 128-token micro-batches: every step has several, so a stop can come between two
+    sets = ["stages.0.steps=4", "stages.1.steps=3", "eval.every_steps=0",
+            "checkpoint.every_steps=0", "checkpoint.sft_every_steps=0",
+            "trainer.micro_batch_tokens=128"]
+    cfg = config.load(path, sets)
+    ref = tmp_path / "ref"
+    await train_async(cfg, run_dir=str(ref))
+
+    calls = {"sft": 0, "rl": 0, "mb": 0}
+    stop_in: dict[str, int] = {}
+    stop = StopRequest()
+    real_sft, real_rl, real_loss = step_mod.sft_step, step_mod.rl_step, step_mod.sft_loss
+
+    def sft_step(*a, **k):
+        calls["sft"] += 1
+        calls["mb"] = 0
+        return real_sft(*a, **k)
+
+    def rl_step(*a, **k):
+        calls["rl"] += 1
+        calls["mb"] = 0
+        return real_rl(*a, **k)
+
+    def sft_loss(*a, **k):  # the first micro-batch of the chosen SFT step asks for the stop
+        calls["mb"] += 1
+        if calls["sft"] == stop_in.get("sft") and calls["mb"] == 1:
+            stop.request()
+        return real_loss(*a, **k)
+
+    real_train_mb = step_mod._train_micro_batch
+
+    def train_mb(*a, **k):
+        real_train_mb(*a, **k)
+        calls["mb"] += 1
+        if calls["rl"] == stop_in.get("rl") and calls["mb"] == 1:
+            stop.request()
+
+    monkeypatch.setattr(step_mod, "sft_step", sft_step)
+    monkeypatch.setattr(step_mod, "rl_step", rl_step)
+    monkeypatch.setattr(step_mod, "sft_loss", sft_loss)
+    monkeypatch.setattr(step_mod, "_train_micro_batch", train_mb)
+
+    rd = tmp_path / "run"
+    stop_in["sft"] = 3
+    with pytest.raises(StepAbandoned) as info:
+        await train_async(cfg, run_dir=str(rd), stop=stop)
+    assert info.value.where.startswith("stage sft step 2/4")
+    saved = load_checkpoint(info.value.checkpoint, restore_rng=False)
+    assert (saved["stage_index"], saved["stage_step"]) == (0, 2)
+
+    calls.update(sft=0, rl=0)
+    stop_in.clear()
+    stop_in["rl"] = 2
+    stop = StopRequest()
+    # an RL update is given up once half the grace is gone: at once here (the hard exit's
+    # timer starts only on a real signal)
+    quick = config.load(path, [*sets, "checkpoint.signal_grace_s=0.001"])
+    with pytest.raises(StepAbandoned) as info:
+        await train_async(quick, run_dir=str(rd), resume=True, stop=stop)
+    assert info.value.where.startswith("stage rl step 1/3")
+    assert info.value.checkpoint == rd / "checkpoints" / "step_00000001"
+    saved = load_checkpoint(info.value.checkpoint, restore_rng=False)
+    assert (saved["stage_index"], saved["stage_step"], saved["global_step"]) == (1, 1, 1)
+    assert len(saved["pending_problem_ids"]) == 2  # the given-up step's problems, sampled again
+
+    stop_in.clear()
+    await train_async(cfg, run_dir=str(rd), resume=True)
+    for kind, key in (("sft_step", "sft_step"), ("rl_step", "step")):
+        want, got = _by(metric_rows(ref, kind), key), _by(metric_rows(rd, kind), key)
+        assert sorted(got) == sorted(want) and want
+        for k in want:
+            _same_row(got[k], want[k])
+    _same_evals(rd, ref)

@@ -195,10 +195,14 @@ class RankZeroTrainer:
                 "run stops here; restart every node with --resume to continue from the last "
                 "checkpoint") from e
 
-    def train_step(self, batch: Any, lr_scale: float = 1.0) -> dict[str, float]:
+    # `give_up` stays here: a callable cannot reach the other ranks, which must take the
+    # same micro-batches (a stop waits for the step's end)
+    def train_step(self, batch: Any, lr_scale: float = 1.0,
+                   give_up: Any = None) -> dict[str, float]:
         return self._call("train_step", batch, lr_scale)
 
-    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    def sft_step(self, examples: list[tuple[list[int], list[int]]],
+                 give_up: Any = None) -> dict[str, float]:
         return self._call("sft_step", examples)
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:

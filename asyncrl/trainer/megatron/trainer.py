@@ -235,6 +235,9 @@ class MegatronTrainer:
             p.requires_grad_(False)
         return ref
 
+    def discard_gradients(self) -> None:
+        self._opt.zero_grad()
+
     def apply_gradients(self, lr_scale: float) -> tuple[float, float]:
         lr = self._base_lr * lr_scale * lr_factor(self._opt_step, self.algo.warmup_steps,
                                                   self.algo.lr_schedule, self.total_steps)
@@ -243,9 +246,11 @@ class MegatronTrainer:
         return norm, lr
 
     # ----------------------------------------------------------------------------- steps
-    def train_step(self, batch: Batch, lr_scale: float = 1.0) -> dict[str, float]:
+    def train_step(self, batch: Batch, lr_scale: float = 1.0,
+                   give_up: Any = None) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking; every rank calls it
-        with the batch."""
+        with the batch. `give_up` is not asked: the ranks must take the same micro-batches,
+        and a stop waits for the step's end."""
         out = step.rl_step(self, batch, self.algo, temperature=self.temperature,
                            lr_scale=lr_scale)
         if self.replay is not None:  # the reference's forwards count too, as in the torch trainer
@@ -255,8 +260,10 @@ class MegatronTrainer:
             out.update(moe_replay.replay_metrics(counts, "train/"))
         return out
 
-    def sft_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
-        """One optimizer step of masked cross-entropy, token-mean over all examples."""
+    def sft_step(self, examples: list[tuple[list[int], list[int]]],
+                 give_up: Any = None) -> dict[str, float]:
+        """One optimizer step of masked cross-entropy, token-mean over all examples (`give_up`
+        is not asked, as in `train_step`)."""
         return step.sft_step(self, examples)
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:
