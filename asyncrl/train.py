@@ -36,6 +36,7 @@ from asyncrl.config import DistillSection, RunConfig, StageSection
 from asyncrl.errors import RunStopped, StepAbandoned
 from asyncrl.formats import PYTHON_TOOL, shows_tool_time
 from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
+from asyncrl.observe.journal import SUFFIX, GroupJournal, problems_digest, settings_digest
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report
@@ -119,13 +120,17 @@ class StageRunner:
         return time.monotonic() - t0
 
     async def _rollouts(self, problems: list[Problem], n: int, settings: RolloutSettings,
-                        runner: RolloutRunner | None = None) -> list[Group]:
+                        runner: RolloutRunner | None = None,
+                        journal: GroupJournal | None = None) -> list[Group]:
         """Rollouts of an evaluation, a filter or a distill round (`runner`: the run's, or
-        a teacher's)."""
+        a teacher's); an evaluation's groups are journaled as they finish."""
         self.progress.rollouts_requested(len(problems) * n)
         runner = runner or self.rt.runner
 
         async def collect() -> list[Group]:
+            if journal is not None:
+                return await journal.collect(problems, lambda rest: runner.run(
+                    rest, n, settings, self.state.policy_version))
             return in_problem_order([g async for g in runner.run(
                 problems, n, settings, self.state.policy_version)], problems)
         # a stop aborts them; none answered (every one failed) stops the run
@@ -384,17 +389,28 @@ class StageRunner:
         t0 = time.monotonic()
         temp = eval_temperature(self.cfg)
         key = f"eval:{self.state.global_step}:{label}"
-        groups = await self._rollouts(probs, ev.k, self._settings(stage, eval_=True,
-                                                                  seed_key=key))
-        summary = summarize(groups, ev.k)
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}"
+        # a stop during a long evaluation keeps its finished groups for the resumed run
+        base = {"policy_version": self.state.policy_version, "problems": problems_digest(probs)}
+
+        def journal(path: Path, s: RolloutSettings) -> GroupJournal:
+            return GroupJournal(path.with_name(path.name + SUFFIX),
+                                {**base, "settings": settings_digest(s)})
+
+        sampled = self._settings(stage, eval_=True, seed_key=key)
+        passes = [journal(out.with_suffix(".jsonl"), sampled)]
+        groups = await self._rollouts(probs, ev.k, sampled, journal=passes[0])
+        summary = summarize(groups, ev.k)
         await asyncio.to_thread(save_jsonl, out.with_suffix(".jsonl"), groups)
         if ev.greedy and temp > 0:
-            greedy = await self._rollouts(probs, 1, self._settings(
-                stage, eval_=True, seed_key=key + ":greedy", temperature=0.0))
+            plain = self._settings(stage, eval_=True, seed_key=key + ":greedy", temperature=0.0)
+            passes.append(journal(out.with_name(out.name + "-greedy.jsonl"), plain))
+            greedy = await self._rollouts(probs, 1, plain, journal=passes[-1])
             summary = with_greedy(summary, summarize(greedy, 1))
             await asyncio.to_thread(save_jsonl, out.with_name(out.name + "-greedy.jsonl"),
                                     greedy)
+        for j in passes:
+            j.remove()
         summary["temperature"] = temp
         m = {f"eval/{k}": v for k, v in summary.items()}
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",

@@ -4,7 +4,9 @@ Owns: the command. Runs the same rollout engine as training (same format, tools,
 reward, any engine kind), k samples per problem at the eval temperature plus one greedy answer
 each (as training's evaluations do), and reports greedy accuracy, avg@k, pass@k, maj@k (per
 level too), response length, tool calls and tool-error ratios as a table and JSON
-(`asyncrl.observe.evaluation`).
+(`asyncrl.observe.evaluation`). Each pass's groups are journaled as they finish
+(`asyncrl.observe.journal`): the same command run again after a stop or a kill goes on from
+them (`resumed_groups` in the results says how many it found).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     figures of `asyncrl.observe.evaluation.with_greedy`, as in training."""
     from asyncrl.observe import metrics as metrics_mod
     from asyncrl.observe.evaluation import format_table, summarize, with_greedy, write_summary
+    from asyncrl.observe.journal import (
+        SUFFIX,
+        GroupJournal,
+        problems_digest,
+        settings_digest,
+        weights_digest,
+    )
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
@@ -62,21 +71,40 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
             stop_token_ids=end_of_sequence_ids(rt.tokenizer),
         )
         t0 = time.monotonic()
-        groups = [g async for g in rt.runner.run(problems, k, settings, 0)]
+        # each pass's groups go to a journal as they finish: the same command run again after
+        # a stop or a kill goes on from them (`asyncrl.observe.journal`)
+        model = (weights_digest(cfg.model.path) if cfg.model.path
+                 else {"init": cfg.model.init, "seed": cfg.run.seed})  # built from its config
+        base = {"model": model, "dtype": cfg.model.dtype, "data": data,
+                "problems": problems_digest(problems)}
+
+        def journal(name: str, s: RolloutSettings) -> GroupJournal:
+            return GroupJournal(out_dir / (name + SUFFIX),
+                                {**base, "settings": settings_digest(s)})
+
+        sampled = journal("eval_groups.jsonl", settings)
+        groups = await sampled.collect(
+            problems, lambda rest: rt.runner.run(rest, k, settings, 0))
         summary = summarize(groups, k)
         stats = metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout")
+        passes = [sampled]
         if greedy and temp > 0:
-            greedy_groups = [g async for g in rt.runner.run(
-                problems, 1, msgspec.structs.replace(settings, temperature=0.0), 0)]
+            plain = msgspec.structs.replace(settings, temperature=0.0)
+            passes.append(journal("eval_groups_greedy.jsonl", plain))
+            greedy_groups = await passes[-1].collect(
+                problems, lambda rest: rt.runner.run(rest, 1, plain, 0))
             summary = with_greedy(summary, summarize(greedy_groups, 1))
             await asyncio.to_thread(save_jsonl, out_dir / "eval_groups_greedy.jsonl",
                                     greedy_groups)
         summary["temperature"] = temp
         summary["seconds"] = round(time.monotonic() - t0, 2)
+        summary["resumed_groups"] = float(sum(j.resumed for j in passes))
         summary["skipped_rows"] = float(loaded.num_skipped)
         summary.update(stats)
     await asyncio.to_thread(save_jsonl, out_dir / "eval_groups.jsonl", groups)
     write_summary(summary, out_dir / "eval.json")
+    for j in passes:
+        j.remove()
     print(format_table(summary, title=f"eval {data} (k={k}, temperature {temp:g})"))
     return summary
 
