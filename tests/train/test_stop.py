@@ -306,6 +306,34 @@ async def test_a_stop_gives_up_the_step_under_way_and_resume_matches_an_unstoppe
     saved = load_checkpoint(info.value.checkpoint, restore_rng=False)
     assert (saved["stage_index"], saved["stage_step"]) == (0, 2)
 
+    # then inside the evaluation after the SFT stage, once one group of it is on disk: the
+    # resumed run samples only the rest (`asyncrl.observe.journal`)
+    from asyncrl.observe import journal as journal_mod
+
+    real_fsync, resumed = journal_mod.os.fsync, []
+    stop = StopRequest()
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        stop.request()
+
+    real_collect = journal_mod.GroupJournal.collect
+
+    async def collect(self, *a, **k):
+        try:
+            return await real_collect(self, *a, **k)
+        finally:
+            resumed.append(self.resumed)
+
+    monkeypatch.setattr(journal_mod.os, "fsync", fsync)
+    monkeypatch.setattr(journal_mod.GroupJournal, "collect", collect)
+    with pytest.raises(RunStopped) as info:
+        await train_async(cfg, run_dir=str(rd), resume=True, stop=stop)
+    assert "sft step 4/4" in info.value.where and resumed == [0]
+    partial = rd / "eval" / "000000-after_sft.jsonl.partial"
+    assert len(partial.read_bytes().splitlines()) >= 2  # its header and the finished group(s)
+    monkeypatch.setattr(journal_mod.os, "fsync", real_fsync)
+
     calls.update(sft=0, rl=0)
     stop_in.clear()
     stop_in["rl"] = 2
@@ -320,6 +348,7 @@ async def test_a_stop_gives_up_the_step_under_way_and_resume_matches_an_unstoppe
     saved = load_checkpoint(info.value.checkpoint, restore_rng=False)
     assert (saved["stage_index"], saved["stage_step"], saved["global_step"]) == (1, 1, 1)
     assert len(saved["pending_problem_ids"]) == 2  # the given-up step's problems, sampled again
+    assert resumed[1] >= 1 and not partial.exists()  # the evaluation went on from its journal
 
     stop_in.clear()
     await train_async(cfg, run_dir=str(rd), resume=True)
