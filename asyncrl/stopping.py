@@ -11,8 +11,9 @@ raises `RunStopped` there), writes a checkpoint of the last completed step and r
 its normal cleanup (the progress display is restored, engines and sandbox closed). A trainer
 step already running (`trainer_step`) is given up between two micro-batches, its weights
 untouched (`StepAbandoned`): an SFT step at once, an RL update once half the grace is gone
-(it finishes if it can: its rollouts are lost with it). Trainers that cannot give a step up
-(multi-rank ones) finish it, and it is saved. If all that takes
+(it finishes if it can: its rollouts are lost with it), and only before its first optimizer
+step (with `algorithm.optimizer_steps_per_rl_step` > 1, one that has taken it finishes).
+Trainers that cannot give a step up (multi-rank ones) finish it, and it is saved. If all that takes
 longer than `grace_s`, or a second SIGINT arrives, the process leaves at once with
 `os._exit(128 + signum)`: a checkpoint being written then stays an invisible `.tmp-*`
 directory (`asyncrl.checkpoint`'s atomic rename), never a half-written `step_*`.
@@ -178,11 +179,10 @@ def signal_handlers(stop: StopRequest, grace_s: float, *, describe: Callable[[],
     entered on the main thread with the run's loop running. Previous handlers come back on exit.
     `enabled=False` (`checkpoint.on_signal = false`) leaves the handlers as they are."""
     stop.bind(asyncio.get_running_loop())
-    if enabled:
-        stop.grace_s = grace_s
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield stop
         return
+    grace_before, stop.grace_s = stop.grace_s, grace_s
     timers: list[threading.Timer] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -210,6 +210,7 @@ def signal_handlers(stop: StopRequest, grace_s: float, *, describe: Callable[[],
     try:
         yield stop
     finally:
+        stop.grace_s = grace_before
         for s, h in previous.items():
             signal.signal(s, h)
         for t in timers:

@@ -36,7 +36,7 @@ from asyncrl.config import DistillSection, RunConfig, StageSection
 from asyncrl.errors import RunStopped, StepAbandoned
 from asyncrl.formats import PYTHON_TOOL, shows_tool_time
 from asyncrl.observe.evaluation import some_answered, summarize, with_greedy
-from asyncrl.observe.journal import SUFFIX, GroupJournal, problems_digest, settings_digest
+from asyncrl.observe.journal import GroupJournal, discard
 from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, rollout_stats
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report
@@ -124,13 +124,16 @@ class StageRunner:
                         journal: GroupJournal | None = None) -> list[Group]:
         """Rollouts of an evaluation, a filter or a distill round (`runner`: the run's, or
         a teacher's); an evaluation's groups are journaled as they finish."""
-        self.progress.rollouts_requested(len(problems) * n)
         runner = runner or self.rt.runner
+
+        def run(rest: list[Problem]) -> AsyncIterator[Group]:
+            self.progress.rollouts_requested(len(rest) * n)  # a journal's are done already
+            return runner.run(rest, n, settings, self.state.policy_version)
 
         async def collect() -> list[Group]:
             if journal is not None:
-                return await journal.collect(problems, lambda rest: runner.run(
-                    rest, n, settings, self.state.policy_version))
+                return await journal.collect(problems, run)
+            self.progress.rollouts_requested(len(problems) * n)
             return in_problem_order([g async for g in runner.run(
                 problems, n, settings, self.state.policy_version)], problems)
         # a stop aborts them; none answered (every one failed) stops the run
@@ -391,30 +394,26 @@ class StageRunner:
         key = f"eval:{self.state.global_step}:{label}"
         out = self.rt.run_dir / "eval" / f"{self.state.global_step:06d}-{label}"
         # a stop during a long evaluation keeps its finished groups for the resumed run
-        base = {"policy_version": self.state.policy_version, "problems": problems_digest(probs)}
-
-        def journal(path: Path, s: RolloutSettings) -> GroupJournal:
-            return GroupJournal(path.with_name(path.name + SUFFIX),
-                                {**base, "settings": settings_digest(s)})
-
+        who = {"policy_version": self.state.policy_version,
+               "task": msgspec.to_builtins(self.cfg.task), "system": self.rt.runner.system_prompt}
         sampled = self._settings(stage, eval_=True, seed_key=key)
-        passes = [journal(out.with_suffix(".jsonl"), sampled)]
+        passes = [GroupJournal.for_pass(out.with_suffix(".jsonl"), ev.k, sampled, probs, **who)]
         groups = await self._rollouts(probs, ev.k, sampled, journal=passes[0])
         summary = summarize(groups, ev.k)
         await asyncio.to_thread(save_jsonl, out.with_suffix(".jsonl"), groups)
         if ev.greedy and temp > 0:
             plain = self._settings(stage, eval_=True, seed_key=key + ":greedy", temperature=0.0)
-            passes.append(journal(out.with_name(out.name + "-greedy.jsonl"), plain))
+            greedy_out = out.with_name(out.name + "-greedy.jsonl")
+            passes.append(GroupJournal.for_pass(greedy_out, 1, plain, probs, **who))
             greedy = await self._rollouts(probs, 1, plain, journal=passes[-1])
             summary = with_greedy(summary, summarize(greedy, 1))
-            await asyncio.to_thread(save_jsonl, out.with_name(out.name + "-greedy.jsonl"),
-                                    greedy)
-        for j in passes:
-            j.remove()
+            await asyncio.to_thread(save_jsonl, greedy_out, greedy)
         summary["temperature"] = temp
         m = {f"eval/{k}": v for k, v in summary.items()}
         self.metrics.write("eval", label=label, stage=stage.name if stage else "",
                            step=self.state.global_step, seconds=time.monotonic() - t0, **m)
+        for j in passes:  # after the row: a kill before it leaves them for the rerun
+            j.remove()
         self.progress.evaluated(self.state.global_step, m["eval/accuracy"])
         log.info("eval", label=label, accuracy=round(m["eval/accuracy"], 4), problems=len(probs))
         return m
@@ -534,6 +533,13 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
                             hint="no checkpoint yet: the run starts from the beginning")
             else:
                 ckpt, state = found
+        # an evaluation's journal is kept only for the one a stop interrupted (the checkpoint
+        # holds its weights); a kill's rerun may reach that step on other weights
+        last = bool(cfg.stages) and (state.stage_index >= len(cfg.stages) or (
+            state.stage_index == len(cfg.stages) - 1
+            and state.stage_step >= cfg.stages[-1].steps))
+        keep = f"{state.global_step:06d}-" if ckpt and (state.eval_due or last) else ""
+        await asyncio.to_thread(discard, rd / "eval", keep)
         if ckpt is not None:
             await _push_weights(rt, state.policy_version)
             log.info("resumed", checkpoint=str(ckpt), step=state.global_step,

@@ -36,13 +36,7 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
     figures of `asyncrl.observe.evaluation.with_greedy`, as in training."""
     from asyncrl.observe import metrics as metrics_mod
     from asyncrl.observe.evaluation import format_table, summarize, with_greedy, write_summary
-    from asyncrl.observe.journal import (
-        SUFFIX,
-        GroupJournal,
-        problems_digest,
-        settings_digest,
-        weights_digest,
-    )
+    from asyncrl.observe.journal import GroupJournal, weights_digest
     from asyncrl.records import save_jsonl
     from asyncrl.rollout import RolloutSettings
     from asyncrl.runtime import open_runtime
@@ -75,22 +69,18 @@ async def evaluate(cfg: config_mod.RunConfig, data: str, k: int, out_dir: Path,
         # a stop or a kill goes on from them (`asyncrl.observe.journal`)
         model = (weights_digest(cfg.model.path) if cfg.model.path
                  else {"init": cfg.model.init, "seed": cfg.run.seed})  # built from its config
-        base = {"model": model, "dtype": cfg.model.dtype, "data": data,
-                "problems": problems_digest(problems)}
-
-        def journal(name: str, s: RolloutSettings) -> GroupJournal:
-            return GroupJournal(out_dir / (name + SUFFIX),
-                                {**base, "settings": settings_digest(s)})
-
-        sampled = journal("eval_groups.jsonl", settings)
-        groups = await sampled.collect(
+        who = {"model": model, "dtype": cfg.model.dtype, "data": data,
+               "task": msgspec.to_builtins(cfg.task), "system": rt.runner.system_prompt}
+        passes = [GroupJournal.for_pass(out_dir / "eval_groups.jsonl", k, settings, problems,
+                                        **who)]
+        groups = await passes[0].collect(
             problems, lambda rest: rt.runner.run(rest, k, settings, 0))
         summary = summarize(groups, k)
         stats = metrics_mod.rollout_stats(metrics_mod.group_rollouts(groups), "rollout")
-        passes = [sampled]
         if greedy and temp > 0:
             plain = msgspec.structs.replace(settings, temperature=0.0)
-            passes.append(journal("eval_groups_greedy.jsonl", plain))
+            passes.append(GroupJournal.for_pass(out_dir / "eval_groups_greedy.jsonl", 1, plain,
+                                                problems, **who))
             greedy_groups = await passes[-1].collect(
                 problems, lambda rest: rt.runner.run(rest, 1, plain, 0))
             summary = with_greedy(summary, summarize(greedy_groups, 1))

@@ -4,19 +4,26 @@ A real model's evaluation on a CPU runs for an hour or more (SmolLM2's avg@8 on 
 problems: 74 minutes on 2 cores). Kept in memory until its end, every answer of it was lost to
 a Ctrl-C, a preemption or a killed session, and the next try started over.
 
-Owns: `GroupJournal`, one JSON-lines file per evaluation pass: its first line the pass's
-`fingerprint` (what must be equal for earlier groups to count: the weights, the problems, k,
-the sampling settings), then one finished `Group` a line, fsynced as each finishes.
+Owns: `GroupJournal`, one JSON-lines file per evaluation pass (`for_pass` names it after the
+pass's results file): its first line the pass's fingerprint (what must be equal for earlier
+groups to count: the weights, the problems with their answers, the task, k, the sampling
+settings), then one finished `Group` a line, fsynced as each finishes (in a worker thread).
 `collect` runs the pass over the problems the file does not hold yet, appending each group,
 and returns every group in problem order; a file with another fingerprint is replaced (a
-different pass wrote it), a last line torn by a kill is cut off. It logs the pass's progress
-(`eval_progress`: groups and answers done, rate, estimated seconds left) once a minute. The
-caller removes the file once the pass's results are written. Does not own: sampling or
-rewarding (the runner), what an evaluation reports (`evaluation`).
+different pass wrote it), bytes after the last newline (a write a kill cut) are dropped. One
+pass writes in a directory at a time (an exclusive `flock` on it: a second evaluation into
+the same directory is refused, not mixed in). It logs the pass's progress (`eval_progress`:
+groups and answers done, rate, estimated seconds left) once a minute. The caller removes the
+file once the pass's results are written, and `discard` drops what a run cannot trust (the
+train loop's journals after a kill: the step it redoes may end on other weights). Does not
+own: sampling or rewarding (the runner), what an evaluation reports (`evaluation`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from asyncrl.errors import DataError
 from asyncrl.log import get_logger
 from asyncrl.records import Group, Problem, to_json
 
@@ -40,9 +48,13 @@ SUFFIX = ".partial"
 never read an unfinished pass."""
 
 
+def _digest(parts: Sequence[bytes]) -> str:
+    return hashlib.sha256(b"\n".join(parts)).hexdigest()[:16]
+
+
 def problems_digest(problems: Sequence[Problem]) -> str:
-    """A short digest of the problems' ids, in order (a fingerprint's `problems`)."""
-    return hashlib.sha256("\n".join(p.id for p in problems).encode()).hexdigest()[:16]
+    """A short digest of the problems, in order, each whole (its answer too)."""
+    return _digest([to_json(p) for p in problems])
 
 
 def weights_digest(model_dir: str | Path) -> str:
@@ -51,13 +63,23 @@ def weights_digest(model_dir: str | Path) -> str:
     d = Path(model_dir)
     files = sorted(f for f in d.glob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
     parts = [f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files]
-    return hashlib.sha256("\n".join([str(d.resolve()), *parts]).encode()).hexdigest()[:16]
+    return _digest([str(d.resolve()).encode(), *(x.encode() for x in parts)])
 
 
 def settings_digest(settings: Any) -> Any:
     """The sampling settings as plain values (a tool format's parsers by their names)."""
     return msgspec.to_builtins(
         settings, enc_hook=lambda o: getattr(o, "__qualname__", type(o).__name__))
+
+
+def discard(directory: Path, keep: str = "") -> int:
+    """Remove the journals in `directory` but those whose name starts with `keep` (non-empty);
+    returns how many went."""
+    found = [f for f in (directory.glob("*" + SUFFIX) if directory.is_dir() else [])
+             if not (keep and f.name.startswith(keep))]
+    for f in found:
+        f.unlink(missing_ok=True)
+    return len(found)
 
 
 class GroupJournal:
@@ -70,14 +92,26 @@ class GroupJournal:
         self.resumed = 0
         """Groups the file held when `collect` started."""
 
+    @classmethod
+    def for_pass(cls, results: Path, k: int, settings: Any, problems: Sequence[Problem],
+                 **identity: Any) -> GroupJournal:
+        """The journal of the pass whose results go to `results` (`NAME.jsonl.partial`
+        beside it): `k` samples per problem of `problems` under `settings`, with `identity`
+        (the weights, the task) in its fingerprint."""
+        return cls(results.with_name(results.name + SUFFIX),
+                   {**identity, "k": k, "problems": problems_digest(problems),
+                    "settings": settings_digest(settings)})
+
     def _load(self, problems: Sequence[Problem]) -> list[Group]:
         """The groups on file for `problems` (an unknown or repeated problem's are dropped);
         the file is replaced when its fingerprint differs and cut after its last whole line."""
         if not self.path.exists():
             return []
-        lines = self.path.read_bytes().split(b"\n")
+        data = self.path.read_bytes()
+        whole = data[:data.rfind(b"\n") + 1]  # after the last newline: a write cut short
+        lines = whole.split(b"\n")[:-1]
         try:
-            head = json.loads(lines[0])
+            head = json.loads(lines[0]) if lines else None
         except ValueError:
             head = None
         if head != self.fingerprint:
@@ -90,18 +124,14 @@ class GroupJournal:
         good = len(lines[0]) + 1
         dec = msgspec.json.Decoder(Group)
         for line in lines[1:]:
-            if not line.strip():
-                good += len(line) + 1
-                continue
             try:
-                g = dec.decode(line)
-            except msgspec.DecodeError:  # a line torn by a kill: it and what follows go
+                g = dec.decode(line) if line.strip() else None
+            except msgspec.DecodeError:  # not a whole record: it and what follows go
                 break
             good += len(line) + 1
-            if g.problem.id in wanted:
+            if g is not None and g.problem.id in wanted:
                 groups.setdefault(g.problem.id, g)
-        size = self.path.stat().st_size
-        if good < size:
+        if good < len(data):
             with self.path.open("r+b") as fp:
                 fp.truncate(good)
         return list(groups.values())
@@ -110,6 +140,25 @@ class GroupJournal:
                       run: Callable[[list[Problem]], AsyncIterator[Group]]) -> list[Group]:
         """Every problem's group: those on file, then `run(rest)`'s, each appended as it comes
         (one per problem, as `RolloutRunner.run` yields them). In problem order."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            return await self._collect(problems, run)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Any:
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DataError(f"another evaluation is writing in {self.path.parent}: give "
+                                "this one another output directory") from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    async def _collect(self, problems: Sequence[Problem],
+                       run: Callable[[list[Problem]], AsyncIterator[Group]]) -> list[Group]:
         done = self._load(problems)
         self.resumed = len(done)
         have = {g.problem.id for g in done}
@@ -117,32 +166,42 @@ class GroupJournal:
         if done:
             log.info("eval_resumed", what=self.what, groups=len(done), left=len(rest),
                      path=str(self.path))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not self.path.exists()
-        t0 = last = time.monotonic()
-        answers = 0
         with self.path.open("ab") as fp:
             if fresh:
                 fp.write(json.dumps(self.fingerprint, sort_keys=True).encode() + b"\n")
+                fp.flush()
             if rest:
-                async for g in run(rest):
-                    fp.write(to_json(g) + b"\n")
-                    fp.flush()
-                    os.fsync(fp.fileno())
-                    done.append(g)
-                    answers += len(g.rollouts)
-                    now = time.monotonic()
-                    if now - last >= PROGRESS_EVERY_S:
-                        last = now
-                        new = len(done) - self.resumed
-                        rate = new / (now - t0)
-                        log.info("eval_progress", what=self.what, groups=len(done),
-                                 of=len(problems), answers=answers,
-                                 answers_per_s=round(answers / (now - t0), 3),
-                                 eta_s=round((len(problems) - len(done)) / rate))
+                async with contextlib.aclosing(run(rest)) as groups:
+                    await self._append_all(fp, groups, done, len(problems))
         order = {p.id: i for i, p in reversed(list(enumerate(problems)))}
         return sorted(done, key=lambda g: order.get(g.problem.id, len(order)))
+
+    async def _append_all(self, fp: Any, groups: AsyncIterator[Group], done: list[Group],
+                          total: int) -> None:
+        """Each of `groups` onto the file and into `done`, logging progress once a minute."""
+        t0 = last = time.monotonic()
+        answers = 0
+        async for g in groups:
+            await asyncio.to_thread(_append, fp, to_json(g) + b"\n")
+            done.append(g)
+            answers += len(g.rollouts)
+            now = time.monotonic()
+            if now - last >= PROGRESS_EVERY_S:
+                last = now
+                rate = (len(done) - self.resumed) / (now - t0)
+                log.info("eval_progress", what=self.what, groups=len(done), of=total,
+                         answers=answers, answers_per_s=round(answers / (now - t0), 3),
+                         eta_s=round((total - len(done)) / rate))
 
     def remove(self) -> None:
         """The pass's results are written: the journal is no longer needed."""
         self.path.unlink(missing_ok=True)
+
+
+def _append(fp: Any, line: bytes) -> None:
+    """One whole line on disk (a worker thread's: an fsync may take long on a shared file
+    system, and the event loop streams the engines' tokens)."""
+    fp.write(line)
+    fp.flush()
+    os.fsync(fp.fileno())

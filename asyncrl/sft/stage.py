@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import StageSection
-from asyncrl.errors import DataError
+from asyncrl.errors import DataError, StepAbandoned
 from asyncrl.formats import ToolFormat
 from asyncrl.log import get_logger
 from asyncrl.observe.metrics import MetricsWriter, numeric
@@ -284,7 +284,12 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
             stop.check()
         if stage.lr_decay_steps:
             trainer.set_lr(stage_lr(stage, setup.lr, state.stage_step))
-        m = await trainer_step(stop, SFT_GIVE_UP, trainer.sft_step, next_batch())
+        cursor = state.sft_cursor
+        try:
+            m = await trainer_step(stop, SFT_GIVE_UP, trainer.sft_step, next_batch())
+        except StepAbandoned:
+            state.sft_cursor = cursor  # the chat path's batch is taken again on resume
+            raise
         state.stage_step += 1  # SFT steps do not advance `global_step` (the RL step count)
         if on_step is not None:
             on_step(m.get("sft/loss"))

@@ -1,6 +1,6 @@
 """`GroupJournal`: an evaluation pass's finished groups on disk as they finish; the same pass run
-again answers only the problems the file lacks. The whole command, killed and run again:
-`tests/train/test_eval_resume.py`."""
+again answers only the problems the file lacks; and `asyncrl eval` itself, dying mid-pass and
+run again (the last test; the train loop's evaluations: `tests/train/test_stop.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
+
+from asyncrl.errors import DataError
 from asyncrl.observe.journal import SUFFIX, GroupJournal, problems_digest
 from asyncrl.records import Group, Problem, Rollout
 
@@ -83,11 +86,56 @@ async def test_another_pass_replaces_the_file_and_a_torn_line_is_cut(tmp_path: P
     assert json.loads(path.read_bytes().splitlines()[0])["k"] == 8
 
 
+async def test_a_write_cut_short_is_dropped_and_k_is_part_of_the_pass(tmp_path: Path) -> None:
+    results = tmp_path / "eval_groups.jsonl"
+    try:
+        await GroupJournal.for_pass(results, 1, {"t": 1}, PROBLEMS).collect(
+            PROBLEMS, Runner(run=1, fail_after=2))
+    except KeyboardInterrupt:
+        pass
+    path = results.with_name(results.name + SUFFIX)
+    # a whole record whose newline a kill cut off: the next append would join it to its line
+    path.write_bytes(path.read_bytes() + _group_line(PROBLEMS[0]))
+    again = Runner(run=2)
+    await GroupJournal.for_pass(results, 1, {"t": 1}, PROBLEMS).collect(PROBLEMS, again)
+    assert again.asked == [["q0", "q1", "q2"]]
+    third = Runner(run=3)
+    await GroupJournal.for_pass(results, 1, {"t": 1}, PROBLEMS).collect(PROBLEMS, third)
+    assert third.asked == []  # every line whole: nothing lost to a joined line
+    more = Runner(run=4)  # k = 2: one sample a group on file is not a group of this pass
+    await GroupJournal.for_pass(results, 2, {"t": 1}, PROBLEMS).collect(PROBLEMS, more)
+    assert more.asked == [["q0", "q1", "q2", "q3", "q4"]]
+
+
+async def test_a_second_pass_into_a_directory_being_written_is_refused(tmp_path: Path) -> None:
+    import asyncio
+
+    started = asyncio.Event()
+
+    async def slow(rest: list[Problem]) -> AsyncIterator[Group]:
+        started.set()
+        await asyncio.sleep(0.5)
+        for p in rest:
+            yield _group(p, 1)
+
+    first = asyncio.create_task(_journal(tmp_path).collect(PROBLEMS, slow))
+    await started.wait()
+    other = GroupJournal(tmp_path / ("greedy.jsonl" + SUFFIX), {"k": 1})
+    with pytest.raises(DataError, match="another evaluation is writing"):
+        await other.collect(PROBLEMS, Runner(run=2))
+    assert len(await first) == 5
+
+
+def _group_line(p: Problem) -> bytes:
+    from asyncrl.records import to_json
+
+    return to_json(_group(p, 9))
+
+
 async def test_asyncrl_eval_killed_mid_pass_goes_on_from_its_journal(
-        tmp_path: Path, monkeypatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # `asyncrl eval`'s own function on the micro model: the first try dies after two groups
     # reached the disk (as a kill would leave it); the same call again samples only the rest
-    import pytest
     from micro_config import MICRO_DATA, MICRO_MODEL
 
     from asyncrl import config

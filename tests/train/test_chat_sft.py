@@ -99,3 +99,45 @@ def test_chat_file_sft_learns_reports_bad_rows_and_resumes(tmp_path: Path) -> No
     after = {r["sft_step"]: r["sft/loss"] for r in metric_rows(part, "sft_step")}
     assert after[30] == pytest.approx(metric_rows(full, "sft_step")[2]["sft/loss"], rel=1e-4)
     assert after[40] == pytest.approx(train[-1], rel=1e-4)
+
+
+@pytest.mark.timeout(600)
+def test_a_stop_inside_a_chat_sft_step_resumes_on_the_same_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chat path's cursor moves when a batch is drawn: a step given up for a stop must put
+    # it back, or the resumed run skips that batch (`StepAbandoned`, asyncrl/stopping.py).
+    from msgspec.structs import replace
+
+    from asyncrl.algo import step as step_mod
+    from asyncrl.errors import StepAbandoned
+    from asyncrl.stopping import StopRequest
+
+    cfg = _setup(tmp_path, steps=6)
+    cfg = replace(cfg, trainer=replace(cfg.trainer, micro_batch_tokens=256))  # several a step
+    full = run_loop(train_async(cfg, run_dir=str(tmp_path / "full")))
+    want = metric_rows(full, "sft_step")[-1]
+
+    stop, calls = StopRequest(), {"steps": 0, "mb": 0}
+    real_step, real_loss = step_mod.sft_step, step_mod.sft_loss
+
+    def sft_step(*a, **k):
+        calls["steps"] += 1
+        calls["mb"] = 0
+        return real_step(*a, **k)
+
+    def sft_loss(*a, **k):
+        calls["mb"] += 1
+        if calls["steps"] == 4 and calls["mb"] == 1:
+            stop.request()
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(step_mod, "sft_step", sft_step)
+    monkeypatch.setattr(step_mod, "sft_loss", sft_loss)
+    part = tmp_path / "part"
+    with pytest.raises(StepAbandoned) as info:
+        run_loop(train_async(cfg, run_dir=str(part), stop=stop))
+    assert info.value.where.startswith("stage cold step 3/6")
+    run_loop(train_async(cfg, run_dir=str(part), resume=True))
+    got = metric_rows(part, "sft_step")[-1]
+    assert got["sft_step"] == want["sft_step"] == 6
+    assert got["sft/loss"] == pytest.approx(want["sft/loss"], rel=1e-6)

@@ -46,12 +46,15 @@ import signal
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
+
+if TYPE_CHECKING:
+    from asyncrl.algo.step import GiveUp
 
 log = get_logger(__name__)
 
@@ -198,11 +201,11 @@ class RankZeroTrainer:
     # `give_up` stays here: a callable cannot reach the other ranks, which must take the
     # same micro-batches (a stop waits for the step's end)
     def train_step(self, batch: Any, lr_scale: float = 1.0,
-                   give_up: Any = None) -> dict[str, float]:
+                   give_up: GiveUp = None) -> dict[str, float]:
         return self._call("train_step", batch, lr_scale)
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]],
-                 give_up: Any = None) -> dict[str, float]:
+                 give_up: GiveUp = None) -> dict[str, float]:
         return self._call("sft_step", examples)
 
     def sft_eval(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, float]:

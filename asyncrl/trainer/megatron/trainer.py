@@ -38,6 +38,7 @@ from asyncrl.algo import batching, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
+from asyncrl.algo.step import GiveUp
 from asyncrl.config import AlgorithmSection, MegatronTrainerConfig
 from asyncrl.errors import TrainerError
 from asyncrl.log import get_logger
@@ -247,7 +248,7 @@ class MegatronTrainer:
 
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0,
-                   give_up: Any = None) -> dict[str, float]:
+                   give_up: GiveUp = None) -> dict[str, float]:
         """One RL step (see `base.Trainer`, `algo.step.rl_step`). Blocking; every rank calls it
         with the batch. `give_up` is not asked: the ranks must take the same micro-batches,
         and a stop waits for the step's end."""
@@ -261,7 +262,7 @@ class MegatronTrainer:
         return out
 
     def sft_step(self, examples: list[tuple[list[int], list[int]]],
-                 give_up: Any = None) -> dict[str, float]:
+                 give_up: GiveUp = None) -> dict[str, float]:
         """One optimizer step of masked cross-entropy, token-mean over all examples (`give_up`
         is not asked, as in `train_step`)."""
         return step.sft_step(self, examples)
