@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -145,10 +146,11 @@ the checkpoint."""
 async def trainer_step(stop: StopRequest | None, share: float, call: Callable[..., T],
                        *args: Any) -> T:
     """`call(*args, give_up=...)` (a trainer's `sft_step` or `train_step`) in a worker thread,
-    asked to give the step up once `stop.overdue(share)`. Its `StepAbandoned` (a `RunStopped`)
+    asked to give the step up once `stop.overdue(share)` (a `call` without that parameter, a
+    trainer of the embedding program's own, runs as before). Its `StepAbandoned` (a `RunStopped`)
     leaves with the stop's signal named; the weights are the last completed step's."""
-    if stop is None:
-        return await asyncio.to_thread(call, *args)
+    if stop is None or not _takes_give_up(call):  # a trainer written before `give_up`: the
+        return await asyncio.to_thread(call, *args)  # step finishes, as it always did
     try:
         return await asyncio.to_thread(call, *args, give_up=lambda: stop.overdue(share))
     except StepAbandoned as e:
@@ -156,6 +158,14 @@ async def trainer_step(stop: StopRequest | None, share: float, call: Callable[..
         log.warning("step_abandoned", signal=stop.name,
                     after_s=round(time.monotonic() - (stop.at or time.monotonic()), 2))
         raise
+
+
+def _takes_give_up(call: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "give_up" or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _hard_exit(stop: StopRequest, why: str, describe: Callable[[], str]) -> None:

@@ -143,7 +143,8 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     olds, refs = _old_and_reference_logprobs(backend, plans, algo, temperature, stats, quant,
                                              give_up)
 
-    norms, lr = [], 0.0
+    norms: list[float] = []
+    lr = 0.0
     for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
         normalizer = float(sum(s.num_loss_tokens for s in mini))
         for i, (mb, old, ref) in enumerate(zip(plan, old_plan, ref_plan, strict=True)):

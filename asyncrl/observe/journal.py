@@ -172,8 +172,13 @@ class GroupJournal:
                 fp.write(json.dumps(self.fingerprint, sort_keys=True).encode() + b"\n")
                 fp.flush()
             if rest:
-                async with contextlib.aclosing(run(rest)) as groups:
+                groups = run(rest)
+                try:
                     await self._append_all(fp, groups, done, len(problems))
+                finally:  # a generator left early cancels its rollouts now, not at collection
+                    aclose = getattr(groups, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
         order = {p.id: i for i, p in reversed(list(enumerate(problems)))}
         return sorted(done, key=lambda g: order.get(g.problem.id, len(order)))
 
