@@ -8,8 +8,9 @@ mismatch metrics; with one mini-batch they come from the training forward itself
 `grpo_loss` with its off-policy correction (plus the weighted `kl_penalty`) over the
 micro-batches and take one optimizer step. SFT (`sft_step`, `sft_eval`): the masked
 cross-entropy, token-mean over all examples, with and without one optimizer step. A step
-given `give_up` asks it before each micro-batch until its first optimizer step: true, and it
-drops its gradients and raises `StepAbandoned` (a stop that cannot wait for the step's end).
+given `give_up` asks it before each micro-batch's forward and backward until its first
+optimizer step: true, and it drops its gradients and raises `StepAbandoned` (a stop that
+cannot wait for the step's end).
 
 Does not own: the model, optimizer, parallelism or checkpoint I/O (the trainer, behind
 `StepBackend`), the loss math (`loss`, `offpolicy`), sequences, sharding and packing
@@ -148,10 +149,10 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
     for mini, plan, old_plan, ref_plan in zip(minis, plans, olds, refs, strict=True):
         normalizer = float(sum(s.num_loss_tokens for s in mini))
         for i, (mb, old, ref) in enumerate(zip(plan, old_plan, ref_plan, strict=True)):
-            if not norms:  # past the first optimizer step the weights have moved: finish
-                _check_give_up(backend, give_up)
+            ask = None if norms else give_up  # past the first optimizer step: finish
+            _check_give_up(backend, ask)
             _train_micro_batch(backend, mb, i, len(plan), old, ref, algo, normalizer,
-                               temperature, stats, quant)
+                               temperature, stats, quant, ask)
         norm, lr = backend.apply_gradients(lr_scale)
         norms.append(norm)
 
@@ -205,11 +206,12 @@ def _old_and_reference_logprobs(
 def _train_micro_batch(backend: StepBackend, mb: Packed, index: int, count: int,
                        old: torch.Tensor | None, ref: torch.Tensor | None,
                        algo: AlgorithmSection, normalizer: float, temperature: float,
-                       stats: StepStats, quant: offpolicy.RatioQuantiles) -> None:
+                       stats: StepStats, quant: offpolicy.RatioQuantiles,
+                       give_up: GiveUp = None) -> None:
     """Forward and backward of micro-batch `index` of the `count` feeding one optimizer step:
     the corrected `grpo_loss` over `normalizer` trained tokens, plus the weighted `kl_penalty`
     against `ref` when given; its metrics go into `stats`. `old` None: the old log-probs are
-    this forward's, detached (one mini-batch)."""
+    this forward's, detached (one mini-batch). `give_up` is asked again before the backward."""
     t = backend.tensors(mb)
     with backend.accumulate(index, count):
         lp, ent = backend.logprobs_and_entropy(t, temperature)
@@ -224,6 +226,7 @@ def _train_micro_batch(backend: StepBackend, mb: Packed, index: int, count: int,
                                      normalizer=normalizer)
             loss = loss + algo.kl_coef * kl_loss
             stats.add(km)
+        _check_give_up(backend, give_up)
         (loss * backend.dp_size).backward()
     stats.add(m)
     stats.add(cm)
@@ -251,6 +254,7 @@ def sft_step(backend: StepBackend, examples: SftExamples,
         t = backend.tensors(mb)
         with backend.accumulate(i, len(plan)):
             loss, m = sft_loss(backend.logprobs(t, 1.0), t["mask"], normalizer=normalizer)
+            _check_give_up(backend, give_up)  # before the backward: two thirds of the work
             (loss * backend.dp_size).backward()
         stats.add(m)
     norm, lr = backend.apply_gradients(1.0)
