@@ -159,7 +159,7 @@ class GroupJournal:
 
     async def _collect(self, problems: Sequence[Problem],
                        run: Callable[[list[Problem]], AsyncIterator[Group]]) -> list[Group]:
-        done = self._load(problems)
+        done = await asyncio.to_thread(self._load, problems)  # a journal may be large
         self.resumed = len(done)
         have = {g.problem.id for g in done}
         rest = [p for p in problems if p.id not in have]
