@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +27,7 @@ import msgspec
 from asyncrl import config as config_mod
 from asyncrl import log as logmod
 from asyncrl import modeling
-from asyncrl.algo.roc import apply_roc
+from asyncrl.algo.roc import apply_roc, may_carry_signal
 from asyncrl.algo.schedule import stage_lr
 from asyncrl.algo.staleness import group_lag, split_stale, version_stats
 from asyncrl.checkpoint import latest_checkpoint, load_newest, save_checkpoint
@@ -194,14 +193,12 @@ class StageRunner:
         """The RL steps of a stage over a `RolloutProducer`, which keeps up to
         `max_staleness + 1` steps' rollouts under way across updates; this scope owns it and
         cancels what is left when the stage ends."""
-        n = self.cfg.rollout.samples_per_prompt
-        # waves are issued in step order, the resumed ones first (see RolloutProducer)
-        wave_no = itertools.count(self.state.stage_step)
+        r, n, base = self.cfg.rollout, self.cfg.rollout.samples_per_prompt, self.state.stage_step
 
-        def run_wave(problems: list[Problem], version: int) -> AsyncIterator[Group]:
+        # waves are issued in step order, the resumed ones first (see RolloutProducer)
+        def run_wave(problems: list[Problem], version: int, wave: int) -> AsyncIterator[Group]:
             self.progress.rollouts_requested(len(problems) * n)
-            settings = self._settings(
-                stage, seed_key=f"rl:{self.state.stage_index}:{next(wave_no)}")
+            settings = self._settings(stage, seed_key=f"rl:{self.state.stage_index}:{base + wave}")
             return self.rt.runner.run(problems, n, settings, version)
 
         if self.cfg.rollout.max_staleness > 0 and self.cfg.algorithm.correction == "none":
@@ -211,11 +208,13 @@ class StageRunner:
         resume = [by_id[i] for i in self.state.pending_problem_ids if i in by_id]
         self.state.pending_problem_ids = []
         async with RolloutProducer(run_wave, self.stream.next_batch,
-                                   prompts_per_step=self.cfg.rollout.prompts_per_step,
-                                   max_staleness=self.cfg.rollout.max_staleness,
+                                   prompts_per_step=r.prompts_per_step,
+                                   max_staleness=r.max_staleness,
                                    waves_total=max(0, stage.steps - self.state.stage_step),
                                    version=lambda: self.state.policy_version,
-                                   resume_problems=resume) as prod:
+                                   resume_problems=resume, refill_max=r.refill_equal_reward,
+                                   informative=lambda g: may_carry_signal(
+                                       g, self.cfg.roc, r.group_size)) as prod:
             self._producer = prod
             try:
                 if self.state.eval_due:  # a stop aborted the last step's eval: it runs first
@@ -325,6 +324,7 @@ class StageRunner:
             async_m = {**version_stats(fresh, version), **prod.stats(),
                        "async/groups_kept": float(len(fresh)),
                        "async/groups_dropped_stale": float(len(stale)),
+                       "async/refilled": float(wave.refilled),
                        "async/wave_version_lag": float(version - wave.started_version),
                        "timing/wait_rollouts_s": time.monotonic() - t_step}
             t0 = time.monotonic()

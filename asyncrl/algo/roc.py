@@ -235,6 +235,16 @@ def is_equal_reward(group: Group, kept: Sequence[int]) -> bool:
     return len({group.rollouts[i].reward for i in kept}) <= 1
 
 
+def may_carry_signal(group: Group, cfg: RocSection, group_size: int) -> bool:
+    """False when no selection of `roc.kind` could keep two different rewards: every usable
+    rollout got one reward (for `grpo_first`, the first G of them). Such a group is dropped
+    as `equal_reward`; `rollout.refill_equal_reward` draws another problem in its place."""
+    rewards = [r.reward for r in group.rollouts if r.status not in UNUSABLE]
+    if cfg.kind == "grpo_first":
+        rewards = rewards[:group_size]
+    return len(set(rewards)) > 1
+
+
 # ------------------------------------------------------------------------------ batch-level
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None

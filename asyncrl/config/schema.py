@@ -185,6 +185,11 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     the sample and the turn: rollouts become a function of the weights, so a resumed run samples
     exactly what an uninterrupted one would (on engines that honour seeds: `local`; SGLang only
     with deterministic inference). Off: the engine's own RNG (not checkpointed)."""
+    refill_equal_reward: NonNegInt = 0
+    """Dynamic sampling (DAPO): each group of a step whose samples all got one reward (no GRPO
+    signal: RoC drops it) draws the next problem into the same step, up to this many extra
+    problems a step: up to `prompts_per_step` groups with signal, for more rollouts. 0 = off
+    (the report's recipe). Seeded runs repeat only at `max_staleness = 0` (docs/async.md)."""
     max_staleness: NonNegInt = 0
     """N: rollouts may be sampled up to N policy versions before the one that trains them.
     0: on-policy (the report). N > 0: a producer keeps up to N + 1 steps' rollouts under way

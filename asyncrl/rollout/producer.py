@@ -1,10 +1,11 @@
 """The rollout producer: keeps engines busy across RL steps under a staleness bound.
 
 Owns: the *waves* of one RL stage (wave k = the rollouts of step k: `prompts_per_step`
-problems, their groups) started ahead of the trainer as `algo.staleness.waves_allowed` permits,
-the bounded buffer of finished groups (the finished groups of waves not yet taken: at most
-`(max_staleness + 1) * prompts_per_step` groups), handing waves to the loop in order, the
-problems of waves under way (for checkpoints), and cancelling everything when the stage ends.
+problems and their refills, their groups) started ahead of the trainer as
+`algo.staleness.waves_allowed` permits, the bounded buffer of finished groups (the finished
+groups of waves not yet taken: at most `(max_staleness + 1) * (prompts_per_step + refill_max)`
+groups), handing waves to the loop in order, the problems of waves under way (for
+checkpoints), and cancelling everything when the stage ends.
 Does not own: running a rollout (`runner`), the rule itself (`algo.staleness`, pure), RoC, the
 update or weight sync (the loop): engines are updated in place while waves generate, so a
 rollout's tokens may come from several versions (`Rollout.token_versions`).
@@ -18,8 +19,17 @@ Use (one producer per RL stage):
             ... RoC, update, weight sync ...
             prod.step_done()             # admits the next wave(s)
 
-`run_wave(problems)` yields a wave's finished groups (`RolloutRunner.run` bound to the stage's
-settings); `next_problems(n)` draws the next problems from the data stream. Problems of waves
+`run_wave(problems, version, wave_index)` yields a wave's finished groups (`RolloutRunner.run`
+bound to the stage's settings); `next_problems(n)` draws the next problems from the data stream.
+
+Refills (`rollout.refill_equal_reward`, DAPO's dynamic sampling): with `refill_max > 0` and an
+`informative(group)` predicate, each finished group that can carry no GRPO signal (every sample
+got one reward) makes its wave draw one more problem, up to `refill_max` extra problems a wave;
+the extra problems join `wave.problems` (so a checkpoint lists them) and run beside the rest.
+Which problems a wave draws is then a function of its groups' rewards, not of their timing:
+every equal group draws exactly one, in stream order, and a wave's groups are handed over in
+`wave.problems` order. A resumed wave draws its refills from the resumed problems first, so at
+`max_staleness = 0` a seeded run resumes onto the same problems. Problems of waves
 given back by `resume_problems` (a checkpoint's waves that were under way) are issued first,
 `prompts_per_step` per wave, in their order: resume regenerates in-flight work under the
 restored weights, so no problem is skipped or trained twice.
@@ -38,8 +48,9 @@ from asyncrl.records import Group, Problem
 
 log = get_logger(__name__)
 
-RunWave = Callable[[list[Problem], int], AsyncIterator[Group]]
-"""`run_wave(problems, policy_version)`: the finished groups of one wave, as they finish."""
+RunWave = Callable[[list[Problem], int, int], AsyncIterator[Group]]
+"""`run_wave(problems, policy_version, wave_index)`: the finished groups of those problems of
+one wave, as they finish (called again for each refill of the wave)."""
 
 
 def in_problem_order(groups: list[Group], problems: Sequence[Problem]) -> list[Group]:
@@ -68,6 +79,8 @@ class Wave:
     the wave runs, in `problems` order once `take` hands it over."""
     task: asyncio.Task[None] | None = None
     finished: float = 0.0
+    refilled: int = 0
+    """Problems drawn to replace groups with no signal (`refill_max`), part of `problems`."""
 
 
 class RolloutProducer:
@@ -77,11 +90,17 @@ class RolloutProducer:
 
     def __init__(self, run_wave: RunWave, next_problems: Callable[[int], list[Problem]], *,
                  prompts_per_step: int, max_staleness: int, waves_total: int,
-                 version: Callable[[], int], resume_problems: Sequence[Problem] = ()) -> None:
+                 version: Callable[[], int], resume_problems: Sequence[Problem] = (),
+                 refill_max: int = 0, informative: Callable[[Group], bool] | None = None,
+                 ) -> None:
         if prompts_per_step < 1:
             raise ValueError("prompts_per_step must be >= 1")
         if max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
+        if refill_max < 0 or (refill_max and informative is None):
+            raise ValueError("refill_max must be >= 0, and a refill needs `informative`")
+        self.refill_max = refill_max
+        self._informative = informative
         self._run_wave = run_wave
         self._next_problems = next_problems
         self.prompts_per_step = prompts_per_step
@@ -142,7 +161,8 @@ class RolloutProducer:
         return {
             "async/waves_in_flight": float(len(self._waves)),
             "async/buffered_groups": float(sum(len(w.groups) for w in self._waves.values())),
-            "async/buffer_capacity": float((self.max_staleness + 1) * self.prompts_per_step),
+            "async/buffer_capacity": float((self.max_staleness + 1)
+                                           * (self.prompts_per_step + self.refill_max)),
         }
 
     async def aclose(self) -> None:
@@ -173,20 +193,41 @@ class RolloutProducer:
             log.debug("wave_started", wave=k, problems=len(problems),
                       version=wave.started_version)
 
-    def _issue(self) -> list[Problem]:
-        n = self.prompts_per_step
+    def _issue(self, n: int = 0) -> list[Problem]:
+        n = n or self.prompts_per_step
         if self._resume:
             out, self._resume = self._resume[:n], self._resume[n:]
             return out
         return self._next_problems(n)
 
     async def _fill(self, wave: Wave) -> None:
-        groups = self._run_wave(wave.problems, wave.started_version)
+        """Run the wave's problems, and its refills as their groups call for them."""
+        try:
+            async with asyncio.TaskGroup() as parts:  # a refill may start while others run
+
+                def start(problems: list[Problem]) -> None:
+                    parts.create_task(self._consume(wave, problems, start),
+                                      name=f"wave-{wave.index}-part")
+
+                start(list(wave.problems))
+        except BaseExceptionGroup as failed:  # the first failure ends the wave (the rest were
+            raise failed.exceptions[0] from None  # cancelled): the runner's own error surfaces
+        wave.finished = time.monotonic()
+
+    async def _consume(self, wave: Wave, problems: list[Problem],
+                       start: Callable[[list[Problem]], None]) -> None:
+        groups = self._run_wave(problems, wave.started_version, wave.index)
         try:
             async for g in groups:
                 wave.groups.append(g)
+                if (wave.refilled < self.refill_max and self._informative is not None
+                        and not self._informative(g)):
+                    extra = self._issue(1)
+                    if extra:  # none when the data has run out
+                        wave.refilled += 1
+                        wave.problems.extend(extra)
+                        start(extra)
         finally:  # an async generator's cleanup (cancelling its rollouts) runs now, not at GC
             aclose = getattr(groups, "aclose", None)
             if aclose is not None:
                 await aclose()
-        wave.finished = time.monotonic()

@@ -29,7 +29,8 @@ class FakeWaves:
         self.release: dict[str, asyncio.Event] = {}
         self.cancelled: list[str] = []
 
-    async def __call__(self, problems: list[Problem], version: int) -> AsyncIterator[Group]:
+    async def __call__(self, problems: list[Problem], version: int,
+                       wave: int = 0) -> AsyncIterator[Group]:
         self.started.append(([p.id for p in problems], version))
         try:
             for p in problems:
@@ -149,7 +150,8 @@ async def test_a_rollout_updated_in_flight_records_each_tokens_version(tiny_toke
 async def test_a_wave_is_handed_over_in_problem_order_whatever_order_its_groups_finished():
     """RoC draws its random numbers group by group and the update sums over groups in order:
     a seeded run repeats (resumed or not) only if timing cannot reorder them."""
-    async def finish_backwards(problems: list[Problem], version: int) -> AsyncIterator[Group]:
+    async def finish_backwards(problems: list[Problem], version: int,
+                               wave: int) -> AsyncIterator[Group]:
         for p in reversed(problems):
             await asyncio.sleep(0)
             yield Group(group_id=f"{p.id}:v{version}", problem=p)
@@ -158,3 +160,100 @@ async def test_a_wave_is_handed_over_in_problem_order_whatever_order_its_groups_
                                max_staleness=0, waves_total=1, version=lambda: 0) as prod:
         wave = await prod.take()
     assert [g.problem.id for g in wave.groups] == ["p0", "p1", "p2"]
+
+
+EQUAL = {"p1", "p3", "p4", "p9"}  # the problems whose groups carry no signal
+
+
+class ParallelWaves(FakeWaves):
+    """As `FakeWaves`, but each group finishes when released, whatever the others do (as a
+    runner's groups do)."""
+
+    async def __call__(self, problems: list[Problem], version: int,
+                       wave: int = 0) -> AsyncIterator[Group]:
+        self.started.append(([p.id for p in problems], version))
+        done: asyncio.Queue[Problem] = asyncio.Queue()
+
+        async def one(p: Problem) -> None:
+            await self.release.setdefault(p.id, asyncio.Event()).wait()
+            done.put_nowait(p)
+
+        tasks = [asyncio.create_task(one(p)) for p in problems]
+        try:
+            for _ in problems:
+                p = await done.get()
+                yield Group(group_id=f"{p.id}:v{version}", problem=p)
+        except asyncio.CancelledError:
+            self.cancelled.append(problems[0].id)
+            raise
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+def _informative(g: Group) -> bool:
+    return g.problem.id not in EQUAL
+
+
+async def test_each_group_without_signal_draws_one_more_problem_into_its_wave_up_to_the_cap():
+    waves, stream = ParallelWaves(), Stream()
+    async with RolloutProducer(waves, stream.next_batch, prompts_per_step=3, max_staleness=0,
+                               waves_total=2, version=lambda: 0, refill_max=2,
+                               informative=_informative) as prod:
+        await _settle()
+        waves.finish("p1")  # no signal: p3 joins the wave
+        await _settle()
+        assert [w for w, _ in waves.started] == [["p0", "p1", "p2"], ["p3"]]
+        assert [p.id for p in prod.pending_problems()] == ["p0", "p1", "p2", "p3"]
+        waves.finish("p3", "p2")  # p3 has none either: p4, the last the cap allows
+        await _settle()
+        waves.finish("p4", "p0")  # p4 has none, but the cap is reached
+        wave = await prod.take()
+        assert wave.refilled == 2
+        assert [g.problem.id for g in wave.groups] == ["p0", "p1", "p2", "p3", "p4"]
+        assert [w for w, _ in waves.started] == [["p0", "p1", "p2"], ["p3"], ["p4"]]
+        prod.step_done()
+        await _settle()
+        assert waves.started[-1][0] == ["p5", "p6", "p7"]  # the stream goes on after them
+
+
+async def test_refills_are_drawn_in_stream_order_whatever_order_the_groups_finish():
+    """Which problems a wave holds depends on its groups' rewards, not on timing, and a
+    resumed wave takes its refills from the problems it had before."""
+    async def run(order: list[str], resume: list[Problem]) -> list[str]:
+        waves, stream = ParallelWaves(), Stream()
+        stream.pos = 100 if resume else 0
+        async with RolloutProducer(waves, stream.next_batch, prompts_per_step=3,
+                                   max_staleness=0, waves_total=1, version=lambda: 0,
+                                   refill_max=3, informative=_informative,
+                                   resume_problems=resume) as prod:
+            for pid in order:
+                await _settle()
+                waves.finish(pid)
+            wave = await prod.take()
+        return [g.problem.id for g in wave.groups]
+
+    first = await run(["p0", "p1", "p2", "p3", "p4", "p5"], [])
+    assert first == ["p0", "p1", "p2", "p3", "p4", "p5"]
+    assert await run(["p4", "p2", "p3", "p1", "p5", "p0"], []) == first
+    assert await run(["p5", "p1", "p4", "p3", "p0", "p2"], _problems(6)) == first
+
+
+async def test_a_failing_refill_ends_its_wave_with_the_error_and_cancels_the_rest():
+    class Broken(ParallelWaves):
+        async def __call__(self, problems: list[Problem], version: int,
+                           wave: int = 0) -> AsyncIterator[Group]:
+            if problems[0].id == "p3":
+                raise RuntimeError("engine died")
+            async for g in super().__call__(problems, version, wave):
+                yield g
+
+    waves = Broken()
+    async with RolloutProducer(waves, Stream().next_batch, prompts_per_step=3, max_staleness=0,
+                               waves_total=1, version=lambda: 0, refill_max=1,
+                               informative=_informative) as prod:
+        await _settle()
+        waves.finish("p1")
+        with pytest.raises(RuntimeError, match="engine died"):
+            await prod.take()
+    assert sorted(waves.cancelled) == ["p0"]

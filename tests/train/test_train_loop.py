@@ -367,3 +367,39 @@ def test_a_lora_run_trains_syncs_and_exports_adapters(tmp_path: Path) -> None:
     with torch.no_grad():
         assert torch.allclose(again.model(ids).logits, merged_logits, atol=1e-4)
 
+
+
+@pytest.mark.timeout(900)
+def test_refills_replace_groups_without_signal_and_resume_onto_the_same_problems(tmp_path: Path
+                                                                                 ) -> None:
+    """`rollout.refill_equal_reward`: each group whose samples all got one reward (nearly all
+    of the micro model's) draws the next problem into its step, up to the cap; a run killed
+    after step 2's checkpoint (the next wave and maybe its refills under way) resumes onto the
+    problems of the run that was not killed, and no problem is trained twice."""
+    cfg = _write_config(tmp_path)
+    args = ("--set", "rollout.refill_equal_reward=3", "--set", "rollout.seed_requests=true")
+    full = tmp_path / "full"
+    _train(cfg, full, *args)
+    steps = metric_rows(full, "rl_step")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for r in steps:
+        assert len(r["problem_ids"]) == 2 + r["async/refilled"]
+        assert r["roc/groups"] == len(r["problem_ids"])
+        # a refill is drawn for each group without signal, until the cap
+        assert r["async/refilled"] == min(3, r["roc/groups_equal_reward"])
+    assert sum(r["async/refilled"] for r in steps) > 0
+    trained = [p for r in steps if r["stage"] == "rl" for p in r["problem_ids"]]
+    assert len(trained) == len(set(trained))  # (the hard stage draws from its own 4 again)
+
+    part = tmp_path / "part"
+    proc = _train(cfg, part, *args, wait=False)
+    deadline = time.monotonic() + 600
+    while not any((part / "checkpoints").glob("step_*0002")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _train(cfg, part, *args, "--resume")
+    _assert_resumed(part)
+    by_step = {r["step"]: r["problem_ids"] for r in metric_rows(part, "rl_step")}
+    assert by_step == {r["step"]: r["problem_ids"] for r in steps}
