@@ -14,7 +14,7 @@ Imports nothing from the project.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TypeVar
 
@@ -303,6 +303,18 @@ class Batch(_Rec, kw_only=True):
 
 
 _encoder = msgspec.json.Encoder()
+
+
+def in_problem_order(groups: list[Group], problems: Sequence[Problem]) -> list[Group]:
+    """`groups` in the order of their problems in `problems` (a problem listed twice: its
+    groups in the order given). Groups finish in an order set by timing (engine batching, tool
+    calls, what else shares the engines), and what follows draws random numbers group by group
+    (RoC's selection) and sums over them in order (the update), so a seeded run repeats,
+    resumed or not, only if that order is fixed."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(problems):
+        first.setdefault(p.id, i)
+    return sorted(groups, key=lambda g: first.get(g.problem.id, len(first)))
 
 
 def to_json(rec: msgspec.Struct) -> bytes:

@@ -40,10 +40,10 @@ from asyncrl.observe.metrics import MetricsWriter, group_rollouts, numeric, roll
 from asyncrl.observe.progress import RunProgress, StagePlan, instrument, progress_display
 from asyncrl.observe.report import write_report
 from asyncrl.observe.sinks import open_sinks
-from asyncrl.records import Batch, Group, Problem, Rollout, save_jsonl
+from asyncrl.records import Batch, Group, Problem, Rollout, in_problem_order, save_jsonl
 from asyncrl.rollout import RolloutRunner
 from asyncrl.rollout.agent import RolloutSettings
-from asyncrl.rollout.producer import RolloutProducer, Wave, in_problem_order
+from asyncrl.rollout.producer import RolloutProducer, Wave
 from asyncrl.rundir import pick_run_dir
 from asyncrl.runtime import Runtime, open_runtime
 from asyncrl.sft.distill import open_teacher, run_distill

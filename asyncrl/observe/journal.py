@@ -36,7 +36,7 @@ import msgspec
 
 from asyncrl.errors import DataError
 from asyncrl.log import get_logger
-from asyncrl.records import Group, Problem, to_json
+from asyncrl.records import Group, Problem, in_problem_order, to_json
 
 log = get_logger(__name__)
 
@@ -179,8 +179,7 @@ class GroupJournal:
                     aclose = getattr(groups, "aclose", None)
                     if aclose is not None:
                         await aclose()
-        order = {p.id: i for i, p in reversed(list(enumerate(problems)))}
-        return sorted(done, key=lambda g: order.get(g.problem.id, len(order)))
+        return in_problem_order(done, problems)
 
     async def _append_all(self, fp: Any, groups: AsyncIterator[Group], done: list[Group],
                           total: int) -> None:

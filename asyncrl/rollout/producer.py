@@ -44,25 +44,13 @@ from dataclasses import dataclass, field
 
 from asyncrl.algo.staleness import waves_allowed
 from asyncrl.log import get_logger
-from asyncrl.records import Group, Problem
+from asyncrl.records import Group, Problem, in_problem_order
 
 log = get_logger(__name__)
 
 RunWave = Callable[[list[Problem], int, int], AsyncIterator[Group]]
 """`run_wave(problems, policy_version, wave_index)`: the finished groups of those problems of
 one wave, as they finish (called again for each refill of the wave)."""
-
-
-def in_problem_order(groups: list[Group], problems: Sequence[Problem]) -> list[Group]:
-    """`groups` in the order of their problems in `problems` (a problem listed twice: its
-    groups in the order given). Groups finish in an order set by timing (engine batching, tool
-    calls, what else shares the engines), and what follows draws random numbers group by group
-    (RoC's selection) and sums over them in order (the update), so a seeded run repeats,
-    resumed or not, only if that order is fixed."""
-    first: dict[str, int] = {}
-    for i, p in enumerate(problems):
-        first.setdefault(p.id, i)
-    return sorted(groups, key=lambda g: first.get(g.problem.id, len(first)))
 
 
 @dataclass
