@@ -27,6 +27,15 @@ the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings
 
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
         [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
+        [--eval-k 8 [--eval-temperature 1]]
+
+`--eval-k K` also evaluates each finished run's `final/` (the cold start's and each arm's) with
+K samples per problem at `--eval-temperature` (default 1), apart from its training: `asyncrl
+eval --k K --no-greedy` into `<run>/eval-k{K}/`, with the same `--set` overrides. Its avg@K and
+tool-error ratios then stand in the report for those of the run's own final evaluation (whose
+greedy accuracy stays): a curriculum that evaluates only greedily while it trains, as a long
+one on a CPU must, gets its avg@K and the tool errors of correct sampled answers this way. Such
+an evaluation journals each finished problem, so an interrupted one goes on where it stopped.
 
 `--reuse` keeps every finished run (SFT or arm), resumes an unfinished one from its last
 checkpoint (`asyncrl train --resume`, the same overrides) and runs the missing ones, so an
@@ -46,7 +55,14 @@ import time
 from pathlib import Path
 
 from asyncrl.analysis.ablation_report import markdown, paired, summarise
-from asyncrl.analysis.ablation_runs import ARMS, read_arm, read_sft, split_stages, toml_value
+from asyncrl.analysis.ablation_runs import (
+    ARMS,
+    read_arm,
+    read_sft,
+    sampled_eval_dir,
+    split_stages,
+    toml_value,
+)
 from asyncrl.checkpoint import latest_checkpoint
 from asyncrl.errors import ConfigError, DataError
 
@@ -91,6 +107,31 @@ def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what:
     log(out_dir, f"done {what} in {time.monotonic() - t0:.0f}s")
 
 
+def eval_command(run_dir: Path, curriculum: Path, sets: list[str], k: int,
+                 temperature: float) -> list[str]:
+    """`asyncrl eval` of a finished run's `final/`: k samples a problem, no greedy pass."""
+    return [sys.executable, "-m", "asyncrl.cli.main", "eval", str(curriculum), "--checkpoint",
+            str(run_dir / "final"), "--k", str(k), "--temperature", str(temperature),
+            "--no-greedy", "--out", str(sampled_eval_dir(run_dir, k)),
+            *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
+
+
+def sampled_eval(run_dir: Path, args: argparse.Namespace, out_dir: Path, what: str) -> None:
+    """`--eval-k`: evaluate the run's `final/` unless done (an interrupted one resumes)."""
+    if not args.eval_k or (sampled_eval_dir(run_dir, args.eval_k) / "eval.json").exists():
+        return
+    what = f"avg@{args.eval_k} of {what}"
+    log(out_dir, f"start {what}")
+    t0 = time.monotonic()
+    proc = subprocess.run(eval_command(run_dir, args.curriculum, args.set, args.eval_k,
+                                       args.eval_temperature),
+                          cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        log(out_dir, f"FAILED {what} after {time.monotonic() - t0:.0f}s")
+        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    log(out_dir, f"done {what} in {time.monotonic() - t0:.0f}s")
+
+
 def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
              ) -> None:
     sft_stages, rl_stages = split_stages(args.curriculum, args.set)
@@ -99,15 +140,16 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
     if not (args.reuse and finished(sft_dir)):
         train(sft_dir, args.curriculum, [*common, f"stages={toml_value(sft_stages)}"], out_dir,
               f"sft seed {seed}", args.reuse)
+    sampled_eval(sft_dir, args, out_dir, f"sft seed {seed}")
     final = (sft_dir / "final").resolve()
     for arm in arms:
         arm_dir = out_dir / f"{arm}-seed{seed}"
-        if args.reuse and finished(arm_dir):
-            continue
-        train(arm_dir, args.curriculum,
-              [*common, *ARMS[arm], f"model.path={json.dumps(str(final))}",
-               f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
-              out_dir, f"{arm} seed {seed}", args.reuse)
+        if not (args.reuse and finished(arm_dir)):
+            train(arm_dir, args.curriculum,
+                  [*common, *ARMS[arm], f"model.path={json.dumps(str(final))}",
+                   f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
+                  out_dir, f"{arm} seed {seed}", args.reuse)
+        sampled_eval(arm_dir, args, out_dir, f"{arm} seed {seed}")
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
@@ -156,6 +198,9 @@ def main() -> int:
     ap.add_argument("--tail", type=int, default=5, help="last N RL steps for the tail ratios")
     ap.add_argument("--reuse", action="store_true", help="keep finished runs, run the rest")
     ap.add_argument("--report-only", action="store_true", help="run nothing; summarise")
+    ap.add_argument("--eval-k", type=int, default=0,
+                    help="also evaluate each run's final/ with K samples a problem (avg@K)")
+    ap.add_argument("--eval-temperature", type=float, default=1.0)
     args = ap.parse_args()
     try:
         return ablation(args)
@@ -169,7 +214,7 @@ def ablation(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         log(out_dir, f"ablation {args.curriculum.name} seeds={args.seeds} arms={args.arms} "
-                     f"sets={args.set} reuse={args.reuse}")
+                     f"sets={args.set} reuse={args.reuse} eval_k={args.eval_k}")
         for seed in args.seeds:
             run_seed(seed, args.arms, args, out_dir)
 
@@ -177,10 +222,11 @@ def ablation(args: argparse.Namespace) -> int:
     sft: dict[int, dict] = {}
     for seed in args.seeds:
         if finished(out_dir / f"sft-seed{seed}"):
-            sft[seed] = read_sft(out_dir / f"sft-seed{seed}")
+            sft[seed] = read_sft(out_dir / f"sft-seed{seed}", args.eval_k)
         for arm in args.arms:
             if finished(out_dir / f"{arm}-seed{seed}"):
-                results[arm][seed] = read_arm(out_dir / f"{arm}-seed{seed}", args.tail)
+                results[arm][seed] = read_arm(out_dir / f"{arm}-seed{seed}", args.tail,
+                                              args.eval_k)
                 results[arm][seed]["after_sft"] = sft.get(seed)
     results = {a: r for a, r in results.items() if r}
     if not results:

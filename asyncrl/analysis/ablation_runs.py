@@ -91,14 +91,38 @@ def eval_figures(row: dict) -> dict[str, Any]:
     return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith(EVAL_KEYS)}
 
 
-def read_sft(run_dir: Path) -> dict[str, Any]:
-    """The after-SFT evaluation's figures of a cold-start run (`eval_figures`)."""
+def sampled_eval_dir(run_dir: Path, k: int) -> Path:
+    """Where `bench/roc_ablation.py --eval-k K` evaluates a run's `final/` apart from its
+    training (`asyncrl eval --k K --no-greedy`: its `eval.json` and, while it runs, journal)."""
+    return run_dir / f"eval-k{k}"
+
+
+def with_sampled_eval(figures: dict[str, Any], eval_dir: Path | None) -> dict[str, Any]:
+    """A run's own evaluation figures (`eval_figures`) with the sampled ones of a separate
+    evaluation of the same weights (`eval_dir/eval.json`, when written) in their place: greedy
+    accuracy stays the run's; avg@k, maj@k, pass@k, the tool-error ratios and the response
+    length become the separate evaluation's (a curriculum that evaluates greedily while it
+    trains, as a long one on a CPU must, gets its avg@k this way)."""
+    path = eval_dir / "eval.json" if eval_dir is not None else None
+    if path is None or not path.exists():
+        return figures
+    extra = json.loads(path.read_text())
+    sampled = tuple(k.removeprefix("eval/") for k in EVAL_KEYS if k != "eval/accuracy")
+    return ({k: v for k, v in figures.items() if k.startswith("accuracy")}
+            | {k: v for k, v in extra.items() if k.startswith(sampled)})
+
+
+def read_sft(run_dir: Path, eval_k: int = 0) -> dict[str, Any]:
+    """The after-SFT evaluation's figures of a cold-start run (`eval_figures`), with those of
+    its separate sampled evaluation (`with_sampled_eval`) when `eval_k`."""
     evals = [r for r in _rows(run_dir) if r["kind"] == "eval"]
-    return eval_figures(next(r for r in evals if r.get("label") == "after_sft"))
+    own = eval_figures(next(r for r in evals if r.get("label") == "after_sft"))
+    return with_sampled_eval(own, sampled_eval_dir(run_dir, eval_k) if eval_k else None)
 
 
-def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
-    """One finished arm run's figures: the final evaluation's, the tool-error ratios over the
+def read_arm(run_dir: Path, tail: int, eval_k: int = 0) -> dict[str, Any]:
+    """One finished arm run's figures: the final evaluation's (with those of its separate
+    sampled evaluation when `eval_k`: `with_sampled_eval`), the tool-error ratios over the
     whole RL run and its last `tail` steps, the p_err of the trained positives, the mean
     response length and reward, the wall time, and the curves per step and per evaluation. A
     `DataError` for a run written before the tool-call counts were in `metrics.jsonl`."""
@@ -112,7 +136,8 @@ def read_arm(run_dir: Path, tail: int) -> dict[str, Any]:
                          "run it again (without --reuse)")
     kept_perr = [r["roc/p_err_kept_pos"] for r in steps if "roc/p_err_kept_pos" in r]
     return {
-        "final": eval_figures(final),
+        "final": with_sampled_eval(eval_figures(final),
+                                   sampled_eval_dir(run_dir, eval_k) if eval_k else None),
         "tool_error_pos_run": tool_error_ratio(steps, "pos"),
         "tool_error_all_run": tool_error_ratio(steps, "all"),
         "tool_error_pos_tail": tool_error_ratio(steps[-tail:], "pos"),

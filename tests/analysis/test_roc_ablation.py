@@ -121,3 +121,50 @@ def test_sampled_figures_gain_and_paired_differences_over_seeds() -> None:
                           two)
     row = next(line for line in text.splitlines() if line.startswith("| roc-weighted - grpo-all"))
     assert " *" not in row  # two seeds: no claim, whatever the interval says
+
+
+def test_a_separate_sampled_evaluation_stands_in_for_the_runs_own_sampled_figures(
+        tmp_path: Path) -> None:
+    """`--eval-k`: a curriculum that evaluates greedily while it trains gets its avg@k and
+    the tool errors of correct sampled answers from `<run>/eval-k{K}/eval.json`; the run's
+    greedy accuracy stays, and its own k=1 figures go (one k per run, as `sampled` reads it)."""
+    import json
+
+    rows = [{"kind": "eval", "step": 0, "time_s": 5.0, "label": "after_sft",
+             "eval/accuracy": 0.5, "eval/avg@1": 0.5, "eval/tool_error_ratio_correct": 0.0},
+            {"kind": "done", "step": 0, "time_s": 5.0, "wall_s": 5.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert runs.read_sft(tmp_path, eval_k=8) == {"accuracy": 0.5, "avg@1": 0.5,
+                                                 "tool_error_ratio_correct": 0.0}  # not yet run
+    d = runs.sampled_eval_dir(tmp_path, 8)
+    d.mkdir()
+    (d / "eval.json").write_text(json.dumps({
+        "accuracy": 0.3, "avg@8": 0.3, "avg@8_L1": 0.3, "pass@8": 0.9, "maj@8": 0.4,
+        "tool_error_ratio_correct": 0.125, "response_tokens_mean": 210.0, "seconds": 99.0,
+        "rollout/count": 64.0}))
+    figures = runs.read_sft(tmp_path, eval_k=8)
+    assert figures == {"accuracy": 0.5, "avg@8": 0.3, "avg@8_L1": 0.3, "pass@8": 0.9,
+                       "maj@8": 0.4, "tool_error_ratio_correct": 0.125,
+                       "response_tokens_mean": 210.0}
+    assert runs.sampled(figures, "avg") == pytest.approx(0.3)
+    assert runs.read_sft(tmp_path) == {"accuracy": 0.5, "avg@1": 0.5,
+                                       "tool_error_ratio_correct": 0.0}  # without --eval-k
+
+
+def test_the_sampled_evaluation_command_is_one_asyncrl_eval_accepts(tmp_path: Path) -> None:
+    import importlib.util
+
+    from asyncrl.cli.main import build_parser
+
+    spec = importlib.util.spec_from_file_location("roc_ablation", ROOT / "bench" / "roc_ablation.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cmd = bench.eval_command(tmp_path / "arm", ROOT / "curricula" / "tiny.toml",
+                             ["engine.prefix_cache_tokens=32768"], 8, 1.0)
+    assert cmd[1:3] == ["-m", "asyncrl.cli.main"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.k, args.temperature, args.greedy) == (8, 1.0, False)
+    assert Path(args.checkpoint) == tmp_path / "arm" / "final"
+    assert Path(args.out) == runs.sampled_eval_dir(tmp_path / "arm", 8)
+    assert args.set == ["engine.prefix_cache_tokens=32768", "logging.console=none"]
