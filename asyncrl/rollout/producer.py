@@ -182,11 +182,12 @@ class RolloutProducer:
                       version=wave.started_version)
 
     def _issue(self, n: int = 0) -> list[Problem]:
+        """`n` problems (a wave's `prompts_per_step` by default): resumed ones first, the rest
+        from the stream (a resumed run whose waves draw fewer refills than before has a few
+        left over for a wave; a stream at its end gives fewer or none)."""
         n = n or self.prompts_per_step
-        if self._resume:
-            out, self._resume = self._resume[:n], self._resume[n:]
-            return out
-        return self._next_problems(n)
+        out, self._resume = self._resume[:n], self._resume[n:]
+        return out + (self._next_problems(n - len(out)) if len(out) < n else [])
 
     async def _fill(self, wave: Wave) -> None:
         """Run the wave's problems, and its refills as their groups call for them."""
