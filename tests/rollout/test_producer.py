@@ -259,3 +259,25 @@ async def test_a_failing_refill_ends_its_wave_with_the_error_and_cancels_the_res
         with pytest.raises(RuntimeError, match="engine died"):
             await prod.take()
     assert sorted(waves.cancelled) == ["p0"]
+
+
+async def test_waves_under_way_together_draw_refills_from_one_stream_without_repeats():
+    waves, stream = ParallelWaves(), Stream()
+    async with RolloutProducer(waves, stream.next_batch, prompts_per_step=2, max_staleness=1,
+                               waves_total=3, version=lambda: 0, refill_max=1,
+                               informative=_informative) as prod:
+        await _settle()
+        assert [w for w, _ in waves.started] == [["p0", "p1"], ["p2", "p3"]]
+        waves.finish("p3")  # wave 1's group without signal draws first: p4 (none either)
+        await _settle()
+        waves.finish("p1")  # then wave 0's: p5
+        await _settle()
+        waves.finish("p0", "p2", "p4", "p5")
+        w0 = await prod.take()
+        prod.step_done()
+        w1 = await prod.take()
+        prod.step_done()
+        await _settle()
+        assert [g.problem.id for g in w0.groups] == ["p0", "p1", "p5"]
+        assert [g.problem.id for g in w1.groups] == ["p2", "p3", "p4"]  # its cap: p4 draws none
+        assert waves.started[-1][0] == ["p6", "p7"]
