@@ -197,11 +197,17 @@ def _informative(g: Group) -> bool:
     return g.problem.id not in EQUAL
 
 
+def _refilling(waves: FakeWaves, stream: Stream, prompts: int, staleness: int, total: int,
+               cap: int, resume: list[Problem] | None = None) -> RolloutProducer:
+    return RolloutProducer(waves, stream.next_batch, prompts_per_step=prompts,
+                           max_staleness=staleness, waves_total=total, version=lambda: 0,
+                           refill_max=cap, informative=_informative,
+                           resume_problems=resume or [])
+
+
 async def test_each_group_without_signal_draws_one_more_problem_into_its_wave_up_to_the_cap():
     waves, stream = ParallelWaves(), Stream()
-    async with RolloutProducer(waves, stream.next_batch, prompts_per_step=3, max_staleness=0,
-                               waves_total=2, version=lambda: 0, refill_max=2,
-                               informative=_informative) as prod:
+    async with _refilling(waves, stream, 3, 0, total=2, cap=2) as prod:
         await _settle()
         waves.finish("p1")  # no signal: p3 joins the wave
         await _settle()
@@ -225,10 +231,7 @@ async def test_refills_are_drawn_in_stream_order_whatever_order_the_groups_finis
     async def run(order: list[str], resume: list[Problem]) -> list[str]:
         waves, stream = ParallelWaves(), Stream()
         stream.pos = 100 if resume else 0
-        async with RolloutProducer(waves, stream.next_batch, prompts_per_step=3,
-                                   max_staleness=0, waves_total=1, version=lambda: 0,
-                                   refill_max=3, informative=_informative,
-                                   resume_problems=resume) as prod:
+        async with _refilling(waves, stream, 3, 0, total=1, cap=3, resume=resume) as prod:
             for pid in order:
                 await _settle()
                 waves.finish(pid)
@@ -251,9 +254,7 @@ async def test_a_failing_refill_ends_its_wave_with_the_error_and_cancels_the_res
                 yield g
 
     waves = Broken()
-    async with RolloutProducer(waves, Stream().next_batch, prompts_per_step=3, max_staleness=0,
-                               waves_total=1, version=lambda: 0, refill_max=1,
-                               informative=_informative) as prod:
+    async with _refilling(waves, Stream(), 3, 0, total=1, cap=1) as prod:
         await _settle()
         waves.finish("p1")
         with pytest.raises(RuntimeError, match="engine died"):
@@ -263,9 +264,7 @@ async def test_a_failing_refill_ends_its_wave_with_the_error_and_cancels_the_res
 
 async def test_waves_under_way_together_draw_refills_from_one_stream_without_repeats():
     waves, stream = ParallelWaves(), Stream()
-    async with RolloutProducer(waves, stream.next_batch, prompts_per_step=2, max_staleness=1,
-                               waves_total=3, version=lambda: 0, refill_max=1,
-                               informative=_informative) as prod:
+    async with _refilling(waves, stream, 2, 1, total=3, cap=1) as prod:
         await _settle()
         assert [w for w, _ in waves.started] == [["p0", "p1"], ["p2", "p3"]]
         waves.finish("p3")  # wave 1's group without signal draws first: p4 (none either)
