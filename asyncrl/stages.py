@@ -47,8 +47,9 @@ class TrainState(msgspec.Struct, kw_only=True):
     """Rows in `metrics.jsonl` when the checkpoint was written: a resumed run marks the rows
     after them as replaced (`asyncrl.observe.report.load_metrics`)."""
     pending_problem_ids: list[str] = []
-    """Problems of rollout waves under way at the checkpoint (max_staleness > 0): a resumed
-    run regenerates them first, in order, under the restored weights."""
+    """Problems of rollout waves under way at the checkpoint (their refills too; at
+    `max_staleness = 0` the next step's wave): a resumed run regenerates them first, in
+    order, under the restored weights."""
     eval_due: bool = False
     """A stop aborted the evaluation that follows the current step (an RL step's, or an SFT
     stage's after its steps and weight sync): a resumed run runs it before anything else."""

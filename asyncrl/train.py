@@ -196,10 +196,11 @@ class StageRunner:
         r, n, base = self.cfg.rollout, self.cfg.rollout.samples_per_prompt, self.state.stage_step
 
         # waves are issued in step order, the resumed ones first (see RolloutProducer)
-        def run_wave(problems: list[Problem], version: int, wave: int) -> AsyncIterator[Group]:
+        def run_wave(problems: list[Problem], version: int, wave: int, part: int
+                     ) -> AsyncIterator[Group]:  # part j > 0: the wave's j-th refill
             self.progress.rollouts_requested(len(problems) * n)
-            settings = self._settings(stage, seed_key=f"rl:{self.state.stage_index}:{base + wave}")
-            return self.rt.runner.run(problems, n, settings, version)
+            key = f"rl:{self.state.stage_index}:{base + wave}" + (f":r{part}" if part else "")
+            return self.rt.runner.run(problems, n, self._settings(stage, seed_key=key), version)
 
         if self.cfg.rollout.max_staleness > 0 and self.cfg.algorithm.correction == "none":
             log.warning("staleness_without_correction", max_staleness=self.cfg.rollout.max_staleness,

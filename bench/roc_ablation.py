@@ -64,6 +64,7 @@ from asyncrl.analysis.ablation_runs import (
     toml_value,
 )
 from asyncrl.checkpoint import latest_checkpoint
+from asyncrl.config import load as load_config
 from asyncrl.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,23 +109,36 @@ def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what:
 
 
 def eval_command(run_dir: Path, curriculum: Path, sets: list[str], k: int,
-                 temperature: float) -> list[str]:
-    """`asyncrl eval` of a finished run's `final/`: k samples a problem, no greedy pass."""
+                 temperature: float, max_problems: int) -> list[str]:
+    """`asyncrl eval` of a finished run's `final/`: k samples a problem, no greedy pass, on the
+    problems its own evaluations scored (`sets` hold its `run.seed`: a generator's held-out
+    set follows it; `max_problems` is its `eval.max_problems`)."""
     return [sys.executable, "-m", "asyncrl.cli.main", "eval", str(curriculum), "--checkpoint",
             str(run_dir / "final"), "--k", str(k), "--temperature", str(temperature),
-            "--no-greedy", "--out", str(sampled_eval_dir(run_dir, k)),
+            "--no-greedy", "--max-problems", str(max_problems),
+            "--out", str(sampled_eval_dir(run_dir, k)),
             *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
 
 
-def sampled_eval(run_dir: Path, args: argparse.Namespace, out_dir: Path, what: str) -> None:
+def sampled_eval(run_dir: Path, args: argparse.Namespace, seed: int, out_dir: Path,
+                 what: str) -> None:
     """`--eval-k`: evaluate the run's `final/` unless done (an interrupted one resumes)."""
-    if not args.eval_k or (sampled_eval_dir(run_dir, args.eval_k) / "eval.json").exists():
+    if not args.eval_k:
         return
+    done = sampled_eval_dir(run_dir, args.eval_k) / "eval.json"
+    if done.exists():
+        temp = json.loads(done.read_text()).get("temperature")
+        if temp != args.eval_temperature:
+            raise SystemExit(f"{done} was sampled at temperature {temp}, not "
+                             f"{args.eval_temperature}: remove it or pass that temperature")
+        return
+    sets = [*args.set, f"run.seed={seed}"]
+    max_problems = load_config(args.curriculum, sets).eval.max_problems
     what = f"avg@{args.eval_k} of {what}"
     log(out_dir, f"start {what}")
     t0 = time.monotonic()
-    proc = subprocess.run(eval_command(run_dir, args.curriculum, args.set, args.eval_k,
-                                       args.eval_temperature),
+    proc = subprocess.run(eval_command(run_dir, args.curriculum, sets, args.eval_k,
+                                       args.eval_temperature, max_problems),
                           cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         log(out_dir, f"FAILED {what} after {time.monotonic() - t0:.0f}s")
@@ -140,7 +154,7 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
     if not (args.reuse and finished(sft_dir)):
         train(sft_dir, args.curriculum, [*common, f"stages={toml_value(sft_stages)}"], out_dir,
               f"sft seed {seed}", args.reuse)
-    sampled_eval(sft_dir, args, out_dir, f"sft seed {seed}")
+    sampled_eval(sft_dir, args, seed, out_dir, f"sft seed {seed}")
     final = (sft_dir / "final").resolve()
     for arm in arms:
         arm_dir = out_dir / f"{arm}-seed{seed}"
@@ -149,7 +163,7 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
                   [*common, *ARMS[arm], f"model.path={json.dumps(str(final))}",
                    f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
                   out_dir, f"{arm} seed {seed}", args.reuse)
-        sampled_eval(arm_dir, args, out_dir, f"{arm} seed {seed}")
+        sampled_eval(arm_dir, args, seed, out_dir, f"{arm} seed {seed}")
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path) -> None:

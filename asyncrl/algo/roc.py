@@ -236,13 +236,20 @@ def is_equal_reward(group: Group, kept: Sequence[int]) -> bool:
 
 
 def may_carry_signal(group: Group, cfg: RocSection, group_size: int) -> bool:
-    """False when no selection of `roc.kind` could keep two different rewards: every usable
-    rollout got one reward (for `grpo_first`, the first G of them). Such a group is dropped
-    as `equal_reward`; `rollout.refill_equal_reward` draws another problem in its place."""
-    rewards = [r.reward for r in group.rollouts if r.status not in UNUSABLE]
+    """False when no selection of `roc.kind` could keep two different rewards, so that
+    `apply_roc` drops the group as `equal_reward` whatever it draws: every usable rollout got
+    one reward (for `grpo_first`, the first G of them), or RoC keeps one side only (its floors
+    at 0) and that side got one reward. `rollout.refill_equal_reward` draws another problem
+    in its place."""
+    usable = [r for r in group.rollouts if r.status not in UNUSABLE]
     if cfg.kind == "grpo_first":
-        rewards = rewards[:group_size]
-    return len(set(rewards)) > 1
+        usable = usable[:group_size]
+    elif cfg.kind == "roc":
+        pos = [r for r in usable if r.is_correct]
+        neg = [r for r in usable if not r.is_correct]
+        k_pos, k_neg = split_counts(len(pos), len(neg), group_size, cfg.min_pos, cfg.min_neg)
+        usable = (pos if k_pos else []) + (neg if k_neg else [])
+    return len({r.reward for r in usable}) > 1
 
 
 # ------------------------------------------------------------------------------ batch-level

@@ -102,11 +102,13 @@ def with_sampled_eval(figures: dict[str, Any], eval_dir: Path | None) -> dict[st
     evaluation of the same weights (`eval_dir/eval.json`, when written) in their place: greedy
     accuracy stays the run's; avg@k, maj@k, pass@k, the tool-error ratios and the response
     length become the separate evaluation's (a curriculum that evaluates greedily while it
-    trains, as a long one on a CPU must, gets its avg@k this way)."""
-    path = eval_dir / "eval.json" if eval_dir is not None else None
-    if path is None or not path.exists():
+    trains, as a long one on a CPU must, gets its avg@k this way). Before that evaluation has
+    run, the run has no sampled figures (the report shows none), never its own greedy ones
+    in their place."""
+    if eval_dir is None:
         return figures
-    extra = json.loads(path.read_text())
+    path = eval_dir / "eval.json"
+    extra = json.loads(path.read_text()) if path.exists() else {}
     sampled = tuple(k.removeprefix("eval/") for k in EVAL_KEYS if k != "eval/accuracy")
     return ({k: v for k, v in figures.items() if k.startswith("accuracy")}
             | {k: v for k, v in extra.items() if k.startswith(sampled)})

@@ -186,10 +186,9 @@ class RolloutSection(_Section, frozen=True, kw_only=True):
     exactly what an uninterrupted one would (on engines that honour seeds: `local`; SGLang only
     with deterministic inference). Off: the engine's own RNG (not checkpointed)."""
     refill_equal_reward: NonNegInt = 0
-    """Dynamic sampling (DAPO): each group of a step whose samples all got one reward (no GRPO
-    signal: RoC drops it) draws the next problem into the same step, up to this many extra
-    problems a step: up to `prompts_per_step` groups with signal, for more rollouts. 0 = off
-    (the report's recipe). Seeded runs repeat only at `max_staleness = 0` (docs/async.md)."""
+    """Dynamic sampling (DAPO): each group of a step that RoC drops for one reward draws the
+    next problem into the step, up to this many extra a step. 0 = off (the report's recipe).
+    Seeded runs repeat only at `max_staleness = 0` (docs/async.md)."""
     max_staleness: NonNegInt = 0
     """N: rollouts may be sampled up to N policy versions before the one that trains them.
     0: on-policy (the report). N > 0: a producer keeps up to N + 1 steps' rollouts under way
@@ -517,6 +516,8 @@ class RunConfig(_Section, frozen=True, kw_only=True):
             raise ValueError(f"roc.min_pos: min_pos + min_neg = {roc.min_pos + roc.min_neg} "
                              f"exceeds rollout.group_size = {r.group_size} (lower the floors, "
                              "e.g. roc.min_pos = 1 and roc.min_neg = 1)")
+        if r.refill_equal_reward and not roc.reject_equal_reward:
+            raise ValueError("rollout.refill_equal_reward: refills need roc.reject_equal_reward")
         lora = getattr(self.trainer, "lora", None)
         if lora is not None:
             self._check_lora_engine()

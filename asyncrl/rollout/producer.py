@@ -19,8 +19,11 @@ Use (one producer per RL stage):
             ... RoC, update, weight sync ...
             prod.step_done()             # admits the next wave(s)
 
-`run_wave(problems, version, wave_index)` yields a wave's finished groups (`RolloutRunner.run`
-bound to the stage's settings); `next_problems(n)` draws the next problems from the data stream.
+`run_wave(problems, version, wave_index, part)` yields the finished groups of a wave's
+problems (`RolloutRunner.run` bound to the stage's settings): part 0 is the wave's own
+problems, part j its j-th refill (its own seed key: a wave that holds one problem twice, as a
+small stream's epochs may make it, still gives each copy its own group id and samples);
+`next_problems(n)` draws the next problems from the data stream.
 
 Refills (`rollout.refill_equal_reward`, DAPO's dynamic sampling): with `refill_max > 0` and an
 `informative(group)` predicate, each finished group that can carry no GRPO signal (every sample
@@ -48,9 +51,9 @@ from asyncrl.records import Group, Problem, in_problem_order
 
 log = get_logger(__name__)
 
-RunWave = Callable[[list[Problem], int, int], AsyncIterator[Group]]
-"""`run_wave(problems, policy_version, wave_index)`: the finished groups of those problems of
-one wave, as they finish (called again for each refill of the wave)."""
+RunWave = Callable[[list[Problem], int, int, int], AsyncIterator[Group]]
+"""`run_wave(problems, policy_version, wave_index, part)`: the finished groups of those problems
+of one wave, as they finish (part 0: the wave's own; part j: its j-th refill)."""
 
 
 @dataclass
@@ -194,18 +197,18 @@ class RolloutProducer:
         try:
             async with asyncio.TaskGroup() as parts:  # a refill may start while others run
 
-                def start(problems: list[Problem]) -> None:
-                    parts.create_task(self._consume(wave, problems, start),
-                                      name=f"wave-{wave.index}-part")
+                def start(problems: list[Problem], part: int) -> None:
+                    parts.create_task(self._consume(wave, problems, part, start),
+                                      name=f"wave-{wave.index}-part-{part}")
 
-                start(list(wave.problems))
+                start(list(wave.problems), 0)
         except BaseExceptionGroup as failed:  # the first failure ends the wave (the rest were
             raise failed.exceptions[0] from None  # cancelled): the runner's own error surfaces
         wave.finished = time.monotonic()
 
-    async def _consume(self, wave: Wave, problems: list[Problem],
-                       start: Callable[[list[Problem]], None]) -> None:
-        groups = self._run_wave(problems, wave.started_version, wave.index)
+    async def _consume(self, wave: Wave, problems: list[Problem], part: int,
+                       start: Callable[[list[Problem], int], None]) -> None:
+        groups = self._run_wave(problems, wave.started_version, wave.index, part)
         try:
             async for g in groups:
                 wave.groups.append(g)
@@ -215,7 +218,7 @@ class RolloutProducer:
                     if extra:  # none when the data has run out
                         wave.refilled += 1
                         wave.problems.extend(extra)
-                        start(extra)
+                        start(extra, wave.refilled)
         finally:  # an async generator's cleanup (cancelling its rollouts) runs now, not at GC
             aclose = getattr(groups, "aclose", None)
             if aclose is not None:

@@ -264,3 +264,25 @@ def test_reject_equal_reward_off_keeps_uniform_groups():
     kept, m = roc.apply_roc([right], RocSection(reject_equal_reward=False), 8, rng=0)
     assert kept == [right] and right.advantages == [0.0] * 8
     assert m["roc/groups_equal_reward"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(rewards=st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=10),
+       failed=st.lists(st.booleans(), min_size=10, max_size=10),
+       kind=st.sampled_from(sorted(roc.SELECT_KINDS)), floors=st.tuples(
+           st.integers(0, 2), st.integers(0, 2)), group_size=st.integers(4, 8),
+       seed=st.integers(0, 3))
+def test_may_carry_signal_is_whether_apply_roc_keeps_the_group(rewards, failed, kind, floors,
+                                                               group_size, seed):
+    """The refill rule (`rollout.refill_equal_reward`) asks before RoC runs whether RoC will
+    drop a group as `equal_reward`; with 0/1 rewards the answer is exact, whatever RoC draws
+    (its floors at 0 included: then it may keep one side only)."""
+    rs = [rollout(i, r) for i, r in enumerate(rewards)]
+    for r, f in zip(rs, failed, strict=False):
+        if f:
+            r.status = RolloutStatus.FAILED
+    cfg = RocSection(kind=kind, min_pos=floors[0], min_neg=floors[1])
+    g = group(rs)
+    expected = roc.may_carry_signal(g, cfg, group_size)
+    kept, _ = roc.apply_roc([g], cfg, group_size, rng=seed)
+    assert bool(kept) == expected, (g.dropped_reason, [r.reward for r in rs])

@@ -134,8 +134,8 @@ def test_a_separate_sampled_evaluation_stands_in_for_the_runs_own_sampled_figure
              "eval/accuracy": 0.5, "eval/avg@1": 0.5, "eval/tool_error_ratio_correct": 0.0},
             {"kind": "done", "step": 0, "time_s": 5.0, "wall_s": 5.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert runs.read_sft(tmp_path, eval_k=8) == {"accuracy": 0.5, "avg@1": 0.5,
-                                                 "tool_error_ratio_correct": 0.0}  # not yet run
+    # not evaluated yet: no sampled figures, never the greedy ones in their place
+    assert runs.read_sft(tmp_path, eval_k=8) == {"accuracy": 0.5}
     d = runs.sampled_eval_dir(tmp_path, 8)
     d.mkdir()
     (d / "eval.json").write_text(json.dumps({
@@ -161,10 +161,11 @@ def test_the_sampled_evaluation_command_is_one_asyncrl_eval_accepts(tmp_path: Pa
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     cmd = bench.eval_command(tmp_path / "arm", ROOT / "curricula" / "tiny.toml",
-                             ["engine.prefix_cache_tokens=32768"], 8, 1.0)
+                             ["engine.prefix_cache_tokens=32768", "run.seed=1"], 8, 1.0, 48)
     assert cmd[1:3] == ["-m", "asyncrl.cli.main"]
     args = build_parser().parse_args(cmd[3:])
-    assert (args.k, args.temperature, args.greedy) == (8, 1.0, False)
+    assert (args.k, args.temperature, args.greedy, args.max_problems) == (8, 1.0, False, 48)
     assert Path(args.checkpoint) == tmp_path / "arm" / "final"
     assert Path(args.out) == runs.sampled_eval_dir(tmp_path / "arm", 8)
-    assert args.set == ["engine.prefix_cache_tokens=32768", "logging.console=none"]
+    # the run's seed: a generator's held-out set follows it
+    assert args.set == ["engine.prefix_cache_tokens=32768", "run.seed=1", "logging.console=none"]

@@ -28,9 +28,10 @@ class FakeWaves:
         self.started: list[tuple[list[str], int]] = []
         self.release: dict[str, asyncio.Event] = {}
         self.cancelled: list[str] = []
+        self.parts: list[tuple[int, int]] = []
 
-    async def __call__(self, problems: list[Problem], version: int,
-                       wave: int = 0) -> AsyncIterator[Group]:
+    async def __call__(self, problems: list[Problem], version: int, wave: int = 0,
+                       part: int = 0) -> AsyncIterator[Group]:
         self.started.append(([p.id for p in problems], version))
         try:
             for p in problems:
@@ -152,8 +153,8 @@ async def test_a_rollout_updated_in_flight_records_each_tokens_version(tiny_toke
 async def test_a_wave_is_handed_over_in_problem_order_whatever_order_its_groups_finished():
     """RoC draws its random numbers group by group and the update sums over groups in order:
     a seeded run repeats (resumed or not) only if timing cannot reorder them."""
-    async def finish_backwards(problems: list[Problem], version: int,
-                               wave: int) -> AsyncIterator[Group]:
+    async def finish_backwards(problems: list[Problem], version: int, wave: int,
+                               part: int) -> AsyncIterator[Group]:
         for p in reversed(problems):
             await asyncio.sleep(0)
             yield Group(group_id=f"{p.id}:v{version}", problem=p)
@@ -171,9 +172,10 @@ class ParallelWaves(FakeWaves):
     """As `FakeWaves`, but each group finishes when released, whatever the others do (as a
     runner's groups do)."""
 
-    async def __call__(self, problems: list[Problem], version: int,
-                       wave: int = 0) -> AsyncIterator[Group]:
+    async def __call__(self, problems: list[Problem], version: int, wave: int = 0,
+                       part: int = 0) -> AsyncIterator[Group]:
         self.started.append(([p.id for p in problems], version))
+        self.parts.append((wave, part))
         done: asyncio.Queue[Problem] = asyncio.Queue()
 
         async def one(p: Problem) -> None:
@@ -220,6 +222,7 @@ async def test_each_group_without_signal_draws_one_more_problem_into_its_wave_up
         assert wave.refilled == 2
         assert [g.problem.id for g in wave.groups] == ["p0", "p1", "p2", "p3", "p4"]
         assert [w for w, _ in waves.started] == [["p0", "p1", "p2"], ["p3"], ["p4"]]
+        assert waves.parts == [(0, 0), (0, 1), (0, 2)]  # each refill its own seed key
         prod.step_done()
         await _settle()
         assert waves.started[-1][0] == ["p5", "p6", "p7"]  # the stream goes on after them
@@ -246,11 +249,11 @@ async def test_refills_are_drawn_in_stream_order_whatever_order_the_groups_finis
 
 async def test_a_failing_refill_ends_its_wave_with_the_error_and_cancels_the_rest():
     class Broken(ParallelWaves):
-        async def __call__(self, problems: list[Problem], version: int,
-                           wave: int = 0) -> AsyncIterator[Group]:
+        async def __call__(self, problems: list[Problem], version: int, wave: int = 0,
+                           part: int = 0) -> AsyncIterator[Group]:
             if problems[0].id == "p3":
                 raise RuntimeError("engine died")
-            async for g in super().__call__(problems, version, wave):
+            async for g in super().__call__(problems, version, wave, part):
                 yield g
 
     waves = Broken()

@@ -387,6 +387,7 @@ def test_refills_replace_groups_without_signal_and_resume_onto_the_same_problems
         assert r["roc/groups"] == len(r["problem_ids"])
         # a refill is drawn for each group without signal, until the cap
         assert r["async/refilled"] == min(3, r["roc/groups_equal_reward"])
+        assert r["rollout/failed_frac"] == 0  # a problem twice in a wave: two group ids
     assert sum(r["async/refilled"] for r in steps) > 0
     trained = [p for r in steps if r["stage"] == "rl" for p in r["problem_ids"]]
     assert len(trained) == len(set(trained))  # (the hard stage draws from its own 4 again)
