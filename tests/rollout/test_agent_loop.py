@@ -347,7 +347,9 @@ async def test_a_request_queued_behind_a_full_batch_is_not_a_stall(tiny_tokenize
             return await run_rollout(eng, tok, [], st, PROMPT, rollout_id=f"r{i}")
 
         t0 = asyncio.get_running_loop().time()
-        ros = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(6))), 60)
+        # a guard against a hang, not a speed bar: 2,400 tokens one at a time took over 60 s
+        # on a loaded 2-core machine
+        ros = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(6))), 240)
         waited = asyncio.get_running_loop().time() - t0
     assert waited > 2 * st.stall_timeout_s  # the last one sat queued longer than a stall
     assert [r.error for r in ros] == [""] * 6  # before: the queued ones "no token for 0s"
