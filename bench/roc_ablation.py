@@ -97,8 +97,11 @@ def train(run_dir: Path, curriculum: Path, sets: list[str], out_dir: Path, what:
     cmd = [sys.executable, "-m", "asyncrl.cli.main", "train", str(curriculum), "--run-dir",
            str(run_dir), *(["--resume"] if resume else []),
            *(a for s in [*sets, "logging.console=none"] for a in ("--set", s))]
-    if resume:
-        what += " (resumed)"
+    run_logged(cmd, out_dir, what + (" (resumed)" if resume else ""))
+
+
+def run_logged(cmd: list[str], out_dir: Path, what: str) -> None:
+    """Run `cmd` in the repo, its start, end and seconds in the progress log; exit on failure."""
     log(out_dir, f"start {what}")
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -134,16 +137,8 @@ def sampled_eval(run_dir: Path, args: argparse.Namespace, seed: int, out_dir: Pa
         return
     sets = [*args.set, f"run.seed={seed}"]
     max_problems = load_config(args.curriculum, sets).eval.max_problems
-    what = f"avg@{args.eval_k} of {what}"
-    log(out_dir, f"start {what}")
-    t0 = time.monotonic()
-    proc = subprocess.run(eval_command(run_dir, args.curriculum, sets, args.eval_k,
-                                       args.eval_temperature, max_problems),
-                          cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        log(out_dir, f"FAILED {what} after {time.monotonic() - t0:.0f}s")
-        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    log(out_dir, f"done {what} in {time.monotonic() - t0:.0f}s")
+    run_logged(eval_command(run_dir, args.curriculum, sets, args.eval_k, args.eval_temperature,
+                            max_problems), out_dir, f"avg@{args.eval_k} of {what}")
 
 
 def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
