@@ -1,5 +1,5 @@
 """Run configuration: the schema (`schema`, the components' sections in `components`, the
-shared types in `base`) and loading it from TOML (`loading`).
+stage sections in `stages`, the shared types in `base`) and loading it from TOML (`loading`).
 
 `from asyncrl.config import RunConfig, load` is the usual use; every name of both modules is
 here. Imports nothing from the project but `errors`, and no torch.
@@ -40,20 +40,22 @@ from asyncrl.config.schema import (
     AlgorithmSection,
     CheckpointSection,
     DataSection,
-    DistillSection,
     EvalSection,
     LoggingSection,
     ModelSection,
-    PlateauRule,
     RocSection,
     RolloutSection,
     RunConfig,
     RunSection,
+    TaskSection,
+    TokenizerSection,
+)
+from asyncrl.config.stages import (
+    DistillSection,
+    PlateauRule,
     SFTChatSection,
     StageSection,
-    TaskSection,
     TeacherSection,
-    TokenizerSection,
 )
 
 __all__ = [

@@ -176,10 +176,10 @@ def test_every_config_field_is_read_by_the_library() -> None:
 
     import msgspec
 
-    from asyncrl.config import components, schema
+    from asyncrl.config import components, schema, stages
 
     root = Path(schema.__file__).resolve().parents[1]
-    fields = {f: cls.__name__ for mod in (schema, components) for cls in vars(mod).values()
+    fields = {f: cls.__name__ for mod in (schema, stages, components) for cls in vars(mod).values()
               if inspect.isclass(cls) and issubclass(cls, msgspec.Struct)
               and cls.__module__ == mod.__name__ for f in cls.__struct_fields__}
     read: set[str] = set()
