@@ -1,23 +1,26 @@
 """Curriculum stage rules, as pure functions and a small state machine.
 
 Owns: when a stage ends (its step count, or a plateau of the watched eval metric), which
-problems a `hard` stage trains on (those the current policy does not solve k/k), and the
-response budget, eval temperature and rollout settings in force (a stage's learning rate is
-`asyncrl.algo.schedule.stage_lr`); `TrainState`, where a run is in its curriculum (the part of
-a checkpoint besides weights and optimizer). Does not own: running rollouts or
-evaluations (the train loop feeds results in).
+problems a stage trains on (its `source_weights` mix; in a `hard` stage those the current
+policy does not solve k/k), and the response budget, eval temperature and rollout settings in
+force (a stage's learning rate is `asyncrl.algo.schedule.stage_lr`); `TrainState`, where a run
+is in its curriculum (the part of a checkpoint besides weights and optimizer). Does not own:
+running rollouts or evaluations (the train loop feeds results in).
 """
 
 from __future__ import annotations
 
+import random
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
 from asyncrl.config import PlateauRule, RolloutSection, RunConfig, StageSection
+from asyncrl.errors import ConfigError
 from asyncrl.formats import ToolFormat
+from asyncrl.records import Problem
 from asyncrl.rollout.agent import RolloutSettings
 
 
@@ -55,6 +58,13 @@ class TrainState(msgspec.Struct, kw_only=True):
     stage's after its steps and weight sync): a resumed run runs it before anything else."""
 
 
+def as_rng_state(s: Any) -> tuple:
+    """`TrainState.rng_state` (a `random.Random` state, its tuples made lists by JSON) as
+    `Random.setstate` takes it."""
+    version, internal, gauss = s
+    return (version, tuple(internal), gauss)
+
+
 def plateau_update(rule: PlateauRule, state: PlateauState, metrics: Mapping[str, float]
                    ) -> tuple[PlateauState, bool]:
     """Feed one evaluation; returns the new state and whether the stage has plateaued.
@@ -79,6 +89,42 @@ def stage_done(stage: StageSection, steps_done: int, plateaued: bool) -> bool:
 def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
     """Problems not solved every time (fewer than k of k samples correct)."""
     return {pid for pid, c in correct_counts.items() if c < k}
+
+
+def source_mix(problems: Sequence[Problem], weights: Mapping[str, float], seed: int,
+               key: str = "source_weights") -> list[Problem]:
+    """The largest subset of `problems` whose shares by source follow `weights` (a key names
+    a `Problem.source` or its last part; a source not named is left out), a seeded random
+    draw within each source, in list order. All of `problems` when `weights` is empty. A key
+    that names no source, or a source two keys name, is a `ConfigError` at `key`."""
+    if not weights:
+        return list(problems)
+    by: dict[str, list[int]] = {k: [] for k in weights}
+    for i, p in enumerate(problems):
+        names = [k for k in weights if p.source == k or p.source.endswith("/" + k)]
+        if len(names) > 1:
+            raise ConfigError(key, f"{names} all name the source {p.source!r}")
+        if names:
+            by[names[0]].append(i)
+    if missing := [k for k, v in by.items() if not v]:
+        have = sorted({p.source for p in problems})
+        raise ConfigError(key, f"{missing} name no source of the training problems; they "
+                               f"have {have}")
+    scale = min(len(v) / weights[k] for k, v in by.items())
+    rng = random.Random(f"{seed}:{key}")
+    keep: list[int] = []
+    for k, v in by.items():
+        keep += rng.sample(v, min(len(v), max(1, round(scale * weights[k]))))
+    return [problems[i] for i in sorted(keep)]
+
+
+def stage_problems(problems: Sequence[Problem], stage: StageSection | None, seed: int,
+                   ids: Sequence[str] | None) -> list[Problem]:
+    """What a stage trains on: its `source_weights` subset of the training `problems`, then,
+    when a `hard` filter has run (`ids`), the problems it kept."""
+    mixed = source_mix(problems, stage.source_weights if stage else {}, seed)
+    keep = None if ids is None else set(ids)
+    return mixed if keep is None else [p for p in mixed if p.id in keep]
 
 
 def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:

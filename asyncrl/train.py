@@ -51,11 +51,14 @@ from asyncrl.sft.stage import SFTSetup, run_sft
 from asyncrl.stages import (
     PlateauState,
     TrainState,
+    as_rng_state,
     eval_temperature,
     hard_problem_ids,
     plateau_update,
     rollout_settings,
+    source_mix,
     stage_done,
+    stage_problems,
 )
 from asyncrl.stopping import RL_GIVE_UP, StopRequest, signal_handlers, trainer_step
 from asyncrl.tasks.files import LoadResult
@@ -84,21 +87,21 @@ class StageRunner:
         self.eval_problems = eval_problems
         self.rng = random.Random(self.cfg.run.seed)
         if state.rng_state is not None:
-            self.rng.setstate(_as_rng_state(state.rng_state))
+            self.rng.setstate(as_rng_state(state.rng_state))
         self._stop_ids = end_of_sequence_ids(rt.tokenizer)
         self._plateaued = False
         """The current stage's plateau rule fired: it ends after this step."""
         self._producer: RolloutProducer | None = None
         """The RL stage's producer while one runs (its waves under way go in a checkpoint)."""
+        for i, st in enumerate(self.cfg.stages):  # a mix naming no source fails now, not later
+            source_mix(train_problems, st.source_weights, 0, f"stages[{i}].source_weights")
         self.stream = self._make_stream()
 
     # ------------------------------------------------------------------------------ plumbing
     def _stage_problems(self) -> list[Problem]:
-        ids = self.state.stage_problem_ids
-        if ids is None:
-            return self.train_problems
-        keep = set(ids)
-        return [p for p in self.train_problems if p.id in keep]
+        i, stages = self.state.stage_index, self.cfg.stages
+        return stage_problems(self.train_problems, stages[i] if i < len(stages) else None,
+                              self.cfg.run.seed + i, self.state.stage_problem_ids)
 
     def _make_stream(self) -> ProblemStream:
         probs = self._stage_problems()
@@ -247,7 +250,7 @@ class StageRunner:
         self.progress.step(self.state.stage_step, self.state.global_step, loss=loss)
 
     async def _run_sft(self, stage: StageSection) -> None:
-        await run_sft(stage, self._sft_setup(), self.state, self.metrics, self.train_problems,
+        await run_sft(stage, self._sft_setup(), self.state, self.metrics, self._stage_problems(),
                       lambda: self._checkpoint(force=True), on_step=self._on_sft_step,
                       stop=self.stop)
 
@@ -276,7 +279,7 @@ class StageRunner:
                     stage, seed_key=f"distill:{i}:{r}"), runner=runner)
 
             await run_distill(stage, self._sft_setup(), self.state, self.metrics,
-                              self.train_problems, sample, sync,
+                              self._stage_problems(), sample, sync,
                               rt.run_dir / "distill" / stage.name,
                               lambda: self._checkpoint(force=True),
                               on_step=self._on_sft_step, stop=self.stop)
@@ -284,7 +287,7 @@ class StageRunner:
     async def _filter_hard(self, stage: StageSection) -> None:
         """Keep the problems the current policy does not solve k/k (sampled, training temp)."""
         t0 = time.monotonic()
-        probs = self.train_problems
+        probs = self._stage_problems()  # the stage's mix; nothing filtered yet
         if stage.hard_filter_problems and stage.hard_filter_problems < len(probs):
             probs = random.Random(self.cfg.run.seed + self.state.stage_index).sample(
                 probs, stage.hard_filter_problems)
@@ -444,11 +447,6 @@ class StageRunner:
                                 self.trainer, msgspec.to_builtins(st),
                                 keep_last=self.cfg.checkpoint.keep_last, name=name,
                                 order=(st.global_step, st.stage_index, st.stage_step))
-
-
-def _as_rng_state(s: Any) -> tuple:
-    version, internal, gauss = s
-    return (version, tuple(internal), gauss)
 
 
 def step_row(stage: StageSection, step: int, policy_version: int, wave: Wave,

@@ -1,15 +1,23 @@
-"""Stage rules: plateau detection, stage end, hard-problem selection."""
+"""Stage rules: plateau detection, stage end, hard-problem selection, a stage's source mix."""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import pytest
+
 from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import PlateauRule, RolloutSection, StageSection
+from asyncrl.errors import ConfigError
+from asyncrl.records import Problem
 from asyncrl.stages import (
     PlateauState,
     hard_problem_ids,
     plateau_update,
+    source_mix,
     stage_budget,
     stage_done,
+    stage_problems,
 )
 
 
@@ -54,3 +62,44 @@ def test_lr_decays_linearly_over_the_last_steps() -> None:
     assert lrs[7:] == [1e-3 * 3 / 4, 1e-3 * 2 / 4, 1e-3 * 1 / 4]  # the last step still moves
     whole = StageSection(name="y", steps=4, lr_decay_steps=4)
     assert [stage_lr(whole, 1.0, k) for k in range(4)] == [1.0, 0.75, 0.5, 0.25]
+
+
+def _problems(**counts: int) -> list[Problem]:
+    """`counts` problems of each source (`rg/a`: a reasoning-gym-like name), interleaved."""
+    out = []
+    for source, n in counts.items():
+        out += [Problem(id=f"{source}-{i}", question="?", answer="1",
+                        source=source.replace("_", "/")) for i in range(n)]
+    return sorted(out, key=lambda p: int(p.id.rsplit("-", 1)[1]))
+
+
+def test_a_source_mix_is_the_largest_subset_with_the_weights_shares() -> None:
+    probs = _problems(rg_gsm=320, rg_eq=80, other=50)
+    even = source_mix(probs, {"gsm": 1, "eq": 1}, seed=0)  # a key names a source's last part
+    assert Counter(p.source for p in even) == {"rg/gsm": 80, "rg/eq": 80}  # `other` left out
+    assert [p.id for p in even] == [p.id for p in probs if p in even]  # in list order
+    assert even == source_mix(probs, {"gsm": 1, "eq": 1}, seed=0)  # seeded: a resume's
+    assert even != source_mix(probs, {"gsm": 1, "eq": 1}, seed=1)
+    tilted = source_mix(probs, {"rg/eq": 3, "rg/gsm": 1, "other": 0.5}, seed=0)  # full names
+    assert Counter(p.source for p in tilted) == {"rg/eq": 80, "rg/gsm": 27, "other": 13}
+    assert source_mix(probs, {}, seed=0) == probs
+
+
+def test_a_source_mix_that_names_no_source_or_one_twice_is_a_config_error() -> None:
+    probs = _problems(rg_gsm=4, rg_eq=4)
+    with pytest.raises(ConfigError, match=r"stages\[1\].source_weights: \['gsm_symbolic'\] name "
+                       r"no source.*'rg/eq', 'rg/gsm'"):
+        source_mix(probs, {"gsm": 1, "gsm_symbolic": 1}, 0, "stages[1].source_weights")
+    with pytest.raises(ConfigError, match="all name the source 'rg/gsm'"):
+        source_mix(probs, {"gsm": 1, "rg/gsm": 1}, 0)
+
+
+def test_a_stage_trains_on_its_mix_then_on_what_its_hard_filter_kept() -> None:
+    probs = _problems(rg_gsm=8, rg_eq=2)
+    stage = StageSection(name="rl", steps=1, source_weights={"eq": 1, "gsm": 1})
+    mixed = stage_problems(probs, stage, 0, None)
+    assert Counter(p.source for p in mixed) == {"rg/gsm": 2, "rg/eq": 2}
+    outside = next(p.id for p in probs if p not in mixed)
+    kept = [mixed[0].id, mixed[3].id, outside]  # an id outside the mix stays out
+    assert stage_problems(probs, stage, 0, kept) == [mixed[0], mixed[3]]
+    assert stage_problems(probs, None, 0, None) == probs

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from asyncrl.config.base import Fraction, NonNegFloat, NonNegInt, PosInt, _bad, _Section
+from asyncrl.config.base import (
+    Fraction,
+    NonNegFloat,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    _bad,
+    _Section,
+)
 from asyncrl.config.components import EngineConfig, LocalEngineConfig
 
 
@@ -106,6 +114,14 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """Maximum steps of this stage (optimizer steps for SFT and distill, RL steps for RL)."""
     max_response_tokens: NonNegInt = 0
     """Response budget for this stage; 0 keeps `rollout.max_response_tokens`."""
+    source_weights: dict[str, PosFloat] = {}
+    """Train this stage on a subset of the training problems with these shares by source: a
+    key names a problem source (`Problem.source`) or its last part (`{ simple_equations = 1,
+    gsm_symbolic = 1 }` for reasoning-gym's generators); a source not named is left out. The
+    subset is the largest with those proportions, drawn from `run.seed` and the stage's index
+    (the same one on a resume); a `hard` filter then samples from it. Each key must name a
+    source of the training set, checked before the first stage runs. Empty: every training
+    problem."""
     data_filter: Literal["all", "hard"] = "all"
     """`hard`: before the stage, keep only problems the current policy does not solve k/k."""
     hard_filter_k: PosInt = 8
