@@ -70,6 +70,15 @@ class Runtime:
             raise AsyncRLError("this runtime was opened without a trainer (with_trainer=False)")
         return self.trainer
 
+    async def release_engine_caches(self) -> None:
+        """Engines that hold a cache between requests in this process (the local engine's
+        batch) give it back now (`LocalEngine.release`); others have nothing here to give."""
+        from asyncrl.engine.local.engine import LocalEngine
+
+        for e in self.engines:
+            if isinstance(e, LocalEngine):
+                await e.release()
+
 
 def build_tokenizer_and_model(cfg: RunConfig, run_dir: Path,
                               loaded: LoadedTask | None = None) -> tuple[Any, Any]:

@@ -10,7 +10,6 @@ running rollouts or evaluations (the train loop feeds results in).
 
 from __future__ import annotations
 
-import random
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,10 +17,10 @@ from typing import Any
 import msgspec
 
 from asyncrl.config import PlateauRule, RolloutSection, RunConfig, StageSection
-from asyncrl.errors import ConfigError
 from asyncrl.formats import ToolFormat
 from asyncrl.records import Problem
 from asyncrl.rollout.agent import RolloutSettings
+from asyncrl.tasks.stream import source_mix
 
 
 class PlateauState(msgspec.Struct, kw_only=True):
@@ -91,38 +90,12 @@ def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
     return {pid for pid, c in correct_counts.items() if c < k}
 
 
-def source_mix(problems: Sequence[Problem], weights: Mapping[str, float], seed: int,
-               key: str = "source_weights") -> list[Problem]:
-    """The largest subset of `problems` whose shares by source follow `weights` (a key names
-    a `Problem.source` or its last part; a source not named is left out), a seeded random
-    draw within each source, in list order. All of `problems` when `weights` is empty. A key
-    that names no source, or a source two keys name, is a `ConfigError` at `key`."""
-    if not weights:
-        return list(problems)
-    by: dict[str, list[int]] = {k: [] for k in weights}
-    for i, p in enumerate(problems):
-        names = [k for k in weights if p.source == k or p.source.endswith("/" + k)]
-        if len(names) > 1:
-            raise ConfigError(key, f"{names} all name the source {p.source!r}")
-        if names:
-            by[names[0]].append(i)
-    if missing := [k for k, v in by.items() if not v]:
-        have = sorted({p.source for p in problems})
-        raise ConfigError(key, f"{missing} name no source of the training problems; they "
-                               f"have {have}")
-    scale = min(len(v) / weights[k] for k, v in by.items())
-    rng = random.Random(f"{seed}:{key}")
-    keep: list[int] = []
-    for k, v in by.items():
-        keep += rng.sample(v, min(len(v), max(1, round(scale * weights[k]))))
-    return [problems[i] for i in sorted(keep)]
-
-
 def stage_problems(problems: Sequence[Problem], stage: StageSection | None, seed: int,
-                   ids: Sequence[str] | None) -> list[Problem]:
-    """What a stage trains on: its `source_weights` subset of the training `problems`, then,
-    when a `hard` filter has run (`ids`), the problems it kept."""
-    mixed = source_mix(problems, stage.source_weights if stage else {}, seed)
+                   index: int, ids: Sequence[str] | None) -> list[Problem]:
+    """What stage `index` of a run at `seed` trains on: its `source_weights` subset of the
+    training `problems` (`asyncrl.tasks.stream.source_mix`), then, when a `hard` filter has
+    run (`ids`), the problems it kept."""
+    mixed = source_mix(problems, stage.source_weights if stage else {}, seed=seed, stage=index)
     keep = None if ids is None else set(ids)
     return mixed if keep is None else [p for p in mixed if p.id in keep]
 

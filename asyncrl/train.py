@@ -56,13 +56,18 @@ from asyncrl.stages import (
     hard_problem_ids,
     plateau_update,
     rollout_settings,
-    source_mix,
     stage_done,
     stage_problems,
 )
 from asyncrl.stopping import RL_GIVE_UP, StopRequest, signal_handlers, trainer_step
 from asyncrl.tasks.files import LoadResult
-from asyncrl.tasks.stream import ProblemStream, filter_split, held_out_cut
+from asyncrl.tasks.stream import (
+    ProblemStream,
+    filter_split,
+    held_out_cut,
+    source_counts,
+    source_mix,
+)
 from asyncrl.templates import end_of_sequence_ids
 from asyncrl.weightsync.push import push_weights
 
@@ -94,14 +99,15 @@ class StageRunner:
         self._producer: RolloutProducer | None = None
         """The RL stage's producer while one runs (its waves under way go in a checkpoint)."""
         for i, st in enumerate(self.cfg.stages):  # a mix naming no source fails now, not later
-            source_mix(train_problems, st.source_weights, 0, f"stages[{i}].source_weights")
+            source_mix(train_problems, st.source_weights, seed=0, stage=i,
+                       key=f"stages[{i}].source_weights")
         self.stream = self._make_stream()
 
     # ------------------------------------------------------------------------------ plumbing
     def _stage_problems(self) -> list[Problem]:
         i, stages = self.state.stage_index, self.cfg.stages
         return stage_problems(self.train_problems, stages[i] if i < len(stages) else None,
-                              self.cfg.run.seed + i, self.state.stage_problem_ids)
+                              self.cfg.run.seed, i, self.state.stage_problem_ids)
 
     def _make_stream(self) -> ProblemStream:
         probs = self._stage_problems()
@@ -175,9 +181,11 @@ class StageRunner:
     async def _run_stage(self, stage: StageSection) -> None:
         self.trainer.set_lr(stage_lr(stage, self.cfg.algorithm.lr))
         self.progress.stage_start(self.state.stage_index, self.state.stage_step)
+        probs = self._stage_problems()  # per source: what a `source_weights` mix left
+        mix = {"problems": len(probs), "by_source": source_counts(probs)}
         self.metrics.write("stage", stage=stage.name, step=self.state.global_step,
-                           event="start", stage_kind=stage.kind)
-        log.info("stage_start", kind=stage.kind, steps=stage.steps)
+                           event="start", stage_kind=stage.kind, **mix)
+        log.info("stage_start", kind=stage.kind, steps=stage.steps, **mix)
         if stage.kind != "rl":  # sft, distill: steps, then a sync and an evaluation
             if not self.state.eval_due:  # set: a stop came during the eval, steps and sync done
                 await (self._run_sft(stage) if stage.kind == "sft"
@@ -337,7 +345,7 @@ class StageRunner:
                 if stage.lr_decay_steps:
                     self.trainer.set_lr(stage_lr(stage, cfg.algorithm.lr, self.state.stage_step))
                 if cfg.rollout.max_staleness == 0:  # the engines wait for this step: their
-                    await _release_engines(self.rt.engines)  # caches go before it starts
+                    await self.rt.release_engine_caches()  # caches go before it starts
                 try:
                     train_m = await trainer_step(self.stop, RL_GIVE_UP, self.trainer.train_step,
                                                  Batch(step=step, policy_version=version,
@@ -578,16 +586,6 @@ async def _train(cfg: RunConfig, resume: bool, rd: Path, stop: StopRequest) -> P
              viewer=str(report.parent / "viewer.html"),
              wall_s=round(time.monotonic() - t_start, 1))
     return rd
-
-
-async def _release_engines(engines: list[Any]) -> None:
-    """Engines that hold a cache between requests in this process (the local engine's batch)
-    give it back now (`LocalEngine.release`); others have nothing here to give."""
-    from asyncrl.engine.local.engine import LocalEngine
-
-    for e in engines:
-        if isinstance(e, LocalEngine):
-            await e.release()
 
 
 async def _push_weights(rt: Runtime, version: int) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 
 from asyncrl.algo.schedule import stage_lr
@@ -14,11 +12,11 @@ from asyncrl.stages import (
     PlateauState,
     hard_problem_ids,
     plateau_update,
-    source_mix,
     stage_budget,
     stage_done,
     stage_problems,
 )
+from asyncrl.tasks.stream import source_counts, source_mix
 
 
 def test_plateau_needs_patience_evals_without_improvement() -> None:
@@ -73,33 +71,40 @@ def _problems(**counts: int) -> list[Problem]:
     return sorted(out, key=lambda p: int(p.id.rsplit("-", 1)[1]))
 
 
-def test_a_source_mix_is_the_largest_subset_with_the_weights_shares() -> None:
+def test_a_source_mix_leaves_problems_out_to_reach_the_weights_shares() -> None:
     probs = _problems(rg_gsm=320, rg_eq=80, other=50)
-    even = source_mix(probs, {"gsm": 1, "eq": 1}, seed=0)  # a key names a source's last part
-    assert Counter(p.source for p in even) == {"rg/gsm": 80, "rg/eq": 80}  # `other` left out
+    even = source_mix(probs, {"gsm": 1, "eq": 1}, seed=0, stage=1)  # a key: a last part
+    assert source_counts(even) == {"rg/eq": 80, "rg/gsm": 80}  # `other` left out
     assert [p.id for p in even] == [p.id for p in probs if p in even]  # in list order
-    assert even == source_mix(probs, {"gsm": 1, "eq": 1}, seed=0)  # seeded: a resume's
-    assert even != source_mix(probs, {"gsm": 1, "eq": 1}, seed=1)
-    tilted = source_mix(probs, {"rg/eq": 3, "rg/gsm": 1, "other": 0.5}, seed=0)  # full names
-    assert Counter(p.source for p in tilted) == {"rg/eq": 80, "rg/gsm": 27, "other": 13}
-    assert source_mix(probs, {}, seed=0) == probs
+    # seeded by the run, the stage and the source: a resume's, whatever the keys' order
+    assert even == source_mix(probs, {"eq": 1, "gsm": 1}, seed=0, stage=1, key="other")
+    assert even != source_mix(probs, {"gsm": 1, "eq": 1}, seed=1, stage=1)
+    assert even != source_mix(probs, {"gsm": 1, "eq": 1}, seed=0, stage=2)
+    tilted = source_mix(probs, {"rg/eq": 3, "rg/gsm": 1, "other": 0.5}, seed=0, stage=0)
+    assert source_counts(tilted) == {"other": 13, "rg/eq": 80, "rg/gsm": 27}  # full names
+    # a named source keeps one problem however small its weight
+    assert source_counts(source_mix(probs, {"eq": 1, "gsm": 0.001}, seed=0, stage=0)) == {
+        "rg/eq": 80, "rg/gsm": 1}
+    assert source_mix(probs, {}, seed=0, stage=0) == probs
 
 
 def test_a_source_mix_that_names_no_source_or_one_twice_is_a_config_error() -> None:
     probs = _problems(rg_gsm=4, rg_eq=4)
     with pytest.raises(ConfigError, match=r"stages\[1\].source_weights: \['gsm_symbolic'\] name "
                        r"no source.*'rg/eq', 'rg/gsm'"):
-        source_mix(probs, {"gsm": 1, "gsm_symbolic": 1}, 0, "stages[1].source_weights")
+        source_mix(probs, {"gsm": 1, "gsm_symbolic": 1}, seed=0, stage=1,
+                   key="stages[1].source_weights")
     with pytest.raises(ConfigError, match="all name the source 'rg/gsm'"):
-        source_mix(probs, {"gsm": 1, "rg/gsm": 1}, 0)
+        source_mix(probs, {"gsm": 1, "rg/gsm": 1}, seed=0, stage=0)
 
 
 def test_a_stage_trains_on_its_mix_then_on_what_its_hard_filter_kept() -> None:
     probs = _problems(rg_gsm=8, rg_eq=2)
     stage = StageSection(name="rl", steps=1, source_weights={"eq": 1, "gsm": 1})
-    mixed = stage_problems(probs, stage, 0, None)
-    assert Counter(p.source for p in mixed) == {"rg/gsm": 2, "rg/eq": 2}
+    mixed = stage_problems(probs, stage, 0, 3, None)
+    assert source_counts(mixed) == {"rg/eq": 2, "rg/gsm": 2}
+    assert mixed == source_mix(probs, stage.source_weights, seed=0, stage=3)
     outside = next(p.id for p in probs if p not in mixed)
     kept = [mixed[0].id, mixed[3].id, outside]  # an id outside the mix stays out
-    assert stage_problems(probs, stage, 0, kept) == [mixed[0], mixed[3]]
-    assert stage_problems(probs, None, 0, None) == probs
+    assert stage_problems(probs, stage, 0, 3, kept) == [mixed[0], mixed[3]]
+    assert stage_problems(probs, None, 0, 3, None) == probs

@@ -25,17 +25,20 @@ RESAMPLES = 2000
 
 
 def read_groups(path: Path) -> list[Group]:
-    """The groups of an evaluation's results file, or of its journal while it runs: the
-    journal's fingerprint line and a last line a kill cut short are left out."""
+    """The groups of an evaluation's results file, or of its journal while it runs: a first
+    line that is no group (the journal's fingerprint) and a last line a kill cut short are
+    left out; any other line that is no group, or a file with none, is a `ValueError`."""
     dec = msgspec.json.Decoder(Group)
+    lines = [x for x in path.read_bytes().split(b"\n") if x.strip()]
     out = []
-    for line in path.read_bytes().split(b"\n"):
-        if not line.strip():
-            continue
+    for i, line in enumerate(lines):
         try:
             out.append(dec.decode(line))
-        except msgspec.DecodeError:  # the journal's fingerprint, or a cut write
-            continue
+        except msgspec.DecodeError:
+            if 0 < i < len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not an evaluation group") from None
+    if not out:
+        raise ValueError(f"{path}: no evaluation groups in it")
     return out
 
 
@@ -52,7 +55,7 @@ def _interval(diffs: Sequence[float], resamples: int, seed: int) -> tuple[float,
     rng = random.Random(seed)
     n = len(diffs)
     means = sorted(sum(rng.choices(diffs, k=n)) / n for _ in range(resamples))
-    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return means[round(0.025 * (resamples - 1))], means[round(0.975 * (resamples - 1))]
 
 
 def _row(pairs: list[tuple[Group, Group]], resamples: int, seed: int) -> dict[str, float]:
@@ -77,13 +80,27 @@ def compare(a: Iterable[Group], b: Iterable[Group], *, resamples: int = RESAMPLE
             seed: int = 0) -> dict[str, dict[str, float]]:
     """B against A over the problems both hold, "all" first, then one row per problem source.
     A problem's avg is the share of its answers that are correct, so the two sides may have
-    sampled different numbers of answers. Raises ValueError when they share no problem."""
-    first = {g.problem.id: g for g in a}
-    pairs = [(first[g.problem.id], g) for g in b if g.problem.id in first]
+    sampled different numbers of answers; a problem without answers on either side, and a
+    repeated id's later copies, are left out. Raises ValueError when the two share no
+    problem, or when a shared id is another question or answer on each side (evaluations of
+    two different held-out sets: ids are positions in a set, not its content)."""
+    first: dict[str, Group] = {}
+    for g in a:
+        first.setdefault(g.problem.id, g)
+    pairs: dict[str, tuple[Group, Group]] = {}
+    for g in b:
+        f = first.get(g.problem.id)
+        if f is not None and f.rollouts and g.rollouts:
+            pairs.setdefault(g.problem.id, (f, g))
+    other = [i for i, (x, y) in pairs.items()
+             if (x.problem.question, x.problem.answer) != (y.problem.question, y.problem.answer)]
+    if other:
+        raise ValueError(f"{len(other)} of the {len(pairs)} shared problem ids ({other[0]} "
+                         "first) are other problems on each side: two different held-out sets")
     if not pairs:
         raise ValueError("the two evaluations share no problem id")
     by: dict[str, list[tuple[Group, Group]]] = {}
-    for p in pairs:
+    for p in pairs.values():
         by.setdefault(p[0].problem.source or "?", []).append(p)
-    return {"all": _row(pairs, resamples, seed),
+    return {"all": _row(list(pairs.values()), resamples, seed),
             **{k: _row(v, resamples, seed) for k, v in sorted(by.items())}}

@@ -1,8 +1,8 @@
 """Run configuration: the schema (`schema`, the components' sections in `components`, the
 stage sections in `stages`, the shared types in `base`) and loading it from TOML (`loading`).
 
-`from asyncrl.config import RunConfig, load` is the usual use; every name of both modules is
-here. Imports nothing from the project but `errors`, and no torch.
+`from asyncrl.config import RunConfig, load` is the usual use; every public name of its
+modules is here. Imports nothing from the project but `errors`, and no torch.
 
 Variants (engine, trainer, sandbox) are tagged unions on the `kind` key; msgspec resolves the
 tag, so an unknown kind is an error that names `engine.kind`.

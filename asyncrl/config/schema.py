@@ -1,13 +1,13 @@
-"""The schema of a curriculum: one frozen msgspec Struct per component, composed into `RunConfig`.
+"""The schema of a curriculum: one frozen msgspec Struct per section, composed into `RunConfig`.
 
 Owns: every section and field but the components' (`asyncrl.config.components`: engines,
-trainers, sandboxes) and the stages' (`asyncrl.config.stages`), its default (the values of docs/architecture.md) and the checks that span
-sections. Does not own: reading TOML, overrides or error translation
-(`asyncrl.config.loading`), or what the components do with their section (each component
-receives only its own section, never the whole `RunConfig`).
+trainers, sandboxes) and the stages' (`asyncrl.config.stages`), their defaults (the values of
+docs/architecture.md) and the checks that span sections. Does not own: reading TOML,
+overrides or error translation (`asyncrl.config.loading`), or what the components do with
+their section (each component receives only its own section, never the whole `RunConfig`).
 
-Imports nothing from the project but `errors`. Every field is documented once, where it is
-declared.
+Imports nothing from the project but `errors` and the config package's own modules. Every
+field is documented once, where it is declared.
 
 Variants (engine, trainer, sandbox) are tagged unions on the `kind` key; msgspec resolves the
 tag, so an unknown kind is an error that names `engine.kind`.
@@ -404,6 +404,9 @@ class RunConfig(_Section, frozen=True, kw_only=True):
         for i, st in enumerate(self.stages):
             if st.chat is not None and st.kind != "sft":
                 raise ValueError(f"stages[{i}].chat: only an SFT stage reads chat files")
+            if st.chat is not None and st.source_weights:
+                raise ValueError(f"stages[{i}].source_weights: a chat-file stage trains on "
+                                 f"its files, not on the training problems")
             if st.kind != "rl" and st.data_filter != "all":
                 raise ValueError(f"stages[{i}].data_filter: an SFT or distill stage cannot "
                                  f"filter hard problems")

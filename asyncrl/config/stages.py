@@ -118,16 +118,20 @@ class StageSection(_Section, frozen=True, kw_only=True):
     """Train this stage on a subset of the training problems with these shares by source: a
     key names a problem source (`Problem.source`) or its last part (`{ simple_equations = 1,
     gsm_symbolic = 1 }` for reasoning-gym's generators); a source not named is left out. The
-    subset is the largest with those proportions, drawn from `run.seed` and the stage's index
-    (the same one on a resume); a `hard` filter then samples from it. Each key must name a
-    source of the training set, checked before the first stage runs. Empty: every training
-    problem."""
+    shares are reached by leaving problems out, never by repeating one: the source scarcest
+    for its weight is taken whole, each other a seeded draw of its share (at least one
+    problem), the same on a resume. A `hard` filter then samples from the subset, and keeps
+    what it keeps whatever the shares. The stage's `stage` metrics row counts its problems
+    by source. A key that names no source of the training set stops the run before its first
+    stage (`asyncrl train --dry-run` names it too, for a generator source). Empty: every
+    training problem."""
     data_filter: Literal["all", "hard"] = "all"
     """`hard`: before the stage, keep only problems the current policy does not solve k/k."""
     hard_filter_k: PosInt = 8
     """Samples per problem for the hard-problem filter."""
     hard_filter_problems: NonNegInt = 0
-    """Problems examined by the filter: a seeded random subset of this size (0 = all)."""
+    """Problems examined by the filter: a seeded random subset of this size of the stage's
+    problems (its `source_weights` mix; 0 = all)."""
     plateau: PlateauRule | None = None
     """End the stage early when the eval metric stops improving."""
     lr: NonNegFloat = 0.0

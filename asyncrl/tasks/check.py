@@ -3,8 +3,8 @@
 
 Owns: a built-in task family's `data.generator_options` (names, with "did you mean", and
 values, through the family's own `resolve_options`), and `check_task`: every plugin the config
-names imported, the task source built and one item of each split produced, as plan lines. A
-failure is a `ConfigError` naming the key.
+names imported, the task source built and one item of each split produced, and each stage's
+`source_weights` mix counted, as plan lines. A failure is a `ConfigError` naming the key.
 
 Does not own: the schema's own checks (`asyncrl.config`), the KV budget of one rollout
 (`asyncrl.policy.check_kv_budget`).
@@ -20,6 +20,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.formats import PYTHON_TOOL, get_format
 from asyncrl.tasks.plugins import resolve
 from asyncrl.tasks.source import load_source, source_name
+from asyncrl.tasks.stream import source_counts, source_mix
 from asyncrl.tasks.task import TaskContext, TaskSource
 from asyncrl.tasks.trial import trial_env, trial_reward
 from asyncrl.tasks.wiring import REWARD_NAMES, TOOL_NAMES, _as_tools, _names, source_tools
@@ -98,6 +99,13 @@ def check_task(cfg: RunConfig) -> list[str]:
                      f"{first.question[:60]!r} -> {first.answer[:20]!r}")
         by_split[key] = s
     source = by_split.get("train")  # what the runtime builds the reward and tools from
+    for i, st in enumerate(cfg.stages):
+        if st.source_weights and source is not None:  # fails here, before a model loads
+            mix = source_mix(source.train, st.source_weights, seed=cfg.run.seed, stage=i,
+                             key=f"stages[{i}].source_weights")
+            lines.append(f"stage {st.name}: {len(mix)} of the training problems by source "
+                         f"{source_counts(mix)} (before the prompt-length "
+                         "filter)")
     reward = cfg.task.reward
     trials: list[str | None] = [trial_env(source)] if source is not None else []
     if reward not in REWARD_NAMES:

@@ -2,7 +2,8 @@
 
 Owns: dropping problems whose prompt (system text and tool schema included) is longer than
 `data.max_prompt_tokens` (`filter_split`), the held-out cut an evaluation's `max_problems` takes
-(`held_out_cut`), and `ProblemStream`, the seeded epoch iterator whose `state()` goes into
+(`held_out_cut`), a stage's shares of the training problems by source (`source_mix`), and
+`ProblemStream`, the seeded epoch iterator whose `state()` goes into
 checkpoints so a resumed run sees the same order.
 
 Does not own: where problems come from (`asyncrl.tasks.open`), the prompt layout
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from asyncrl.errors import DataError
+from asyncrl.errors import ConfigError, DataError
 from asyncrl.formats import ToolFormat, render_prompt
 from asyncrl.log import get_logger
 from asyncrl.records import Problem
@@ -104,6 +106,42 @@ def held_out_cut(problems: Sequence[Problem], n: int) -> list[Problem]:
         return list(problems)
     keep = sorted(random.Random("asyncrl.eval.cut").sample(range(len(problems)), n))
     return [problems[i] for i in keep]
+
+
+def source_mix(problems: Sequence[Problem], weights: Mapping[str, float], *, seed: int,
+               stage: int, key: str = "source_weights") -> list[Problem]:
+    """Stage `stage`'s share of `problems` by source (`[[stages]] source_weights`): a key
+    names a `Problem.source` or its last part, and a source no key names is left out. The
+    shares are reached by leaving problems out, never by repeating one: the source scarcest
+    for its weight is taken whole, each other source a random draw of its share (at least
+    one problem), seeded by the run's `seed`, the stage and the source alone (the same draw
+    on a resume, whatever the keys' order). In list order; all of `problems` when `weights`
+    is empty. A key that names no source, or a source two keys name, is a `ConfigError` at
+    `key`."""
+    if not weights:
+        return list(problems)
+    by: dict[str, list[int]] = {k: [] for k in sorted(weights)}
+    for i, p in enumerate(problems):
+        names = [k for k in by if p.source == k or p.source.endswith("/" + k)]
+        if len(names) > 1:
+            raise ConfigError(key, f"{names} all name the source {p.source!r}")
+        if names:
+            by[names[0]].append(i)
+    if missing := [k for k, v in by.items() if not v]:
+        have = sorted({p.source for p in problems})
+        raise ConfigError(key, f"{missing} name no source of the training problems; they "
+                               f"have {have}")
+    scale = min(len(v) / weights[k] for k, v in by.items())
+    keep: list[int] = []
+    for k, v in by.items():
+        rng = random.Random(f"asyncrl.source_mix:{seed}:{stage}:{k}")
+        keep += rng.sample(v, min(len(v), max(1, round(scale * weights[k]))))
+    return [problems[i] for i in sorted(keep)]
+
+
+def source_counts(problems: Sequence[Problem]) -> dict[str, int]:
+    """Problems per source, sources sorted."""
+    return dict(sorted(Counter(p.source for p in problems).items()))
 
 
 class ProblemStream:

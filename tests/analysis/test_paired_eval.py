@@ -55,9 +55,20 @@ def test_the_interval_covers_the_spread_of_the_differences_and_is_seeded():
     assert (same["diff"], same["diff_lo"], same["diff_hi"]) == (0, 0, 0)
 
 
-def test_no_shared_problem_is_an_error():
+def test_no_shared_problem_or_another_set_under_the_same_ids_is_an_error():
     with pytest.raises(ValueError, match="share no problem"):
         compare([group("p1", "s", [1])], [group("p2", "s", [1])])
+    other = group("p1", "s", [1])
+    other.problem.question = "another question"
+    with pytest.raises(ValueError, match="1 of the 1 shared problem ids"):
+        compare([group("p1", "s", [1])], [other])
+
+
+def test_a_repeated_id_counts_once_and_a_problem_without_answers_not_at_all():
+    a = [group("p1", "s", [1, 1]), group("p1", "s", [0, 0]), group("p2", "s", [1])]
+    b = [group("p1", "s", [0, 0]), group("p1", "s", [1, 1]), group("p2", "s", [])]
+    row = compare(a, b)["all"]
+    assert (row["problems"], row["avg_a"], row["avg_b"]) == (1, 1.0, 0.0)  # the first copies
 
 
 def test_reads_a_running_journal_past_its_fingerprint_and_a_cut_last_line(tmp_path):
@@ -69,3 +80,10 @@ def test_reads_a_running_journal_past_its_fingerprint_and_a_cut_last_line(tmp_pa
     done = tmp_path / "eval_groups.jsonl"
     done.write_bytes(to_json(g1) + b"\n" + to_json(g2) + b"\n")
     assert [g.problem.id for g in read_groups(done)] == ["p1", "p2"]
+    wrong = tmp_path / "metrics.jsonl"  # not an evaluation's file
+    wrong.write_bytes(b'{"kind": "data"}\n{"kind": "stage"}\n{"kind": "done"}\n')
+    with pytest.raises(ValueError, match="line 2 is not an evaluation group"):
+        read_groups(wrong)
+    wrong.write_bytes(b'{"kind": "data"}\n')
+    with pytest.raises(ValueError, match="no evaluation groups"):
+        read_groups(wrong)

@@ -114,6 +114,11 @@ def test_rejections_name_the_key(override: str, key: str) -> None:
         (lambda d: d.update(engine={"kind": "tgi"}), "engine.kind"),
         (lambda d: d["stages"].append({"name": "x", "kind": "sft", "steps": 1,
                                        "data_filter": "hard"}), "stages[1].data_filter"),
+        (lambda d: d["stages"].append({"name": "x", "kind": "sft", "steps": 1,
+                                       "chat": {"train": ["c.jsonl"]},
+                                       "source_weights": {"a": 1}}), "stages[1].source_weights"),
+        (lambda d: d["stages"].append({"name": "x", "steps": 1, "source_weights": {"a": 0}}),
+         "stages[1].source_weights[...]"),
     ],
 )
 def test_structural_rejections(mutate, key: str) -> None:

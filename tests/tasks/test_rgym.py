@@ -250,3 +250,28 @@ async def test_a_reasoning_gym_eval_behind_a_file_train_set_is_scored_by_its_own
         assert await score(p, p.answer) == 1.0
         if len(factors) > 1:
             assert await score(p, str(product)) == 0.0  # math-verify would credit it
+
+
+def test_the_plan_counts_a_stages_source_mix_and_refuses_one_naming_no_generator() -> None:
+    import msgspec
+    from micro_config import ROOT
+
+    from asyncrl import config
+    from asyncrl.config import StageSection
+    from asyncrl.errors import ConfigError
+    from asyncrl.tasks.check import check_task
+
+    opts = {"generators": ["simple_equations", "gsm_symbolic"], "train_size": 40,
+            "eval_size": 4, "train_weights": {"gsm_symbolic": 3}}
+    cfg = config.load(ROOT / "curricula" / "tiny.toml")
+    stage = StageSection(name="rl-even", steps=1,
+                         source_weights={"simple_equations": 1, "gsm_symbolic": 1})
+    cfg = msgspec.structs.replace(cfg, stages=[stage], data=msgspec.structs.replace(
+        cfg.data, train="generator:reasoning_gym", eval="", generator_options=opts))
+    (line,) = [x for x in check_task(cfg) if x.startswith("stage rl-even:")]
+    assert line.startswith("stage rl-even: 20 of the training problems by source "
+                           "{'reasoning_gym/gsm_symbolic': 10, 'reasoning_gym/simple_equations': "
+                           "10}"), line
+    typo = msgspec.structs.replace(stage, source_weights={"simple_equation": 1})
+    with pytest.raises(ConfigError, match=r"stages\[0\].source_weights: \['simple_equation'\]"):
+        check_task(msgspec.structs.replace(cfg, stages=[typo]))

@@ -1,5 +1,7 @@
 """`[[stages]] source_weights` through `asyncrl train`: a stage trains only on the sources it
-names, and a key that names no source of the training set stops the run before any stage."""
+names (a hard filter samples only those), its metrics row counts them, and a key that names
+no source of the training set stops the run before its first stage. (The plan's line for a
+generator source: tests/tasks/test_rgym.py.)"""
 
 from __future__ import annotations
 
@@ -32,9 +34,15 @@ max_prompt_tokens = 256
 name = "all"
 steps = 1
 [[stages]]
-name = "add-only"
-steps = 3
+name = "mix"
+steps = 2
 source_weights = {weights}
+[[stages]]
+name = "hard-add"
+steps = 1
+source_weights = {{ add = 1 }}
+data_filter = "hard"
+hard_filter_k = 2
 [eval]
 every_steps = 0
 [checkpoint]
@@ -52,15 +60,22 @@ def _train(cfg: Path, run_dir: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_stage_trains_only_on_the_sources_it_names(tmp_path: Path) -> None:
+    cfg = _curriculum(tmp_path, '{ add = 1, mul = 1 }')
     run = tmp_path / "run"
-    proc = _train(_curriculum(tmp_path, '{ add = 1 }'), run)
+    proc = _train(cfg, run)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    steps = {r["stage"]: [] for r in metric_rows(run, "rl_step")}
+    starts = {r["stage"]: r for r in metric_rows(run, "stage") if r["event"] == "start"}
+    assert starts["all"]["by_source"] == {"arith/add": 12, "arith/mul": 36}
+    assert starts["mix"]["by_source"] == {"arith/add": 12, "arith/mul": 12}
+    (hard,) = metric_rows(run, "hard_filter")
+    assert hard["problems"] == 12  # the filter sampled the stage's mix, not all 48
+    steps: dict[str, list[str]] = {}
     for r in metric_rows(run, "rl_step"):
-        steps[r["stage"]] += r["problem_ids"]
-    assert len(steps["add-only"]) == 3 * 2
-    assert all(p.startswith("add-") for p in steps["add-only"])
-    assert len(steps["all"]) == 2  # the stage before it draws from the whole set
+        steps.setdefault(r["stage"], []).extend(r["problem_ids"])
+    assert [len(v) for v in steps.values()] == [2, 4, 2]
+    mixed = {p.split("-")[0] for p in steps["mix"]}
+    assert mixed <= {"add", "mul"}
+    assert all(p.startswith("add-") for p in steps["hard-add"])
 
 
 def test_a_mix_naming_no_source_stops_the_run_before_its_first_stage(tmp_path: Path) -> None:
