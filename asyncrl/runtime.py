@@ -216,6 +216,7 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     from asyncrl.engine.registry import build_engines
     from asyncrl.rollout import RolloutRunner
     from asyncrl.rundir import write_prompt
+    from asyncrl.stages import check_source_weights
     from asyncrl.tasks.open import TaskSpec, bind, load_task
     from asyncrl.tasks.task import TaskContext
     from asyncrl.tasks.wiring import system_text
@@ -225,6 +226,8 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     # An evaluation reads only the held-out split (its training file may not be here).
     loaded = load_task(TaskSpec.of(cfg, splits=("train", "eval") if with_trainer
                                    else ("eval",)))
+    if with_trainer and loaded.train is not None:  # a mix naming no source: fail before a model
+        check_source_weights(cfg.stages, loaded.train.problems, cfg.run.seed)
     tok, model = build_tokenizer_and_model(cfg, run_dir, loaded)
     # Prompts and tool responses in the model's own chat template when it has a usable one:
     # the ids of a rollout are then the ids the template renders (asyncrl.templates).

@@ -90,6 +90,17 @@ def hard_problem_ids(correct_counts: Mapping[str, int], k: int) -> set[str]:
     return {pid for pid, c in correct_counts.items() if c < k}
 
 
+def check_source_weights(stages: Sequence[StageSection], problems: Sequence[Problem],
+                         seed: int) -> None:
+    """Each stage's `source_weights` names sources of the training `problems`: a key that names
+    none is a `ConfigError` naming `stages[i].source_weights` (and listing the sources there
+    are), raised when the problems are read, before a model is built."""
+    for i, st in enumerate(stages):
+        if st.source_weights:
+            source_mix(problems, st.source_weights, seed=seed, stage=i,
+                       key=f"stages[{i}].source_weights")
+
+
 def stage_problems(problems: Sequence[Problem], stage: StageSection | None, seed: int,
                    index: int, ids: Sequence[str] | None) -> list[Problem]:
     """What stage `index` of a run at `seed` trains on: its `source_weights` subset of the

@@ -66,7 +66,6 @@ from asyncrl.tasks.stream import (
     filter_split,
     held_out_cut,
     source_counts,
-    source_mix,
 )
 from asyncrl.templates import end_of_sequence_ids
 from asyncrl.weightsync.push import push_weights
@@ -98,9 +97,6 @@ class StageRunner:
         """The current stage's plateau rule fired: it ends after this step."""
         self._producer: RolloutProducer | None = None
         """The RL stage's producer while one runs (its waves under way go in a checkpoint)."""
-        for i, st in enumerate(self.cfg.stages):  # a mix naming no source fails now, not later
-            source_mix(train_problems, st.source_weights, seed=0, stage=i,
-                       key=f"stages[{i}].source_weights")
         self.stream = self._make_stream()
 
     # ------------------------------------------------------------------------------ plumbing

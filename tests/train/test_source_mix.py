@@ -1,7 +1,7 @@
 """`[[stages]] source_weights` through `asyncrl train`: a stage trains only on the sources it
 names (a hard filter samples only those), its metrics row counts them, and a key that names
-no source of the training set stops the run before its first stage. (The plan's line for a
-generator source: tests/tasks/test_rgym.py.)"""
+no source of the training set stops the run when the problems are read, before a model is
+built. (The plan's line for a generator source: tests/tasks/test_rgym.py.)"""
 
 from __future__ import annotations
 
@@ -86,3 +86,6 @@ def test_a_mix_naming_no_source_stops_the_run_before_its_first_stage(tmp_path: P
     assert "stages[1].source_weights" in out and "['sub'] name no source" in out, out[-3000:]
     assert "arith/add" in out and "arith/mul" in out  # the sources it has
     assert metric_rows(run, "rl_step") == []  # the first stage, which names none, never ran
+    # found when the problems were read: no model was built, no engine or sandbox started
+    assert not (run / "model-init").exists() and not (run / "prompt.json").exists()
+    assert "model_built" not in out and "runtime_ready" not in out
