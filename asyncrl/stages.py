@@ -107,8 +107,10 @@ def stage_problems(problems: Sequence[Problem], stage: StageSection | None, seed
     training `problems` (`asyncrl.tasks.stream.source_mix`), then, when a `hard` filter has
     run (`ids`), the problems it kept."""
     mixed = source_mix(problems, stage.source_weights if stage else {}, seed=seed, stage=index)
-    keep = None if ids is None else set(ids)
-    return mixed if keep is None else [p for p in mixed if p.id in keep]
+    if ids is None:
+        return mixed
+    keep = set(ids)
+    return [p for p in mixed if p.id in keep]
 
 
 def stage_budget(rollout: RolloutSection, stage: StageSection) -> int:

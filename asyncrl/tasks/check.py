@@ -104,8 +104,7 @@ def check_task(cfg: RunConfig) -> list[str]:
             mix = source_mix(source.train, st.source_weights, seed=cfg.run.seed, stage=i,
                              key=f"stages[{i}].source_weights")
             lines.append(f"stage {st.name}: {len(mix)} of the training problems by source "
-                         f"{source_counts(mix)} (before the prompt-length "
-                         "filter)")
+                         f"{source_counts(mix)} (before the prompt-length filter)")
     reward = cfg.task.reward
     trials: list[str | None] = [trial_env(source)] if source is not None else []
     if reward not in REWARD_NAMES:
