@@ -31,7 +31,8 @@ the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings
 
 `--eval-k K` also evaluates each finished run's `final/` (the cold start's and each arm's) with
 K samples per problem at `--eval-temperature` (default 1), apart from its training: `asyncrl
-eval --k K --no-greedy` into `<run>/eval-k{K}/`, with the same `--set` overrides. Its avg@K and
+eval --k K --no-greedy` into `<run>/eval-k{K}/`, with the same `--set` overrides; a seed's cold
+start's after its arms', which compare without it. Its avg@K and
 tool-error ratios then stand in the report for those of the run's own final evaluation (whose
 greedy accuracy stays): a curriculum that evaluates only greedily while it trains, as a long
 one on a CPU must, gets its avg@K and the tool errors of correct sampled answers this way. Such
@@ -149,7 +150,6 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
     if not (args.reuse and finished(sft_dir)):
         train(sft_dir, args.curriculum, [*common, f"stages={toml_value(sft_stages)}"], out_dir,
               f"sft seed {seed}", args.reuse)
-    sampled_eval(sft_dir, args, seed, out_dir, f"sft seed {seed}")
     final = (sft_dir / "final").resolve()
     for arm in arms:
         arm_dir = out_dir / f"{arm}-seed{seed}"
@@ -159,6 +159,8 @@ def run_seed(seed: int, arms: list[str], args: argparse.Namespace, out_dir: Path
                    f"tokenizer.path={json.dumps(str(final))}", f"stages={toml_value(rl_stages)}"],
                   out_dir, f"{arm} seed {seed}", args.reuse)
         sampled_eval(arm_dir, args, seed, out_dir, f"{arm} seed {seed}")
+    # the cold start's last: the arms compare without it; only their gain over it needs it
+    sampled_eval(sft_dir, args, seed, out_dir, f"sft seed {seed}")
 
 
 def plot(results: dict[str, dict[int, dict]], path: Path) -> None:
