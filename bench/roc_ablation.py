@@ -32,11 +32,11 @@ the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings
 `--eval-k K` also evaluates each finished run's `final/` (the cold start's and each arm's) with
 K samples per problem at `--eval-temperature` (default 1), apart from its training: `asyncrl
 eval --k K --no-greedy` into `<run>/eval-k{K}/`, with the same `--set` overrides; a seed's cold
-start's after its arms', which compare without it. Its avg@K and
-tool-error ratios then stand in the report for those of the run's own final evaluation (whose
-greedy accuracy stays): a curriculum that evaluates only greedily while it trains, as a long
-one on a CPU must, gets its avg@K and the tool errors of correct sampled answers this way. Such
-an evaluation journals each finished problem, so an interrupted one goes on where it stopped.
+start's after its arms', which compare without it. Its avg@K and tool-error ratios then stand
+in the report for those of the run's own final evaluation (whose greedy accuracy stays): a
+curriculum that evaluates only greedily while it trains, as a long one on a CPU must, gets its
+avg@K and the tool errors of correct sampled answers this way. Such an evaluation journals each
+finished problem, so an interrupted one goes on where it stopped.
 
 `--reuse` keeps every finished run (SFT or arm), resumes an unfinished one from its last
 checkpoint (`asyncrl train --resume`, the same overrides) and runs the missing ones, so an
