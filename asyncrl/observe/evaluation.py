@@ -29,13 +29,13 @@ says how many were read that way.
 
 An evaluation in training runs two passes over the same problems (`with_greedy`): k samples at
 the training temperature (avg@k, maj@k, pass@k, per level too) and one greedy answer
-(`accuracy`, `accuracy_L{n}`).
+(`accuracy`, `accuracy_L{n}`, `accuracy/<source>`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from asyncrl.errors import EngineError, RewardError
@@ -154,17 +154,19 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
 
     Each group needs at least k rollouts; failed or truncated rollouts count as samples (with
     the reward they were given). pass@k and avg@k use all n samples of a group; maj@k uses the
-    first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K (absent
-    when no sample has an answer),
-    response_tokens_mean, tool_calls_per_problem (mean calls per sample), tool_error_ratio
-    (failed / all calls), tool_error_ratio_correct (the same over correct samples),
-    no_answer_ratio, answer_from_response_ratio and correct_stated_ratio (which rule gave the
-    answers and the verdicts: module docstring), truncated_ratio, failed_ratio (rollouts that
-    failed in the engine or
-    the loop, not in the model: they count as wrong answers, and this says how many of the
-    wrong ones are no answer of the model's at all); then, when problems carry a difficulty (a generator's
-    level), per level n: `accuracy_L{n}` = avg@k over its problems and, for k > 1,
-    `avg@K_L{n}` (the same) and `maj@K_L{n}`.
+    first k. Keys: problems, samples, k, accuracy (= avg@k), avg@K, pass@K, maj@K (absent when
+    no sample has an answer), response_tokens_mean, tool_calls_per_problem (mean calls per
+    sample), tool_error_ratio (failed / all calls), tool_error_ratio_correct (the same over
+    correct samples), no_answer_ratio, answer_from_response_ratio and correct_stated_ratio
+    (which rule gave the answers and the verdicts: module docstring), truncated_ratio,
+    failed_ratio (rollouts that failed in the engine or the loop, not in the model: they count
+    as wrong answers, and this says how many of the wrong ones are no answer of the model's at
+    all); then, when problems carry a difficulty (a generator's level), per level n:
+    `accuracy_L{n}` = avg@k over its problems and, for k > 1, `avg@K_L{n}` (the same) and
+    `maj@K_L{n}`; then, when the problems come from more than one `Problem.source`, per source
+    (`source_labels`: `gsm_symbolic` for `reasoning_gym/gsm_symbolic`): `accuracy/<source>`,
+    for k > 1 `avg@K/<source>` and `maj@K/<source>`, `tool_calls_per_problem/<source>` and
+    `tool_error_ratio_correct/<source>`.
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -200,6 +202,25 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
             levels[f"avg@{k}_L{lv}"] = _mean([a for a, _ in xs])
             if voted:
                 levels[f"maj@{k}_L{lv}"] = _mean([m for _, m in xs])
+    by_source: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        if g.problem.source:
+            by_source.setdefault(g.problem.source, []).append(i)
+    sources: dict[str, float] = {}
+    if len(by_source) > 1:  # one source's figures are the whole evaluation's
+        labels = source_labels(by_source)
+        for src in sorted(by_source, key=labels.__getitem__):
+            idx, name = by_source[src], labels[src]
+            sources[f"accuracy/{name}"] = _mean([avg[i] for i in idx])
+            if k > 1:
+                sources[f"avg@{k}/{name}"] = sources[f"accuracy/{name}"]
+                if voted:
+                    sources[f"maj@{k}/{name}"] = _mean([maj[i] for i in idx])
+            rs = [r for i in idx for r in groups[i].rollouts]
+            ok_calls = [c for r in rs if r.is_correct for c in r.tool_calls]
+            sources[f"tool_calls_per_problem/{name}"] = sum(len(r.tool_calls) for r in rs) / len(rs)
+            sources[f"tool_error_ratio_correct/{name}"] = (
+                sum(c.failed for c in ok_calls) / len(ok_calls) if ok_calls else 0.0)
     return {
         "problems": float(len(groups)),
         "samples": float(len(rollouts)),
@@ -219,18 +240,28 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "truncated_ratio": _mean([float(r.status == RolloutStatus.TRUNCATED) for r in rollouts]),
         "failed_ratio": _mean([float(r.status == RolloutStatus.FAILED) for r in rollouts]),
         **levels,
+        **sources,
     }
+
+
+def source_labels(sources: Iterable[str]) -> dict[str, str]:
+    """A short name per problem source for the per-source keys: its last part
+    (`reasoning_gym/gsm_symbolic` -> `gsm_symbolic`) unless another source ends the same, then
+    the whole name."""
+    names = sorted(set(sources))
+    last = [n.rsplit("/", 1)[-1] for n in names]
+    return {n: tail if last.count(tail) == 1 else n for n, tail in zip(names, last, strict=True)}
 
 
 def with_greedy(sampled: dict[str, float], greedy: dict[str, float]) -> dict[str, float]:
     """One evaluation's figures from its two passes over the same problems: the sampled pass's
     (avg@k, maj@k, pass@k and their per-level forms, tool use, lengths), with `accuracy` and
-    `accuracy_L{n}` taken from the greedy pass (`summarize(greedy_groups, 1)`), and the greedy
-    pass's tool-error ratio and failed share as `greedy_tool_error_ratio` and
-    `greedy_failed_ratio`."""
+    `accuracy_L{n}` and `accuracy/<source>` taken from the greedy pass
+    (`summarize(greedy_groups, 1)`), and the greedy pass's tool-error ratio and failed share as
+    `greedy_tool_error_ratio` and `greedy_failed_ratio`."""
     out = {key: v for key, v in sampled.items() if not key.startswith("accuracy")}
     out["accuracy"] = greedy["accuracy"]
-    out.update({key: v for key, v in greedy.items() if key.startswith("accuracy_L")})
+    out.update({key: v for key, v in greedy.items() if key.startswith(("accuracy_L", "accuracy/"))})
     out["greedy_tool_error_ratio"] = greedy["tool_error_ratio"]
     out["greedy_failed_ratio"] = greedy["failed_ratio"]
     return out

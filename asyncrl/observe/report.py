@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -279,6 +279,11 @@ def _pct(v: Any) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _count(v: Any) -> str:
+    x = _number(v)
+    return "n/a" if x is None else f"{x:.2f}"
+
+
 def _duration(s: float | None) -> str:
     if s is None:
         return "n/a"
@@ -339,6 +344,7 @@ def render_markdown(s: Summary, title: str, plots: Sequence[str]) -> str:
     else:
         out += ["", f"Change: n/a ({s.evals} evaluations; need one before and one after RL)."]
     out += _level_table(s, avg if sampled else "", maj if sampled else "")
+    out += _source_table(s, avg if sampled else "", maj if sampled else "")
 
     last = "n/a" if s.last_rl_step is None else s.last_rl_step
     out += ["", "## Run", "", f"- Wall time: {_duration(s.wall_time_s)}",
@@ -381,21 +387,43 @@ def _level_table(s: Summary, avg: str, maj: str) -> list[str]:
     rows = [r for r in (s.before, s.after) if r]
     levels = sorted({int(k.removeprefix("eval/accuracy_L")) for r in rows for k in r
                      if k.startswith("eval/accuracy_L") and k[15:].isdigit()})
-    if not levels:
+    return _breakdown(s, avg, maj, "level", [str(lv) for lv in levels],
+                      lambda fig, lv: f"{fig}_L{lv}")
+
+
+def _source_table(s: Summary, avg: str, maj: str) -> list[str]:
+    """Per problem source (`eval/accuracy/<source>`, and the sampled keys' `/<source>` forms,
+    with the tool calls per answer), before -> after."""
+    rows = [r for r in (s.before, s.after) if r]
+    names = sorted({k.removeprefix("eval/accuracy/") for r in rows for k in r
+                    if k.startswith("eval/accuracy/")})
+    return _breakdown(s, avg, maj, "source", names, lambda fig, name: f"{fig}/{name}",
+                      extra=("eval/tool_calls_per_problem", "tool calls"))
+
+
+def _breakdown(s: Summary, avg: str, maj: str, what: str, names: Sequence[str],
+               key: Callable[[str, str], str], extra: tuple[str, str] | None = None
+               ) -> list[str]:
+    """A table of the held-out figures per `what` (a level, a source), before -> after RL:
+    `key(figure, name)` is the eval row's key of `figure` for `name`."""
+    rows = [r for r in (s.before, s.after) if r]
+    if not names:
         return []
-    keys = [("accuracy", "eval/accuracy_L")] + [
-        (k.removeprefix("eval/"), f"{k}_L") for k in (avg, maj)
-        if k and any(f"{k}_L{lv}" in r for r in rows for lv in levels)]
+    figs = [("accuracy", "eval/accuracy")] + [
+        (k.removeprefix("eval/"), k) for k in (avg, maj)
+        if k and any(key(k, n) in r for r in rows for n in names)]
+    if extra and any(key(extra[0], n) in r for r in rows for n in names):
+        figs.append((extra[1], extra[0]))
 
-    def cell(prefix: str, lv: int) -> str:
-        vals = [_pct(r.get(f"{prefix}{lv}") if r else None) for r in (s.before, s.after)]
-        return " -> ".join(vals)
+    def cell(fig: str, name: str) -> str:
+        shown = _count if extra and fig == extra[0] else _pct
+        return " -> ".join(shown(r.get(key(fig, name)) if r else None)
+                           for r in (s.before, s.after))
 
-    out = ["", "By level (before RL -> after RL):", "",
-           "| level | " + " | ".join(name for name, _ in keys) + " |",
-           "| --- |" + " --- |" * len(keys)]
-    out += [f"| {lv} | " + " | ".join(cell(prefix, lv) for _, prefix in keys) + " |"
-            for lv in levels]
+    out = ["", f"By {what} (before RL -> after RL):", "",
+           f"| {what} | " + " | ".join(label for label, _ in figs) + " |",
+           "| --- |" + " --- |" * len(figs)]
+    out += [f"| {n} | " + " | ".join(cell(fig, n) for _, fig in figs) + " |" for n in names]
     return out
 
 

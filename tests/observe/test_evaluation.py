@@ -196,6 +196,47 @@ def test_with_greedy_takes_accuracy_from_the_greedy_pass_and_the_rest_from_the_s
     assert m["greedy_tool_error_ratio"] == 1.0 and m["tool_error_ratio"] == 0.0
 
 
+def _source_group(gid: str, source: str, answers: list[tuple[str, float]],
+                  calls: tuple[ToolStatus, ...] = ()) -> Group:
+    return Group(group_id=gid, problem=Problem(id=gid, question="q", answer="5", source=source),
+                 rollouts=[_rollout(i, a, r, calls=calls) for i, (a, r) in enumerate(answers)])
+
+
+def test_figures_per_source_when_the_problems_come_from_several() -> None:
+    ok, err = ToolStatus.OK, ToolStatus.ERROR
+    a = _source_group("a", "rg/gsm_symbolic", [("5", 1), ("4", 0), ("4", 0), ("4", 0)], (ok,))
+    b = _source_group("b", "rg/gsm_symbolic", [("5", 1), ("5", 1), ("3", 0), ("3", 0)],
+                      (ok, err))
+    c = _source_group("c", "rg/simple_equations", [("5", 1)] * 4)
+    d = _source_group("d", "", [("4", 0)] * 4)  # no source: in the totals, in no source's
+    s = summarize([a, b, c, d], k=4)
+    assert s["accuracy/gsm_symbolic"] == pytest.approx(0.375) == s["avg@4/gsm_symbolic"]
+    assert s["maj@4/gsm_symbolic"] == pytest.approx(0.5)   # a: 4 wins 3-1; b: tie, 5 first
+    assert s["accuracy/simple_equations"] == 1.0 == s["maj@4/simple_equations"]
+    assert s["tool_calls_per_problem/gsm_symbolic"] == pytest.approx(12 / 8)
+    assert s["tool_calls_per_problem/simple_equations"] == 0.0
+    # the correct answers' calls: a's one (ok), b's two twice (one failed each): 2 of 5
+    assert s["tool_error_ratio_correct/gsm_symbolic"] == pytest.approx(2 / 5)
+    assert s["tool_error_ratio_correct/simple_equations"] == 0.0
+    assert not any(k.endswith("/") for k in s)
+    assert not any("/" in k for k in summarize([a, b, d], k=4))  # one source: the totals say it
+    g1 = summarize([_source_group("a", "rg/gsm_symbolic", [("5", 1)])] * 1
+                   + [_source_group("c", "rg/simple_equations", [("4", 0)])], k=1)
+    assert "avg@1/gsm_symbolic" not in g1 and g1["accuracy/gsm_symbolic"] == 1.0
+    m = with_greedy(s, g1)  # the greedy pass's accuracy per source, the samples' rest
+    assert m["accuracy/gsm_symbolic"] == 1.0 and m["accuracy/simple_equations"] == 0.0
+    assert m["avg@4/gsm_symbolic"] == pytest.approx(0.375)
+
+
+def test_a_source_is_named_by_its_last_part_unless_two_end_the_same() -> None:
+    from asyncrl.observe.evaluation import source_labels
+
+    assert source_labels(["reasoning_gym/gsm_symbolic", "mine"]) == {
+        "reasoning_gym/gsm_symbolic": "gsm_symbolic", "mine": "mine"}
+    assert source_labels(["a/add", "b/add", "b/mul"]) == {"a/add": "a/add", "b/add": "b/add",
+                                                         "b/mul": "mul"}
+
+
 def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:
     from asyncrl.errors import EngineError
     from asyncrl.observe.evaluation import some_answered

@@ -199,6 +199,30 @@ def test_sampled_figures_beside_greedy_and_per_level(tmp_path: Path) -> None:
     assert (xs, ys) == ([0.0, 2.0], [0.375, 0.875])
 
 
+def test_figures_per_source_before_and_after(tmp_path: Path) -> None:
+    """An evaluation of problems from two sources: a table of each one's greedy accuracy,
+    avg@8, maj@8 and tool calls per answer, before -> after RL."""
+    def ev(step: int, label: str, gsm: float, eq: float, calls: float) -> dict:
+        return {"kind": "eval", "stage": "rl", "step": step, "time_s": 10.0 + step,
+                "label": label, "eval/temperature": 1.0, "eval/accuracy": (gsm + eq) / 2,
+                "eval/avg@8": 0.5, "eval/maj@8": 0.5, "eval/greedy_tool_error_ratio": 0.0,
+                "eval/accuracy/gsm_symbolic": gsm, "eval/avg@8/gsm_symbolic": gsm / 2,
+                "eval/maj@8/gsm_symbolic": gsm, "eval/tool_calls_per_problem/gsm_symbolic": calls,
+                "eval/accuracy/simple_equations": eq, "eval/avg@8/simple_equations": eq / 2,
+                "eval/maj@8/simple_equations": eq,
+                "eval/tool_calls_per_problem/simple_equations": 1.0}
+
+    rows = [ev(0, "after_sft", 0.125, 0.5, 1.75), _rl_row(1, "rl", 0.5),
+            ev(1, "final", 0.25, 1.0, 1.125)]
+    text = report.write_report(_write(tmp_path / "run", rows)).read_text()
+    assert "By source (before RL -> after RL):" in text
+    assert "| source | accuracy | avg@8 | maj@8 | tool calls |" in text
+    assert ("| gsm_symbolic | 12.5% -> 25.0% | 6.2% -> 12.5% | 12.5% -> 25.0% | 1.75 -> 1.12 |"
+            in text)
+    assert "| simple_equations | 50.0% -> 100.0% | 25.0% -> 50.0% | 50.0% -> 100.0% | 1.00 -> 1.00 |" in text
+    assert "By level" not in text
+
+
 def test_a_greedy_only_run_keeps_the_one_column_table(tmp_path: Path) -> None:
     text = report.write_report(_write(tmp_path / "run", _full_run())).read_text()
     assert "| checkpoint | step | accuracy |\n" in text and "avg@" not in text
