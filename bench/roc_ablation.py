@@ -19,11 +19,13 @@ avg@k gain over the seed's cold start, the tool-error ratio (failed calls / call
 sampled eval answers (RoC's claim about the policy), of positive rollouts and of all rollouts
 over the whole RL run and over its last `--tail` steps, the p_err of the positives the update
 trained on, the mean response length, and the RL wall time. Each RoC arm minus each GRPO arm,
-paired by seed, with its interval. Curves per RL step (tool-error ratios, response length) and
-per evaluation (greedy, avg@k, tool errors of correct answers) go to a plot. Writes
-`bench/results/roc_ablation.{json,md,png}` and appends progress to `runs/ablation/progress.log`.
-The arms and what is read from a run are `asyncrl/analysis/ablation_runs.py`, the statistics and
-the tables `asyncrl/analysis/ablation_report.py`; this script runs the trainings and writes.
+paired by seed, with its interval; with `--eval-k`, per seed also paired by held-out problem
+(`ablation_runs.paired_by_problem`). Curves per RL step (tool-error ratios, response length)
+and per evaluation (greedy, avg@k, tool errors of correct answers) go to a plot. Writes
+`bench/results/roc_ablation.{json,md,png}` and appends progress to
+`runs/ablation/progress.log`. The arms and what is read from a run are
+`asyncrl/analysis/ablation_runs.py`, the statistics and the tables
+`asyncrl/analysis/ablation_report.py`; this script runs the trainings and writes.
 
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
         [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
@@ -58,6 +60,7 @@ from pathlib import Path
 from asyncrl.analysis.ablation_report import markdown, paired, summarise
 from asyncrl.analysis.ablation_runs import (
     ARMS,
+    paired_by_problem,
     read_arm,
     read_sft,
     sampled_eval_dir,
@@ -246,14 +249,18 @@ def ablation(args: argparse.Namespace) -> int:
     summary = summarise(results)
     seeds = {arm: sorted(r) for arm, r in results.items()}
     pairs = paired(results)
-    table = markdown(summary, sft, seeds, pairs, results)
+    by_problem = paired_by_problem(
+        {arm: {seed: out_dir / f"{arm}-seed{seed}" for seed in r} for arm, r in results.items()},
+        args.eval_k) if args.eval_k else {}
+    table = markdown(summary, sft, seeds, pairs, results, by_problem)
     print("\n" + table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "roc_ablation.md").write_text(table)
     (RESULTS / "roc_ablation.json").write_text(json.dumps(
         {"curriculum": str(args.curriculum.relative_to(ROOT)) if args.curriculum.is_relative_to(
             ROOT) else str(args.curriculum), "overrides": args.set, "seeds": seeds,
-         "after_sft": sft, "summary": summary, "paired": pairs, "runs": results}, indent=1))
+         "after_sft": sft, "summary": summary, "paired": pairs, "paired_by_problem": by_problem,
+         "runs": results}, indent=1))
     plot(results, RESULTS / "roc_ablation.png")
     print(f"wrote {RESULTS / 'roc_ablation.json'}, .md, .png")
     return 0

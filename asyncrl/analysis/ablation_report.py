@@ -104,11 +104,37 @@ def _cell(name: str, st: dict[str, Any], ci: bool = False) -> str:
     return text + (f" [{st['ci95'][0]:.3f}, {st['ci95'][1]:.3f}]" if ci else "")
 
 
+def by_problem_lines(by_problem: dict[str, dict[int, dict[str, dict[str, float]]]]
+                     ) -> list[str]:
+    """The table of `ablation_runs.paired_by_problem`: per pair, seed and problem source (all
+    first), RoC - GRPO over the held-out problems both answered."""
+    if not by_problem:
+        return []
+    lines = ["", "RoC against GRPO per seed, paired by held-out problem (the arms of a seed answer "
+             "the same problems): avg@k of each, RoC - GRPO [95% bootstrap interval over the "
+             "problems], and the failed share of the tool calls inside correct answers (calls "
+             "in brackets).", "",
+             "| pair | seed | source | problems | GRPO | RoC | RoC - GRPO | failed calls in "
+             "correct, GRPO -> RoC |", "|---|---|---|---|---|---|---|---|"]
+    for pair, by_seed in by_problem.items():
+        for seed, rows in sorted(by_seed.items()):
+            for source, r in rows.items():
+                lines.append(
+                    f"| {pair} | {seed} | {source} | {r['problems']:.0f} | {r['avg_a']:.3f} | "
+                    f"{r['avg_b']:.3f} | {r['diff']:+.3f} [{r['diff_lo']:+.3f}, "
+                    f"{r['diff_hi']:+.3f}] | {r['tool_errors_correct_a']:.3f} "
+                    f"({r['calls_correct_a']:.0f}) -> {r['tool_errors_correct_b']:.3f} "
+                    f"({r['calls_correct_b']:.0f}) |")
+    return lines
+
+
 def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]],
-             pairs: dict | None = None, results: dict | None = None) -> str:
+             pairs: dict | None = None, results: dict | None = None,
+             by_problem: dict | None = None) -> str:
     """The report: headline figures per arm, the paired RoC - GRPO differences (starred where the
-    interval excludes zero over `MIN_SEEDS_FOR_STAR` or more seeds), avg@k per seed after SFT
-    and per arm, and every figure per arm."""
+    interval excludes zero over `MIN_SEEDS_FOR_STAR` or more seeds), the same per seed paired by
+    problem when the arms were sampled apart (`by_problem_lines`), avg@k per seed after SFT and
+    per arm, and every figure per arm."""
     lines = ["Headline figures per arm: mean ± sd over seeds [95% bootstrap interval of the "
              "mean].", "", "| arm | seeds | " + " | ".join(HEADLINE) + " |",
              "|---|---|" + "---|" * len(HEADLINE)]
@@ -132,6 +158,7 @@ def markdown(summary: dict, sft: dict[int, dict], seeds: dict[str, list[int]],
             some = next(iter(by_name.values()))
             lines.append(f"| {pair} | {','.join(map(str, some['seeds']))} | "
                          + " | ".join(cells) + " |")
+    lines += by_problem_lines(by_problem or {})
     if results and sft:
         arms = list(results)
         lines += ["", "Per seed, avg@k after SFT (the arms' common start) and each arm's final "

@@ -21,6 +21,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from asyncrl.analysis.paired_eval import compare, read_groups
 from asyncrl.config import apply_overrides
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.observe.report import load_metrics, run_clock, sampled_key
@@ -95,6 +96,28 @@ def sampled_eval_dir(run_dir: Path, k: int) -> Path:
     """Where `bench/roc_ablation.py --eval-k K` evaluates a run's `final/` apart from its
     training (`asyncrl eval --k K --no-greedy`: its `eval.json` and, while it runs, journal)."""
     return run_dir / f"eval-k{k}"
+
+
+def paired_by_problem(runs: dict[str, dict[int, Path]], k: int
+                      ) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
+    """Each RoC arm against each GRPO arm, per seed where both finished their `--eval-k K`
+    evaluation: the two compared problem by problem (`asyncrl.analysis.paired_eval.compare`,
+    GRPO as A, RoC as B: avg@K of each, RoC - GRPO with its bootstrap interval over the
+    problems, the failed calls inside correct answers; over all and per source). `runs` maps
+    arm -> seed -> run directory. Two arms of one seed answer the same held-out problems, so
+    this tells apart differences a two-seed mean cannot."""
+    out: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
+    for roc in (a for a in runs if a.startswith("roc")):
+        for grpo in (a for a in runs if a.startswith("grpo")):
+            by_seed = {}
+            for seed in sorted(set(runs[roc]) & set(runs[grpo])):
+                files = [sampled_eval_dir(runs[arm][seed], k) / "eval_groups.jsonl"
+                         for arm in (grpo, roc)]
+                if all(f.exists() for f in files):
+                    by_seed[seed] = compare(*(read_groups(f) for f in files))
+            if by_seed:
+                out[f"{roc} - {grpo}"] = by_seed
+    return out
 
 
 def with_sampled_eval(figures: dict[str, Any], eval_dir: Path | None) -> dict[str, Any]:

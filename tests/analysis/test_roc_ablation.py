@@ -169,3 +169,40 @@ def test_the_sampled_evaluation_command_is_one_asyncrl_eval_accepts(tmp_path: Pa
     assert Path(args.out) == runs.sampled_eval_dir(tmp_path / "arm", 8)
     # the run's seed: a generator's held-out set follows it
     assert args.set == ["engine.prefix_cache_tokens=32768", "run.seed=1", "logging.console=none"]
+
+
+def test_arms_sampled_apart_are_compared_per_seed_problem_by_problem(tmp_path: Path) -> None:
+    """`--eval-k`: a RoC arm and a GRPO arm of one seed answered the same held-out problems, so
+    the report pairs them by problem (GRPO as A); a seed one arm has not sampled is left out."""
+    from asyncrl.records import Group, Problem, Rollout, ToolCall, ToolStatus, to_json
+
+    def group(pid: str, rewards: list[float], failed: bool = False) -> Group:
+        calls = [ToolCall(name="python", raw="c", status=ToolStatus.ERROR if failed
+                          else ToolStatus.OK)]
+        return Group(group_id=pid, problem=Problem(id=pid, question=pid, answer="1",
+                                                   source="rg/gsm_symbolic"),
+                     rollouts=[Rollout(rollout_id=f"{pid}{i}", prompt_id=pid, group_id=pid,
+                                       policy_version=0, prompt_ids=[1], reward=w,
+                                       tool_calls=calls) for i, w in enumerate(rewards)])
+
+    def arm(name: str, seed: int, groups: list[Group]) -> Path:
+        d = runs.sampled_eval_dir(tmp_path / f"{name}-seed{seed}", 8)
+        d.mkdir(parents=True)
+        (d / "eval_groups.jsonl").write_bytes(b"".join(to_json(g) + b"\n" for g in groups))
+        return d.parent
+
+    dirs = {"roc-weighted": {0: arm("roc-weighted", 0, [group("a", [1, 1]), group("b", [1, 0])]),
+                             1: arm("roc-weighted", 1, [group("a", [1, 1])])},
+            "grpo-first": {0: arm("grpo-first", 0, [group("a", [1, 0], failed=True),
+                                                    group("b", [0, 0])]),
+                           1: tmp_path / "grpo-first-seed1"}}  # seed 1 not sampled yet
+    by = runs.paired_by_problem(dirs, 8)
+    assert list(by) == ["roc-weighted - grpo-first"] and list(by["roc-weighted - grpo-first"]) == [0]
+    rows = by["roc-weighted - grpo-first"][0]
+    assert list(rows) == ["all", "rg/gsm_symbolic"]
+    assert (rows["all"]["avg_a"], rows["all"]["avg_b"], rows["all"]["diff"]) == (0.25, 0.75, 0.5)
+    assert rows["all"]["tool_errors_correct_a"] == 1.0 and rows["all"]["tool_errors_correct_b"] == 0
+    text = "\n".join(report.by_problem_lines(by))
+    assert "| roc-weighted - grpo-first | 0 | all | 2 | 0.250 | 0.750 | +0.500 [" in text
+    assert "| 1.000 (1) -> 0.000 (3) |" in text
+    assert report.by_problem_lines({}) == []
