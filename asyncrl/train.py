@@ -52,6 +52,7 @@ from asyncrl.stages import (
     PlateauState,
     TrainState,
     as_rng_state,
+    check_source_weights,
     eval_temperature,
     hard_problem_ids,
     plateau_update,
@@ -97,6 +98,9 @@ class StageRunner:
         """The current stage's plateau rule fired: it ends after this step."""
         self._producer: RolloutProducer | None = None
         """The RL stage's producer while one runs (its waves under way go in a checkpoint)."""
+        # again after the prompt-length filter (`open_runtime` checked the problems as read):
+        # a source whose prompts are all too long fails now, not when its stage starts
+        check_source_weights(self.cfg.stages, train_problems, self.cfg.run.seed)
         self.stream = self._make_stream()
 
     # ------------------------------------------------------------------------------ plumbing

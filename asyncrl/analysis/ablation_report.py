@@ -13,6 +13,7 @@ from statistics import fmean, pstdev
 from typing import Any
 
 from asyncrl.analysis.ablation_runs import sampled
+from asyncrl.observe.evaluation import source_labels
 
 
 def rl_gain(r: dict) -> float | None:
@@ -118,9 +119,11 @@ def by_problem_lines(by_problem: dict[str, dict[int, dict[str, dict[str, float]]
              "correct, GRPO -> RoC |", "|---|---|---|---|---|---|---|---|"]
     for pair, by_seed in by_problem.items():
         for seed, rows in sorted(by_seed.items()):
+            names = source_labels(s for s in rows if s != "all")
             for source, r in rows.items():
+                name = names.get(source, source).replace("|", "\\|")
                 lines.append(
-                    f"| {pair} | {seed} | {source} | {r['problems']:.0f} | {r['avg_a']:.3f} | "
+                    f"| {pair} | {seed} | {name} | {r['problems']:.0f} | {r['avg_a']:.3f} | "
                     f"{r['avg_b']:.3f} | {r['diff']:+.3f} [{r['diff_lo']:+.3f}, "
                     f"{r['diff_hi']:+.3f}] | {r['tool_errors_correct_a']:.3f} "
                     f"({r['calls_correct_a']:.0f}) -> {r['tool_errors_correct_b']:.3f} "

@@ -24,7 +24,10 @@ from typing import Any
 from asyncrl.analysis.paired_eval import compare, read_groups
 from asyncrl.config import apply_overrides
 from asyncrl.errors import ConfigError, DataError
+from asyncrl.log import get_logger
 from asyncrl.observe.report import load_metrics, run_clock, sampled_key
+
+log = get_logger(__name__)
 
 ARMS: dict[str, list[str]] = {
     "roc-weighted": ["roc.kind=roc", "roc.positive=weighted"],
@@ -105,7 +108,8 @@ def paired_by_problem(runs: dict[str, dict[int, Path]], k: int
     GRPO as A, RoC as B: avg@K of each, RoC - GRPO with its bootstrap interval over the
     problems, the failed calls inside correct answers; over all and per source). `runs` maps
     arm -> seed -> run directory. Two arms of one seed answer the same held-out problems, so
-    this tells apart differences a two-seed mean cannot."""
+    this tells apart differences a two-seed mean cannot. A seed whose two files do not pair
+    (two different held-out sets, a damaged file) is left out with a warning."""
     out: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
     for roc in (a for a in runs if a.startswith("roc")):
         for grpo in (a for a in runs if a.startswith("grpo")):
@@ -113,8 +117,13 @@ def paired_by_problem(runs: dict[str, dict[int, Path]], k: int
             for seed in sorted(set(runs[roc]) & set(runs[grpo])):
                 files = [sampled_eval_dir(runs[arm][seed], k) / "eval_groups.jsonl"
                          for arm in (grpo, roc)]
-                if all(f.exists() for f in files):
+                if not all(f.exists() for f in files):
+                    continue
+                try:
                     by_seed[seed] = compare(*(read_groups(f) for f in files))
+                except ValueError as e:  # another held-out set, a damaged file: this seed only
+                    log.warning("ablation_pair_skipped", pair=f"{roc} - {grpo}", seed=seed,
+                                reason=str(e))
             if by_seed:
                 out[f"{roc} - {grpo}"] = by_seed
     return out

@@ -121,7 +121,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     logmod.configure(cfg.logging.level, cfg.logging.console, run_dir=out)
     summary = run_loop(evaluate(cfg, args.data or cfg.data.eval, args.k or cfg.eval.k, out,
                                args.temperature, args.max_problems, args.greedy))
-    print(json.dumps({k: summary[k] for k in sorted(summary) if "@" in k or k == "accuracy"}))
+    print(json.dumps({k: summary[k] for k in sorted(summary)
+                      if "@" in k or k == "accuracy" or k.startswith("accuracy/")}))
     return 0
 
 

@@ -207,7 +207,8 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         if g.problem.source:
             by_source.setdefault(g.problem.source, []).append(i)
     sources: dict[str, float] = {}
-    if len(by_source) > 1:  # one source's figures are the whole evaluation's
+    # per source when there are two or more (problems without one count in the totals only)
+    if len(by_source) > 1:
         labels = source_labels(by_source)
         for src in sorted(by_source, key=labels.__getitem__):
             idx, name = by_source[src], labels[src]
@@ -246,11 +247,12 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
 
 def source_labels(sources: Iterable[str]) -> dict[str, str]:
     """A short name per problem source for the per-source keys: its last part
-    (`reasoning_gym/gsm_symbolic` -> `gsm_symbolic`) unless another source ends the same, then
-    the whole name."""
+    (`reasoning_gym/gsm_symbolic` -> `gsm_symbolic`) unless another source ends the same or
+    it is empty (`x/`), then the whole name."""
     names = sorted(set(sources))
     last = [n.rsplit("/", 1)[-1] for n in names]
-    return {n: tail if last.count(tail) == 1 else n for n, tail in zip(names, last, strict=True)}
+    return {n: tail if tail and last.count(tail) == 1 else n
+            for n, tail in zip(names, last, strict=True)}
 
 
 def with_greedy(sampled: dict[str, float], greedy: dict[str, float]) -> dict[str, float]:

@@ -398,32 +398,38 @@ def _source_table(s: Summary, avg: str, maj: str) -> list[str]:
     names = sorted({k.removeprefix("eval/accuracy/") for r in rows for k in r
                     if k.startswith("eval/accuracy/")})
     return _breakdown(s, avg, maj, "source", names, lambda fig, name: f"{fig}/{name}",
-                      extra=("eval/tool_calls_per_problem", "tool calls"))
+                      counts=("eval/tool_calls_per_problem", "tool calls"),
+                      shares=("eval/tool_error_ratio_correct", "tool errors (correct)"))
 
 
 def _breakdown(s: Summary, avg: str, maj: str, what: str, names: Sequence[str],
-               key: Callable[[str, str], str], extra: tuple[str, str] | None = None
-               ) -> list[str]:
+               key: Callable[[str, str], str], counts: tuple[str, str] | None = None,
+               shares: tuple[str, str] | None = None) -> list[str]:
     """A table of the held-out figures per `what` (a level, a source), before -> after RL:
-    `key(figure, name)` is the eval row's key of `figure` for `name`."""
+    `key(figure, name)` is the eval row's key of `figure` for `name`; `counts` and `shares`
+    (key, column) are one more column each where a row has them, shown as a number and as a
+    percentage."""
     rows = [r for r in (s.before, s.after) if r]
     if not names:
         return []
+    more = [(k.removeprefix("eval/"), k) for k in (avg, maj) if k]
+    more += [(extra[1], extra[0]) for extra in (counts, shares) if extra]
     figs = [("accuracy", "eval/accuracy")] + [
-        (k.removeprefix("eval/"), k) for k in (avg, maj)
-        if k and any(key(k, n) in r for r in rows for n in names)]
-    if extra and any(key(extra[0], n) in r for r in rows for n in names):
-        figs.append((extra[1], extra[0]))
+        (label, k) for label, k in more if any(key(k, n) in r for r in rows for n in names)]
 
     def cell(fig: str, name: str) -> str:
-        shown = _count if extra and fig == extra[0] else _pct
+        shown = _count if counts and fig == counts[0] else _pct
         return " -> ".join(shown(r.get(key(fig, name)) if r else None)
                            for r in (s.before, s.after))
+
+    def row_name(n: str) -> str:
+        return n.replace("|", "\\|")  # a markdown cell
 
     out = ["", f"By {what} (before RL -> after RL):", "",
            f"| {what} | " + " | ".join(label for label, _ in figs) + " |",
            "| --- |" + " --- |" * len(figs)]
-    out += [f"| {n} | " + " | ".join(cell(fig, n) for _, fig in figs) + " |" for n in names]
+    out += [f"| {row_name(n)} | " + " | ".join(cell(fig, n) for _, fig in figs) + " |"
+            for n in names]
     return out
 
 

@@ -196,6 +196,10 @@ def test_arms_sampled_apart_are_compared_per_seed_problem_by_problem(tmp_path: P
             "grpo-first": {0: arm("grpo-first", 0, [group("a", [1, 0], failed=True),
                                                     group("b", [0, 0])]),
                            1: tmp_path / "grpo-first-seed1"}}  # seed 1 not sampled yet
+    dirs["roc-weighted"][2] = arm("roc-weighted", 2, [group("a", [1])])
+    other = group("a", [1])
+    other.problem.question = "another held-out set"
+    dirs["grpo-first"][2] = arm("grpo-first", 2, [other])  # does not pair: left out, not fatal
     by = runs.paired_by_problem(dirs, 8)
     assert list(by) == ["roc-weighted - grpo-first"] and list(by["roc-weighted - grpo-first"]) == [0]
     rows = by["roc-weighted - grpo-first"][0]
@@ -204,5 +208,6 @@ def test_arms_sampled_apart_are_compared_per_seed_problem_by_problem(tmp_path: P
     assert rows["all"]["tool_errors_correct_a"] == 1.0 and rows["all"]["tool_errors_correct_b"] == 0
     text = "\n".join(report.by_problem_lines(by))
     assert "| roc-weighted - grpo-first | 0 | all | 2 | 0.250 | 0.750 | +0.500 [" in text
+    assert "| roc-weighted - grpo-first | 0 | gsm_symbolic | 2 |" in text
     assert "| 1.000 (1) -> 0.000 (3) |" in text
     assert report.by_problem_lines({}) == []

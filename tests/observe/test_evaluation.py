@@ -235,6 +235,7 @@ def test_a_source_is_named_by_its_last_part_unless_two_end_the_same() -> None:
         "reasoning_gym/gsm_symbolic": "gsm_symbolic", "mine": "mine"}
     assert source_labels(["a/add", "b/add", "b/mul"]) == {"a/add": "a/add", "b/add": "b/add",
                                                          "b/mul": "mul"}
+    assert source_labels(["x/", "y"]) == {"x/": "x/", "y": "y"}  # never an empty name
 
 
 def test_a_run_stops_when_every_rollout_of_a_batch_failed() -> None:

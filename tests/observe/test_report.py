@@ -210,16 +210,19 @@ def test_figures_per_source_before_and_after(tmp_path: Path) -> None:
                 "eval/maj@8/gsm_symbolic": gsm, "eval/tool_calls_per_problem/gsm_symbolic": calls,
                 "eval/accuracy/simple_equations": eq, "eval/avg@8/simple_equations": eq / 2,
                 "eval/maj@8/simple_equations": eq,
-                "eval/tool_calls_per_problem/simple_equations": 1.0}
+                "eval/tool_calls_per_problem/simple_equations": 1.0,
+                "eval/tool_error_ratio_correct/gsm_symbolic": 0.25,
+                "eval/tool_error_ratio_correct/simple_equations": 0.0}
 
     rows = [ev(0, "after_sft", 0.125, 0.5, 1.75), _rl_row(1, "rl", 0.5),
             ev(1, "final", 0.25, 1.0, 1.125)]
     text = report.write_report(_write(tmp_path / "run", rows)).read_text()
     assert "By source (before RL -> after RL):" in text
-    assert "| source | accuracy | avg@8 | maj@8 | tool calls |" in text
-    assert ("| gsm_symbolic | 12.5% -> 25.0% | 6.2% -> 12.5% | 12.5% -> 25.0% | 1.75 -> 1.12 |"
-            in text)
-    assert "| simple_equations | 50.0% -> 100.0% | 25.0% -> 50.0% | 50.0% -> 100.0% | 1.00 -> 1.00 |" in text
+    assert "| source | accuracy | avg@8 | maj@8 | tool calls | tool errors (correct) |" in text
+    assert ("| gsm_symbolic | 12.5% -> 25.0% | 6.2% -> 12.5% | 12.5% -> 25.0% | 1.75 -> 1.12 "
+            "| 25.0% -> 25.0% |") in text
+    assert ("| simple_equations | 50.0% -> 100.0% | 25.0% -> 50.0% | 50.0% -> 100.0% "
+            "| 1.00 -> 1.00 | 0.0% -> 0.0% |") in text
     assert "By level" not in text
 
 

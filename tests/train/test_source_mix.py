@@ -13,9 +13,10 @@ from pathlib import Path
 from micro_config import MICRO_ENGINE, MICRO_MODEL, ROOT, RUN_ENV, metric_rows, micro_rollout
 
 
-def _curriculum(tmp_path: Path, weights: str) -> Path:
+def _curriculum(tmp_path: Path, weights: str, extra: list[dict] | None = None) -> Path:
     rows = [{"id": f"add-{i}", "question": f"{i} + 2 =", "answer": str(i + 2),
              "source": "arith/add"} for i in range(12)]
+    rows += extra or []
     rows += [{"id": f"mul-{i}", "question": f"{i} * 3 =", "answer": str(i * 3),
               "source": "arith/mul"} for i in range(36)]
     data = tmp_path / "train.jsonl"
@@ -89,3 +90,18 @@ def test_a_mix_naming_no_source_stops_the_run_before_its_first_stage(tmp_path: P
     # found when the problems were read: no model was built, no engine or sandbox started
     assert not (run / "model-init").exists() and not (run / "prompt.json").exists()
     assert "model_built" not in out and "runtime_ready" not in out
+
+
+def test_a_mix_naming_a_source_whose_prompts_are_all_too_long_stops_before_training(
+        tmp_path: Path) -> None:
+    """The prompt-length filter can empty a source the file has: the check runs again on what
+    it left, before the first stage, not when the stage that names the source starts."""
+    long = [{"id": f"long-{i}", "question": " + ".join(["9"] * 300) + " =", "answer": "2700",
+             "source": "arith/long"} for i in range(3)]
+    run = tmp_path / "run"
+    proc = _train(_curriculum(tmp_path, "{ add = 1, long = 1 }", long), run)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "stages[1].source_weights" in out and "['long'] name no source" in out, out[-3000:]
+    assert "overlong" in out or "overlong_skipped" in (run / "metrics.jsonl").read_text()
+    assert metric_rows(run, "rl_step") == []  # the first stage never ran
