@@ -112,6 +112,27 @@ async def test_mixed_prefill_of_continuations_and_new_prompts(model, tiny_tokeni
         assert o.token_ids == _generate(model, c)
 
 
+async def test_a_prompt_sharing_only_the_system_prompt_leaves_the_kept_turn_to_its_own(
+        model, tiny_tokenizer) -> None:
+    """Another problem's prompt shares the system prompt's tokens with every kept turn: it
+    reuses them and leaves the turn in the store, so the request the turn was kept for still
+    prefills only its new tokens when its tool call returns (a partial match once took the
+    turn away, and the continuation prefilled its whole context)."""
+    p, other = _prompts(tiny_tokenizer)[:2]
+    shared = p[:20]  # a system prompt both problems start with
+    async with LocalEngine(model, tiny_tokenizer, kv_token_budget=4096, max_running=4,
+                           prefix_cache_tokens=4096) as eng:
+        f = await collect(eng, _req("a", p, stop=[_stop_at(_generate(model, p))]))
+        kept = len(p) + len(f.token_ids) - 1  # every token but the last sampled one
+        b = shared + other[:20]
+        ob = await collect(eng, _req("b", b))  # a new problem: 20 tokens in common
+        assert (eng.prefix.hits, eng.prefix.reused_tokens) == (1, 20)
+        ctx = p + f.token_ids + TOOL
+        oa = await collect(eng, _req("a2", ctx))  # the turn's own continuation
+        assert (eng.prefix.hits, eng.prefix.reused_tokens) == (2, 20 + kept)
+    assert ob.token_ids == _generate(model, b) and oa.token_ids == _generate(model, ctx)
+
+
 async def test_a_continuation_that_rewrote_its_turn_reuses_the_common_prefix(
         model, tiny_tokenizer) -> None:
     """A client that rolled back the end of its turn (tokens dropped, others in their place)
@@ -156,9 +177,12 @@ def test_store_budget_matching_and_expiry() -> None:
     s.put(list(range(MIN_REUSE - 1)), kv, 0)  # too short to be worth taking: not kept
     s.put(list(range(101)), kv, 0)  # longer than the whole budget: not kept
     assert s.held == 80
-    entry, n = s.take([*b[:30], 999], 0)  # a common prefix, not the whole entry
-    assert n == 30 and entry.tokens == b and s.held == 40 and s.hits == 1
+    entry, n = s.take([*b[:30], 999], 0)  # a common prefix, not the whole entry: it stays
+    assert n == 30 and entry.tokens == b and s.held == 80 and s.hits == 1
+    entry, n = s.take([*b, 7], 0)  # its own continuation: the whole entry, which then goes
+    assert n == 40 and entry.tokens == b and s.held == 40 and s.hits == 2
     assert s.take(c, 0)[1] == len(c) - 1  # never the context's last token
+    assert s.held == 40  # (so c stayed)
     s.put(a, kv, 0)
     s.expire(0.0)
     assert len(s) == 0 and s.held == 0

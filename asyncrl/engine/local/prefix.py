@@ -82,8 +82,15 @@ class PrefixStore:
 
     def take(self, context: list[int], version: int) -> tuple[Entry, int] | None:
         """The entry sharing the longest prefix with `context` (at most all but its last
-        token: the last is fed to get the next token's logits) and that prefix's length,
-        removed from the store; None when no entry of `version` shares MIN_REUSE tokens."""
+        token: the last is fed to get the next token's logits) and that prefix's length; None
+        when no entry of `version` shares MIN_REUSE tokens. The caller copies what it uses.
+
+        An entry `context` continues whole (its own request's next turn) leaves the store; one
+        it shares only a part of stays. Another problem's prompt shares the system prompt with
+        every entry, and a group's other samples share their prompt: were a partial match to
+        remove the entry, the request it was kept for would find it gone when its tool call
+        returns and prefill its whole context again (an evaluation of SmolLM2 reused 62 tokens
+        a hit, about the system prompt, that way)."""
         limit = len(context) - 1
         best, best_n = None, MIN_REUSE - 1
         for key, e in self._entries.items():
@@ -94,8 +101,10 @@ class PrefixStore:
                 best, best_n = key, n
         if best is None:
             return None
-        entry = self._entries.pop(best)
-        self.held -= len(entry.tokens)
+        entry = self._entries[best]
+        if best_n == len(entry.tokens):
+            del self._entries[best]
+            self.held -= len(entry.tokens)
         self.hits += 1
         self.reused_tokens += best_n
         return entry, best_n
