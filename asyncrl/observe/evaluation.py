@@ -187,9 +187,6 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
     voted = any(a is not None and a.strip() for a in answers)
     calls = sum(len(r.tool_calls) for r in rollouts)
     failed = sum(c.failed for r in rollouts for c in r.tool_calls)
-    right = [r for r in rollouts if r.is_correct]
-    right_calls = sum(len(r.tool_calls) for r in right)
-    right_failed = sum(c.failed for r in right for c in r.tool_calls)
     accuracy = _mean(avg)
     by_level: dict[int, list[tuple[float, float]]] = {}
     for g, a, m in zip(groups, avg, maj, strict=True):
@@ -218,10 +215,8 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
                 if voted:
                     sources[f"maj@{k}/{name}"] = _mean([maj[i] for i in idx])
             rs = [r for i in idx for r in groups[i].rollouts]
-            ok_calls = [c for r in rs if r.is_correct for c in r.tool_calls]
             sources[f"tool_calls_per_problem/{name}"] = sum(len(r.tool_calls) for r in rs) / len(rs)
-            sources[f"tool_error_ratio_correct/{name}"] = (
-                sum(c.failed for c in ok_calls) / len(ok_calls) if ok_calls else 0.0)
+            sources[f"tool_error_ratio_correct/{name}"] = _failed_in_correct(rs)
     return {
         "problems": float(len(groups)),
         "samples": float(len(rollouts)),
@@ -233,7 +228,7 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         "response_tokens_mean": _mean([float(r.num_response_tokens) for r in rollouts]),
         "tool_calls_per_problem": calls / len(rollouts),
         "tool_error_ratio": failed / calls if calls else 0.0,
-        "tool_error_ratio_correct": right_failed / right_calls if right_calls else 0.0,
+        "tool_error_ratio_correct": _failed_in_correct(rollouts),
         "no_answer_ratio": _mean([float(a is None) for a in answers]),
         "answer_from_response_ratio": _mean([float(r.answer is None and a is not None)
                                              for r, a in zip(rollouts, answers, strict=True)]),
@@ -243,6 +238,12 @@ def summarize(groups: Sequence[Group], k: int) -> dict[str, float]:
         **levels,
         **sources,
     }
+
+
+def _failed_in_correct(rollouts: Sequence[Rollout]) -> float:
+    """Failed / all tool calls of the correct ones of `rollouts` (0 when they made none)."""
+    calls = [c for r in rollouts if r.is_correct for c in r.tool_calls]
+    return sum(c.failed for c in calls) / len(calls) if calls else 0.0
 
 
 def source_labels(sources: Iterable[str]) -> dict[str, str]:
