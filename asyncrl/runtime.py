@@ -9,8 +9,10 @@ Does not own: what is done with them (`train.py`, `eval` command).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
+import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from asyncrl import formats, modeling, templates
 from asyncrl.config import LocalSandboxConfig, RunConfig
 from asyncrl.errors import AsyncRLError, ConfigError
 from asyncrl.log import get_logger
+from asyncrl.rollout.eventloop import freeze_gc
 
 if TYPE_CHECKING:
     from asyncrl.engine.base import Engine
@@ -168,14 +171,27 @@ async def open_sandbox(cfg: RunConfig) -> AsyncIterator[tuple[Any, Any]]:
             raise ConfigError("sandbox.token_file" if sb.token_file else "sandbox.token_env",
                               str(exc)) from None
     async with contextlib.AsyncExitStack() as stack:
-        reward_pool = await stack.enter_async_context(SandboxPool(reward_cfg))
+        # Both pools start at once (each start waits on its workers' imports: 2.2 s and 1.7 s
+        # one after the other on a tiny run); a pool not started, or half started when the
+        # other failed, closes like one that ran.
+        pools = [SandboxPool(reward_cfg)]
+        if isinstance(sb, LocalSandboxConfig):
+            pools.append(SandboxPool(PoolConfig(
+                workers=sb.workers, isolation=IsolationLevel(sb.isolation),
+                time_limit_s=sb.time_limit_s, memory_mb=sb.memory_mb,
+                max_output_bytes=sb.max_output_bytes)))
+        for p in pools:
+            stack.push_async_callback(p.aclose)
+        try:
+            async with asyncio.TaskGroup() as starting:
+                for p in pools:
+                    starting.create_task(p.start())
+        except BaseExceptionGroup as group:  # the first failure, as a lone start raises it
+            raise group.exceptions[0] from None
+        reward_pool = pools[0]
         client: LocalSandboxClient | HttpSandboxClient
         if isinstance(sb, LocalSandboxConfig):
-            pool_cfg = PoolConfig(workers=sb.workers, isolation=IsolationLevel(sb.isolation),
-                                  time_limit_s=sb.time_limit_s, memory_mb=sb.memory_mb,
-                                  max_output_bytes=sb.max_output_bytes)
-            pool = await stack.enter_async_context(SandboxPool(pool_cfg))
-            client = await stack.enter_async_context(LocalSandboxClient(pool))
+            client = await stack.enter_async_context(LocalSandboxClient(pools[1]))
         else:
             client = await stack.enter_async_context(HttpSandboxClient(
                 sb.urls, batch_size=sb.batch_size, batch_window_ms=sb.batch_window_ms,
@@ -213,14 +229,8 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                        ) -> AsyncIterator[Runtime]:
     """Build every component; close them all on exit (also on error or cancellation).
     `with_trainer=False` (evaluation) builds no trainer and no optimizer state."""
-    from asyncrl.engine.registry import build_engines
-    from asyncrl.rollout import RolloutRunner
-    from asyncrl.rundir import write_prompt
     from asyncrl.stages import check_source_weights
-    from asyncrl.tasks.open import TaskSpec, bind, load_task
-    from asyncrl.tasks.task import TaskContext
-    from asyncrl.tasks.wiring import system_text
-    from asyncrl.trainer import TRAINER_KINDS
+    from asyncrl.tasks.open import TaskSpec, load_task
 
     # The task's problems are read once, first: a tiny run's tokenizer is trained on them.
     # An evaluation reads only the held-out split (its training file may not be here).
@@ -228,7 +238,59 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
                                    else ("eval",)))
     if with_trainer and loaded.train is not None:  # a mix naming no source: fail before a model
         check_source_weights(cfg.stages, loaded.train.problems, cfg.run.seed)
-    tok, model = build_tokenizer_and_model(cfg, run_dir, loaded)
+    async with contextlib.AsyncExitStack() as stack:
+        # The sandbox's workers start (other processes) while the model is built or loaded
+        # in a worker thread: a tiny run spent 8.5 s on the model (mostly importing
+        # transformers) and then 4.5 s on the two pools, one after the other.
+        build = asyncio.ensure_future(asyncio.to_thread(_build_serially, cfg, run_dir, loaded))
+        try:
+            client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
+        except BaseException:
+            await asyncio.wait([build])  # a thread cannot be cancelled: let it finish first
+            if not build.cancelled() and isinstance(build.exception(), ConfigError):
+                raise cast(ConfigError, build.exception()) from None  # the config comes first
+            raise
+        tok, model = await build
+        runtime = await _assemble(stack, cfg, run_dir, loaded, tok, model, client, reward_host,
+                                  with_trainer)
+        # What was just built lives as long as the runtime: frozen, it is not scanned by each
+        # full collection (`quiet_gc` runs one after every batch of rollouts; a tiny run's 14
+        # took 4.5 s with transformers' modules unfrozen). Thawed on the way out, so that a
+        # process opening runtimes one after another frees the cycles of the ones it closed.
+        freeze_gc()
+        try:
+            yield runtime
+        finally:
+            gc.unfreeze()
+
+
+def _build_serially(cfg: RunConfig, run_dir: Path, loaded: LoadedTask) -> tuple[Any, Any]:
+    """`build_tokenizer_and_model` with torch held to one thread in the calling (worker)
+    thread: a parallel region run there would leave it a pool of OpenMP workers beside the
+    trainer's and the engine's for the rest of the process (see `_copy_serially`)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build_tokenizer_and_model(cfg, run_dir, loaded)
+    finally:
+        torch.set_num_threads(n)
+
+
+async def _assemble(stack: contextlib.AsyncExitStack, cfg: RunConfig, run_dir: Path,
+                    loaded: LoadedTask, tok: Any, model: Any, client: Any, reward_host: Any,
+                    with_trainer: bool) -> Runtime:
+    """The rest of `open_runtime`, once the model and the sandbox are up: trainer, engines,
+    the bound task and the rollout runner, each closed by `stack`."""
+    from asyncrl.engine.registry import build_engines
+    from asyncrl.rollout import RolloutRunner
+    from asyncrl.rundir import write_prompt
+    from asyncrl.tasks.open import bind
+    from asyncrl.tasks.task import TaskContext
+    from asyncrl.tasks.wiring import system_text
+    from asyncrl.trainer import TRAINER_KINDS
+
     # Prompts and tool responses in the model's own chat template when it has a usable one:
     # the ids of a rollout are then the ids the template renders (asyncrl.templates).
     fmt = templates.bind_format(formats.get_format(cfg.rollout.tool_format), tok,
@@ -241,58 +303,56 @@ async def open_runtime(cfg: RunConfig, run_dir: Path, *, with_trainer: bool = Tr
     engine_model = None
     if cfg.engine.kind == "local" and not shared:
         engine_model = _copy_serially(model).eval() if with_trainer else model.eval()
-    trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](model, cfg.trainer, cfg.algorithm,
-                                              pad_token_id=tok.pad_token_id,
-                                              temperature=cfg.rollout.temperature or 1.0,
-                                              seed=cfg.run.seed)
+    trainer = None if not with_trainer else TRAINER_KINDS[cfg.trainer.kind](
+        model, cfg.trainer, cfg.algorithm, pad_token_id=tok.pad_token_id,
+        temperature=cfg.rollout.temperature or 1.0, seed=cfg.run.seed)
     if shared:
         engine_model = _copy_serially(model, share_parameters=True).eval()
-    async with contextlib.AsyncExitStack() as stack:
-        client, reward_host = await stack.enter_async_context(open_sandbox(cfg))
-        # Routing replay (MoE): the engines record each token's experts for the trainer.
-        replay = with_trainer and modeling.routing_replay(cfg.algorithm.routing_replay,
-                                                          model.config)
-        engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,
-                                model_path=cfg.model.path or str(run_dir / "model-init"),
-                                record_routing=replay,
-                                routing_shape=(modeling.moe_shape(model.config) or ())[:2])
-        for e in engines:
-            if hasattr(e, "__aenter__"):
-                await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any], e))
-            else:
-                stack.push_async_callback(e.close)
-        weight_group = None
-        if with_trainer and getattr(cfg.engine, "weight_sync", "") == "distributed":
-            weight_group = await stack.enter_async_context(
-                _weight_group(cfg.engine, getattr(trainer, "device", None)))
-        # The task's reward and tools come from `[task]` (built-in or plugins) and the task
-        # source `data.train` names (a verifiers taskset brings its own: asyncrl.tasks).
-        ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
-                          time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
-                          max_output_chars=cfg.rollout.tool_output_max_chars,
-                          tool_timeout_s=cfg.rollout.tool_timeout_s,
-                          show_time=formats.shows_tool_time(cfg.rollout.tool_time,
-                                                            cfg.rollout.seed_requests))
-        task = bind(loaded, ctx)
-        if task.close is not None:
-            stack.callback(task.close)
-        why = fmt.uncallable([t.name for t in task.tools])
-        if why:  # config check says so first; an embedding program gets the same rule
-            from asyncrl.tasks.check import FORMAT_FIX
+    # Routing replay (MoE): the engines record each token's experts for the trainer.
+    replay = with_trainer and modeling.routing_replay(cfg.algorithm.routing_replay,
+                                                      model.config)
+    engines = build_engines(cfg.engine, model=engine_model, tokenizer=tok, run_dir=run_dir,
+                            model_path=cfg.model.path or str(run_dir / "model-init"),
+                            record_routing=replay,
+                            routing_shape=(modeling.moe_shape(model.config) or ())[:2])
+    for e in engines:
+        if hasattr(e, "__aenter__"):
+            await stack.enter_async_context(cast(contextlib.AbstractAsyncContextManager[Any],
+                                             e))
+        else:
+            stack.push_async_callback(e.close)
+    weight_group = None
+    if with_trainer and getattr(cfg.engine, "weight_sync", "") == "distributed":
+        weight_group = await stack.enter_async_context(
+            _weight_group(cfg.engine, getattr(trainer, "device", None)))
+    # The task's reward and tools come from `[task]` (built-in or plugins) and the task
+    # source `data.train` names (a verifiers taskset brings its own: asyncrl.tasks).
+    ctx = TaskContext(tokenizer=tok, sandbox=client, reward_host=reward_host,
+                      time_limit_s=getattr(cfg.sandbox, "time_limit_s", 4.0),
+                      max_output_chars=cfg.rollout.tool_output_max_chars,
+                      tool_timeout_s=cfg.rollout.tool_timeout_s,
+                      show_time=formats.shows_tool_time(cfg.rollout.tool_time,
+                                                        cfg.rollout.seed_requests))
+    task = bind(loaded, ctx)
+    if task.close is not None:
+        stack.callback(task.close)
+    why = fmt.uncallable([t.name for t in task.tools])
+    if why:  # config check says so first; an embedding program gets the same rule
+        from asyncrl.tasks.check import FORMAT_FIX
 
-            raise ConfigError("rollout.tool_format", f"{why}: {FORMAT_FIX}")
-        system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
-                             [t.schema for t in task.tools] or None)
-        if with_trainer:  # what an embedding program needs to render the trained prompt
-            write_prompt(run_dir, system, [t.schema for t in task.tools])
-        runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,
-                               env=task.env, reward_timeout_s=cfg.rollout.reward_timeout_s)
-        isolation = getattr(client, "isolation", "unknown")
-        log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
-                 isolation=isolation, trainer=cfg.trainer.kind)
-        yield Runtime(cfg=cfg, run_dir=run_dir, tokenizer=tok, trainer=trainer, engines=engines,
-                      runner=runner, task=task, fmt=fmt,
-                      sandbox_isolation=str(isolation), weight_group=weight_group)
+        raise ConfigError("rollout.tool_format", f"{why}: {FORMAT_FIX}")
+    system = system_text(cfg.data.system_prompt, task.system_prompt, fmt,
+                         [t.schema for t in task.tools] or None)
+    if with_trainer:  # what an embedding program needs to render the trained prompt
+        write_prompt(run_dir, system, [t.schema for t in task.tools])
+    runner = RolloutRunner(engines, tok, task.tools, task.reward_fn, system_prompt=system,
+                           env=task.env, reward_timeout_s=cfg.rollout.reward_timeout_s)
+    isolation = getattr(client, "isolation", "unknown")
+    log.info("runtime_ready", engines=[e.name for e in engines], sandbox=cfg.sandbox.kind,
+             isolation=isolation, trainer=cfg.trainer.kind)
+    return Runtime(cfg=cfg, run_dir=run_dir, tokenizer=tok, trainer=trainer, engines=engines,
+                   runner=runner, task=task, fmt=fmt,
+                   sandbox_isolation=str(isolation), weight_group=weight_group)
 
 
 def _weight_group(eng: Any, trainer_device: Any) -> WeightGroup:

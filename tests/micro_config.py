@@ -2,7 +2,7 @@
 end in seconds: a one-layer Qwen3 with a tokenizer trained on the task, and tiny_math data.
 Each test adds its own `[run]`, stages and the rest: `micro_rollout(...)` the `[rollout]` and
 `[roc]` (with the test's changes), `MICRO_ENGINE` the engine and sandbox, `MICRO_RL_TAIL` two
-RL steps that save every rollout. Also how those tests run a command (`run_ok`) and read a run's metric
+RL steps that save every rollout. Also how those tests run a command (`run_ok`, or several at once: `run_all_ok`) and read a run's metric
 rows (`metric_rows`) and saved rollouts (`saved_rollouts`)."""
 
 from __future__ import annotations
@@ -104,6 +104,25 @@ def run_ok(cmd: list[str], cwd: Path = ROOT, python_path: str = "") -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout + proc.stderr
+
+
+def run_all_ok(cmds: list[list[str]], cwd: Path = ROOT) -> list[str]:
+    """`run_ok` of each command, all started at once (a 2-core machine runs two one-thread
+    runs side by side in about the time of one); their outputs, asserting each exited 0."""
+    procs = [subprocess.Popen(cmd, cwd=cwd, env=RUN_ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for cmd in cmds]
+    outs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            assert proc.returncode == 0, out[-4000:]
+            outs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outs
 
 
 def metric_rows(run_dir: Path, kind: str) -> list[dict]:

@@ -12,6 +12,7 @@ traceback. `asyncrl train` stopped by SIGINT / SIGTERM saves its last completed 
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -166,5 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `asyncrl` command as a process: `main`, then an exit that skips the interpreter's
+    last full collection. With torch and transformers loaded that collection alone held a
+    finished tiny run's process open 2.6 s (0.35 s frozen); the objects it would have scanned
+    die with the process, and everything the run keeps was written and closed before."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -7,10 +7,11 @@ over it trains rank-4 adapters on every linear layer from the start (`apply_to =
 adapter SFT steps, then eight GRPO-RoC steps, a checkpoint every two RL steps, and seeded
 sampling (`rollout.seed_requests`), so rollouts are a function of the weights.
 
-Run A goes through. Run B is killed (SIGKILL, no chance to save: it resumes from the cadence's
-checkpoint and redoes the step under way) or interrupted (SIGINT, slow: it saves the last
-completed step) mid-RL and resumed with `--resume`. B's RL steps after the resume point have
-A's rollouts, rewards, losses, grad norms and policy versions, and B ends with A's adapter.
+Run A goes through (beside B: two cores, one torch thread each). Run B is killed (SIGKILL,
+no chance to save: it resumes from the cadence's checkpoint and redoes the step under way) or
+interrupted (SIGINT, slow: it saves the last completed step) mid-RL and resumed with
+`--resume`. B's RL steps after the resume point have A's rollouts, rewards, losses, grad
+norms and policy versions, and B ends with A's adapter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,17 +127,35 @@ def _events(run_dir: Path, name: str) -> list[dict]:
     return [e for e in map(json.loads, filter(None, lines)) if e["event"] == name]
 
 
+class RunA:
+    """The uninterrupted run A, started beside a test's run B (two cores, one torch thread
+    each): `done()` waits for it to end and returns its run directory."""
+
+    def __init__(self, cfg: Path, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(_cmd(cfg, run_dir), cwd=ROOT, env=RUN_ENV,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def done(self) -> Path:
+        out, _ = self.proc.communicate(timeout=600)
+        assert self.proc.returncode == 0, (out or "")[-4000:]
+        return self.run_dir
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """(the LoRA curriculum, its uninterrupted run A, the base model directory)."""
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, RunA, Path]]:
+    """(the LoRA curriculum, its uninterrupted run A under way, the base model directory)."""
     tmp = tmp_path_factory.mktemp("lora_resume")
     (tmp / "base.toml").write_text(BASE)
     run_ok(_cmd(tmp / "base.toml", tmp / "base"))
     base = tmp / "base" / "final"
     cfg = tmp / "lora.toml"
     cfg.write_text(LORA.format(base=base))
-    run_ok(_cmd(cfg, tmp / "A"))
-    return cfg, tmp / "A", base
+    a = RunA(cfg, tmp / "A")
+    yield cfg, a, base
+    if a.proc.poll() is None:
+        a.proc.kill()
+        a.proc.wait()
 
 
 def _stop_when(cfg: Path, run_dir: Path, sig: int, rl_steps: int) -> str:
@@ -218,7 +238,7 @@ def _same_final_adapter(part: Path, ref: Path) -> None:
     assert not (part / "final" / "base").exists()  # the run never trained its base
 
 
-def _resume_and_compare(cfg: Path, ref: Path, base: Path, part: Path) -> int:
+def _resume_and_compare(cfg: Path, a: RunA, base: Path, part: Path) -> int:
     done = max(r["step"] for r in metric_rows(part, "rl_step"))  # the last step B logged
     ckpts = sorted((part / "checkpoints").glob("step_*"))
     ckpt = ckpts[-1]
@@ -228,6 +248,7 @@ def _resume_and_compare(cfg: Path, ref: Path, base: Path, part: Path) -> int:
     version = load_checkpoint(ckpt, restore_rng=False)["policy_version"]  # (pruned later)
 
     out = run_ok(_cmd(cfg, part, "--resume"))
+    ref = a.done()
     resumed = [json.loads(x) for x in out.splitlines() if '"event": "resumed"' in x]
     assert resumed and resumed[0]["step"] == at
     # The resumed run's first push gives the engine the checkpoint's policy version (the
@@ -244,22 +265,22 @@ def _resume_and_compare(cfg: Path, ref: Path, base: Path, part: Path) -> int:
 
 @pytest.mark.timeout(600)
 def test_a_killed_lora_run_resumes_from_its_adapter_checkpoint_to_the_same_losses(
-        runs: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    cfg, ref, base = runs
+        runs: tuple[Path, RunA, Path], tmp_path: Path) -> None:
+    cfg, a, base = runs
     part = tmp_path / "B"
     _stop_when(cfg, part, signal.SIGKILL, 5)  # the cadence's checkpoint at step 4 is on disk
-    at = _resume_and_compare(cfg, ref, base, part)
+    at = _resume_and_compare(cfg, a, base, part)
     assert at == 4  # killed: nothing saved after the cadence's step
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_interrupted_lora_run_resumes_from_the_step_it_saved_to_the_same_losses(
-        runs: tuple[Path, Path, Path], tmp_path: Path) -> None:
-    cfg, ref, base = runs
+        runs: tuple[Path, RunA, Path], tmp_path: Path) -> None:
+    cfg, a, base = runs
     part = tmp_path / "B"
     out = _stop_when(cfg, part, signal.SIGINT, 3)
     line = next(x for x in out.splitlines() if "Resume with: " in x)
     assert "--resume" in shlex.split(line.split("Resume with: ", 1)[1])
-    at = _resume_and_compare(cfg, ref, base, part)
+    at = _resume_and_compare(cfg, a, base, part)
     assert at >= 3  # the last completed step, not the cadence's step 2

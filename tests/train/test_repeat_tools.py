@@ -16,7 +16,7 @@ from micro_config import (
     MICRO_MODEL,
     metric_rows,
     micro_rollout,
-    run_ok,
+    run_all_ok,
     saved_rollouts,
 )
 
@@ -68,18 +68,29 @@ def comparable(row: dict) -> dict:
             if k not in ("t", "ts") and not any(m in k for m in TIMING)}
 
 
-def run(tmp: Path, name: str, tool_time: str | None = None) -> Path:
+def command(tmp: Path, name: str, tool_time: str | None = None) -> tuple[list[str], Path]:
+    """The `asyncrl train` command of a run named `name` under `tmp`, and its run directory."""
     cfg = tmp / f"{name}.toml"
     cfg.write_text(config(tool_time))
     run_dir = tmp / name
-    run_ok([sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
-            str(run_dir)])
-    return run_dir
+    return [sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir",
+            str(run_dir)], run_dir
 
 
-@pytest.mark.timeout(900)  # two short runs (about a minute each, more on a busy machine)
-def test_two_seeded_runs_with_tool_calls_give_the_same_metrics(tmp_path):
-    a, b = run(tmp_path, "a"), run(tmp_path, "b")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three runs started together (a minute on two cores, more when busy): `a` and `b` with
+    the default tool time, `measured` with `rollout.tool_time = "measured"`."""
+    tmp = tmp_path_factory.mktemp("repeat")
+    made = {name: command(tmp, name, tool_time)
+            for name, tool_time in (("a", None), ("b", None), ("measured", "measured"))}
+    run_all_ok([cmd for cmd, _ in made.values()])
+    return {name: run_dir for name, (_, run_dir) in made.items()}
+
+
+@pytest.mark.timeout(900)
+def test_two_seeded_runs_with_tool_calls_give_the_same_metrics(runs):
+    a, b = runs["a"], runs["b"]
     rl = metric_rows(a, "rl_step")
     assert rl and all(r["rollout/tool_calls_mean"] > 0 for r in rl)  # the tool was called
     for kind in ("sft_step", "rl_step", "eval"):
@@ -93,8 +104,6 @@ def test_two_seeded_runs_with_tool_calls_give_the_same_metrics(tmp_path):
     assert read and not any("Time: " in r["response_text"] for r in ta)
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("tool_time", ["measured"])
-def test_a_measured_time_is_shown_when_asked(tmp_path, tool_time):
-    a = run(tmp_path, "m", tool_time)
-    assert any("Time: " in r["response_text"] for r in saved_rollouts(a))
+@pytest.mark.timeout(900)
+def test_a_measured_time_is_shown_when_asked(runs):
+    assert any("Time: " in r["response_text"] for r in saved_rollouts(runs["measured"]))

@@ -64,12 +64,29 @@ def _train(cfg: Path, run_dir: Path, *extra: str, wait: bool = True) -> subproce
         [sys.executable, "-m", "asyncrl.cli.main", "train", str(cfg), "--run-dir", str(run_dir),
          *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if wait:
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, out[-4000:]
+        _finish(proc)
     return proc
 
 
-@pytest.mark.timeout(900)
+def _finish(proc: subprocess.Popen) -> None:
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-4000:]
+
+
+def _kill_after_step_2(proc: subprocess.Popen, run_dir: Path) -> None:
+    """SIGKILL `proc` once two RL steps are logged and step 2's checkpoint exists. The tests
+    start the run that goes through beside it (two cores, one torch thread each)."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        rows = metric_rows(run_dir, "rl_step")
+        if len(rows) >= 2 and any((run_dir / "checkpoints").glob("step_*0002")):
+            break
+        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def _assert_resumed(run_dir: Path) -> dict:
     """What only a resume can show (a restart from step 1 would reproduce the problem ids of
     every step): a `resumed` row naming the checkpoint, the first RL step after it is the one
@@ -89,10 +106,14 @@ def _assert_resumed(run_dir: Path) -> dict:
     return resumed
 
 
+@pytest.mark.timeout(900)
 def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None:
     cfg = _write_config(tmp_path)
-    full = tmp_path / "full"
-    _train(cfg, full)
+    full, part = tmp_path / "full", tmp_path / "part"
+    # A second run is killed with SIGKILL once step 2's checkpoint exists, then resumed.
+    running = _train(cfg, full, wait=False)
+    _kill_after_step_2(_train(cfg, part, wait=False), part)
+    _finish(running)
     steps = metric_rows(full, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert [r["stage"] for r in steps] == ["rl"] * 4 + ["hard"]
@@ -126,19 +147,7 @@ def test_micro_curriculum_runs_and_resumes_after_sigkill(tmp_path: Path) -> None
     ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if not p.name.startswith("."))
     assert len(ckpts) == 2  # keep_last
 
-    # Kill a second run with SIGKILL once step 2's checkpoint exists, then resume it.
-    part = tmp_path / "part"
-    proc = _train(cfg, part, wait=False)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        rows = metric_rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
-        if len(rows) >= 2 and any((part / "checkpoints").glob("step_*0002")):
-            break
-        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    # no half-written checkpoint is visible: every checkpoint dir has its meta
+    # the killed run: no half-written checkpoint is visible: every checkpoint dir has its meta
     for d in (part / "checkpoints").iterdir():
         if not d.name.startswith("."):
             assert (d / "meta.json").exists(), d
@@ -266,8 +275,13 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     cfg = _write_config(tmp_path)
     args = ("--set", "rollout.max_staleness=2", "--set", "roc.reject_equal_reward=false",
             "--set", 'algorithm.correction="decoupled"')
-    full = tmp_path / "full"
-    _train(cfg, full, *args)
+    full, part = tmp_path / "full", tmp_path / "part"
+    # A second run is killed with SIGKILL once step 2's checkpoint exists (waves 2 and 3 are
+    # under way), then resumed: the waves under way are regenerated, every step trains the
+    # problems of the clean run.
+    running = _train(cfg, full, *args, wait=False)
+    _kill_after_step_2(_train(cfg, part, *args, wait=False), part)
+    _finish(running)
     steps = metric_rows(full, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     rl = [r for r in steps if r["stage"] == "rl"]
@@ -281,19 +295,6 @@ def test_staleness_two_lags_two_versions_and_resumes_after_sigkill_mid_step(tmp_
     assert any(r.get("train/stale_token_frac", 0) > 0 for r in rl)  # the loss saw the lags
     assert all("train/mismatch_ratio_p50" in r and "train/corr_coef" in r for r in steps)
 
-    # SIGKILL once step 2's checkpoint exists (waves 2 and 3 are under way), then resume:
-    # the waves under way are regenerated, every step trains the problems of the clean run.
-    part = tmp_path / "part"
-    proc = _train(cfg, part, *args, wait=False)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        rows = metric_rows(part, "rl_step") if (part / "metrics.jsonl").exists() else []
-        if len(rows) >= 2 and any((part / "checkpoints").glob("step_*0002")):
-            break
-        assert proc.poll() is None, proc.stdout.read()[-3000:] if proc.stdout else ""
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     from asyncrl.checkpoint import load_checkpoint
 
     saved = load_checkpoint(next((part / "checkpoints").glob("step_*0002")), restore_rng=False)
@@ -378,8 +379,10 @@ def test_refills_replace_groups_without_signal_and_resume_onto_the_same_problems
     problems of the run that was not killed, and no problem is trained twice."""
     cfg = _write_config(tmp_path)
     args = ("--set", "rollout.refill_equal_reward=3", "--set", "rollout.seed_requests=true")
-    full = tmp_path / "full"
-    _train(cfg, full, *args)
+    full, part = tmp_path / "full", tmp_path / "part"
+    running = _train(cfg, full, *args, wait=False)
+    _kill_after_step_2(_train(cfg, part, *args, wait=False), part)
+    _finish(running)
     steps = metric_rows(full, "rl_step")
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for r in steps:
@@ -392,14 +395,6 @@ def test_refills_replace_groups_without_signal_and_resume_onto_the_same_problems
     trained = [p for r in steps if r["stage"] == "rl" for p in r["problem_ids"]]
     assert len(trained) == len(set(trained))  # (the hard stage draws from its own 4 again)
 
-    part = tmp_path / "part"
-    proc = _train(cfg, part, *args, wait=False)
-    deadline = time.monotonic() + 600
-    while not any((part / "checkpoints").glob("step_*0002")):
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
     _train(cfg, part, *args, "--resume")
     _assert_resumed(part)
     by_step = {r["step"]: r["problem_ids"] for r in metric_rows(part, "rl_step")}
