@@ -18,7 +18,7 @@ import pytest
 from micro_config import MICRO_DATA, MICRO_MODEL, RUN_ENV, metric_rows, run_ok
 
 from asyncrl import config
-from asyncrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from asyncrl.checkpoint import latest_checkpoint, load_checkpoint
 from asyncrl.errors import RunStopped
 from asyncrl.stopping import StopRequest
 
@@ -178,9 +178,11 @@ def test_sigterm_mid_sft_saves_the_last_step_and_resume_matches_an_unstopped_run
         setup: tuple[Path, Path], tmp_path: Path) -> None:
     cfg, ref = setup
     part = tmp_path / "part"
-    # the first SFT checkpoint (after step 4) is on disk: the stage is under way
+    # SFT step 10 is logged (the first checkpoint, step 4's, is on disk): the stage is under
+    # way past its cadence's step. (Sent once step 4's checkpoint existed, a SIGTERM once came
+    # 5 ms after it, before step 5 ended, and the stop rightly saved step 4 again.)
     out, rc, exit_s = _stop_when(cfg, part, signal.SIGTERM,
-                                 lambda rd: bool(list_checkpoints(rd)))
+                                 lambda rd: bool(metric_rows(rd, "sft_step")))
     assert rc == 128 + signal.SIGTERM, out[-3000:]
     assert exit_s < GRACE_S
     ckpt = latest_checkpoint(part)
