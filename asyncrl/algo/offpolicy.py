@@ -29,7 +29,8 @@ normaliser (the batch's trained tokens), so masking does not re-weight the other
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -120,8 +121,8 @@ def correction_for(algo: AlgorithmSection, proximal: torch.Tensor, behaviour: to
 
 class RatioQuantiles:
     """Collects the behaviour log-ratios of trained tokens over a step and reports quantiles
-    of the ratio w = pi_prox / mu. Rank-local under data parallelism (each rank sees its
-    shard); the tokens of one step fit in memory as one float each."""
+    of the ratio w = pi_prox / mu over the whole step: under data parallelism `metrics` gathers
+    every replica's tokens first (one float each; a step's tokens fit in memory)."""
 
     QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
 
@@ -132,16 +133,45 @@ class RatioQuantiles:
         d = behaviour_log_ratio(proximal, behaviour, mask)
         self._parts.append(d[mask.to(torch.bool)].detach().float().cpu())
 
-    def metrics(self, prefix: str = "") -> dict[str, float]:
-        """`{prefix}mismatch_ratio_p01 .. _p99`; empty when no token was added."""
-        if not self._parts:
-            return {}
-        d = torch.cat(self._parts)
+    def metrics(self, prefix: str = "",
+                gather: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> dict[str, float]:
+        """`{prefix}mismatch_ratio_p01 .. _p99`; empty when no token was added on any rank.
+        `gather` (`StepBackend.gather_replicas`) concatenates every data-parallel replica's
+        log-ratios; every rank must call it, with tokens or without."""
+        d = torch.cat(self._parts) if self._parts else torch.zeros(0)
+        if gather is not None:
+            d = gather(d).cpu()
         if d.numel() == 0:
             return {}
         q = quantiles(d, self.QUANTILES).exp()
         return {f"{prefix}mismatch_ratio_p{round(p * 100):02d}": float(v)
                 for p, v in zip(self.QUANTILES, q, strict=True)}
+
+
+def gather_1d(x: torch.Tensor, device: torch.device | str = "cpu",
+              group: Any = None) -> torch.Tensor:
+    """Every rank's 1-D `x` (lengths may differ) concatenated in rank order, over `group`
+    (the default process group when None); `x` itself without a process group. Collective:
+    every rank of the group calls it."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return x
+    world = dist.get_world_size(group)
+    x = x.to(device=device, dtype=torch.float32).flatten()
+    n = torch.tensor([x.numel()], device=device, dtype=torch.long)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n, group=group)
+    lengths = [int(s) for s in sizes]
+    longest = max(lengths)
+    if longest == 0:
+        return x[:0]
+    padded = torch.zeros(longest, device=device, dtype=torch.float32)
+    padded[:x.numel()] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([p[:k] for p, k in zip(parts, lengths, strict=True)])
 
 
 def quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> torch.Tensor:

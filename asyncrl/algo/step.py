@@ -117,6 +117,12 @@ class StepBackend(Protocol):
         ranks holding copies of the same data (tensor parallel) count once."""
         ...
 
+    def gather_replicas(self, x: torch.Tensor) -> torch.Tensor:
+        """1-D `x` (a value per trained token: lengths differ) of every data-parallel replica,
+        concatenated; `x` itself on one process. Every rank calls it; ranks holding copies of
+        the same data (tensor parallel) contribute one copy."""
+        ...
+
 
 def _check_give_up(backend: StepBackend, give_up: GiveUp) -> None:
     if give_up is not None and give_up():
@@ -158,7 +164,7 @@ def rl_step(backend: StepBackend, batch: Batch, algo: AlgorithmSection, *,
 
     out = backend.reduce_metrics(stats, "train/")
     out["train/loss"] = out.get("train/pg_loss", 0.0)
-    out.update(quant.metrics("train/"))
+    out.update(quant.metrics("train/", backend.gather_replicas))
     out.update({
         "train/grad_norm": sum(norms) / len(norms),
         "train/grad_norm_max": max(norms),

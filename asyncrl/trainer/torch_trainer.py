@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl import allocator
-from asyncrl.algo import batching, step
+from asyncrl.algo import batching, offpolicy, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
@@ -314,6 +314,9 @@ class TorchTrainer(LoraFace):
     def reduce_metrics(self, stats: StepStats, prefix: str) -> dict[str, float]:
         stats.reduce(self.device)
         return stats.means(prefix)
+
+    def gather_replicas(self, x: torch.Tensor) -> torch.Tensor:
+        return offpolicy.gather_1d(x, self.device)
 
     # ----------------------------------------------------------------------------- steps
     def train_step(self, batch: Batch, lr_scale: float = 1.0,

@@ -65,7 +65,7 @@ _METHODS = ("train_step", "sft_step", "sft_eval", "state_dict_for_sync", "export
 # `asyncrl.algo.step.StepBackend` methods that take part in collectives (never proxied)
 _COLLECTIVE_HOOKS = frozenset({"plan", "tensors", "logprobs", "logprobs_and_entropy",
                                "reference_logprobs", "accumulate", "apply_gradients",
-                               "discard_gradients", "reduce_metrics"})
+                               "discard_gradients", "reduce_metrics", "gather_replicas"})
 
 
 def world() -> tuple[int, int]:

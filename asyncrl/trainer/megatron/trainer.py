@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from asyncrl.algo import batching, step
+from asyncrl.algo import batching, offpolicy, step
 from asyncrl.algo.batching import Packed, TrainSeq
 from asyncrl.algo.loss import StepStats
 from asyncrl.algo.schedule import lr_factor
@@ -281,6 +281,13 @@ class MegatronTrainer:
         if f"{prefix}tokens" in out:
             out[f"{prefix}tokens"] /= copies
         return out
+
+    def gather_replicas(self, x: torch.Tensor) -> torch.Tensor:
+        """Over the data-parallel group: the replicas that hold this rank's tensor-parallel
+        position (one copy of each replica's tokens)."""
+        from megatron.core import parallel_state as ps
+
+        return offpolicy.gather_1d(x, self.device, ps.get_data_parallel_group())
 
     # ---------------------------------------------------------------------- weights/state
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
