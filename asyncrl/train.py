@@ -170,6 +170,7 @@ class StageRunner:
             self._plateaued = False
             self.state.data_cursor = {}
             self.state.sft_cursor = {}
+            self.state.sft_loss_window = []
             self.state.stage_problem_ids = None
             if self.state.stage_index < len(stages):
                 self.stream = self._make_stream()

@@ -38,9 +38,9 @@ from asyncrl.algo.schedule import stage_lr
 from asyncrl.config import DistillSection, StageSection, TeacherSection
 from asyncrl.errors import ConfigError, DataError
 from asyncrl.log import get_logger
-from asyncrl.observe.metrics import MetricsWriter, numeric
+from asyncrl.observe.metrics import MetricsWriter
 from asyncrl.records import Group, Problem, Rollout, RolloutStatus, read_jsonl, save_jsonl
-from asyncrl.sft.stage import DEFAULT_BATCH, Pair, SFTSetup, SFTState
+from asyncrl.sft.stage import DEFAULT_BATCH, Pair, SFTSetup, SFTState, step_row
 from asyncrl.stopping import SFT_GIVE_UP, StopRequest, trainer_step
 
 log = get_logger(__name__)
@@ -274,10 +274,11 @@ async def _train_round(stage: StageSection, setup: SFTSetup, state: SFTState,
         if on_step is not None:
             on_step(m.get("sft/loss"))
         last = state.stage_step == stage.steps
-        if state.stage_step % 10 == 0 or state.stage_step == end:
+        row = step_row(state, m, state.stage_step % 10 == 0 or state.stage_step == end)
+        if row is not None:
             metrics.write("sft_step", stage=stage.name, step=state.global_step,
-                          sft_step=state.stage_step, round=r + 1, **numeric(m))
-            log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
+                          sft_step=state.stage_step, round=r + 1, **row)
+            log.info("sft_step", step=state.stage_step, loss=round(row["sft/loss"], 4))
         ckpt = setup.checkpoint_every
         if not last and ckpt and state.stage_step % ckpt == 0:
             await checkpoint()

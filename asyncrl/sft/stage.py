@@ -47,6 +47,28 @@ class SFTState(Protocol):
     stage_step: int
     global_step: int
     sft_cursor: dict[str, Any]
+    sft_loss_window: list[float]
+
+
+def step_row(state: SFTState, m: dict[str, float], due: bool) -> dict[str, float] | None:
+    """Adds step `m` (a trainer's `sft_step` metrics) to the loss window in `state`; when `due`
+    (an `sft_step` row is written), the row's metrics, with the window emptied: the step's own,
+    but `sft/loss` the token-weighted mean over every step since the last row (a curve of
+    single batches is mostly batch-to-batch noise), `sft/step_loss` the step's own and
+    `sft/loss_steps` how many steps the mean covers. The window lives in the run's state, so a
+    resumed run writes the rows an unstopped one would."""
+    loss, tokens = m.get("sft/loss", 0.0), m.get("sft/tokens", 0.0)
+    w = state.sft_loss_window or [0.0, 0.0, 0.0]
+    w = [w[0] + loss * tokens, w[1] + tokens, w[2] + 1]
+    if not due:
+        state.sft_loss_window = w
+        return None
+    state.sft_loss_window = []
+    row = numeric(m)
+    row["sft/step_loss"] = loss
+    row["sft/loss"] = w[0] / w[1] if w[1] else loss
+    row["sft/loss_steps"] = w[2]
+    return row
 
 _BUCKET_BATCHES = 32
 """Length buckets span this many batches' worth of rows (sorted within, batches shuffled)."""
@@ -294,10 +316,11 @@ async def run_sft(stage: StageSection, setup: SFTSetup, state: SFTState,
         if on_step is not None:
             on_step(m.get("sft/loss"))
         last = state.stage_step == stage.steps
-        if state.stage_step % 10 == 0 or last:
+        row = step_row(state, m, state.stage_step % 10 == 0 or last)
+        if row is not None:
             metrics.write("sft_step", stage=stage.name, step=state.global_step,
-                          sft_step=state.stage_step, **numeric(m))
-            log.info("sft_step", step=state.stage_step, loss=round(m.get("sft/loss", 0.0), 4))
+                          sft_step=state.stage_step, **row)
+            log.info("sft_step", step=state.stage_step, loss=round(row["sft/loss"], 4))
         if valid and ((every_valid and state.stage_step % every_valid == 0) or last):
             await held_out_loss(stage, trainer, valid, state, metrics)
         ckpt = setup.checkpoint_every
