@@ -22,14 +22,14 @@ trained on, the mean response length, and the RL wall time. Each RoC arm minus e
 paired by seed, with its interval; with `--eval-k`, per seed also paired by held-out problem
 (`ablation_runs.paired_by_problem`). Curves per RL step (tool-error ratios, response length)
 and per evaluation (greedy, avg@k, tool errors of correct answers) go to a plot. Writes
-`bench/results/roc_ablation.{json,md,png}` and appends progress to
+`bench/results/<--name>.{json,md,png}` (`roc_ablation` by default) and appends progress to
 `runs/ablation/progress.log`. The arms and what is read from a run are
 `asyncrl/analysis/ablation_runs.py`, the statistics and the tables
 `asyncrl/analysis/ablation_report.py`; this script runs the trainings and writes.
 
     python bench/roc_ablation.py [--curriculum curricula/evidence.toml] [--seeds 0 1 2]
         [--arms roc-weighted grpo-first ...] [--set KEY=VALUE ...] [--reuse] [--report-only]
-        [--eval-k 8 [--eval-temperature 1]]
+        [--eval-k 8 [--eval-temperature 1]] [--name roc_ablation]
 
 `--eval-k K` also evaluates each finished run's `final/` (the cold start's and each arm's) with
 K samples per problem at `--eval-temperature` (default 1), apart from its training: `asyncrl
@@ -215,6 +215,8 @@ def main() -> int:
     ap.add_argument("--eval-k", type=int, default=0,
                     help="also evaluate each run's final/ with K samples a problem (avg@K)")
     ap.add_argument("--eval-temperature", type=float, default=1.0)
+    ap.add_argument("--name", default="roc_ablation",
+                    help="results file stem under bench/results (one per curriculum studied)")
     args = ap.parse_args()
     try:
         return ablation(args)
@@ -255,14 +257,14 @@ def ablation(args: argparse.Namespace) -> int:
     table = markdown(summary, sft, seeds, pairs, results, by_problem)
     print("\n" + table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "roc_ablation.md").write_text(table)
-    (RESULTS / "roc_ablation.json").write_text(json.dumps(
+    (RESULTS / f"{args.name}.md").write_text(table)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {"curriculum": str(args.curriculum.relative_to(ROOT)) if args.curriculum.is_relative_to(
             ROOT) else str(args.curriculum), "overrides": args.set, "seeds": seeds,
          "after_sft": sft, "summary": summary, "paired": pairs, "paired_by_problem": by_problem,
          "runs": results}, indent=1))
-    plot(results, RESULTS / "roc_ablation.png")
-    print(f"wrote {RESULTS / 'roc_ablation.json'}, .md, .png")
+    plot(results, RESULTS / f"{args.name}.png")
+    print(f"wrote {RESULTS / args.name}.json, .md, .png")
     return 0
 
 
