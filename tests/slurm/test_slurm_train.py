@@ -50,8 +50,8 @@ def test_two_trainer_nodes_and_a_sandbox_node_equal_one_trainer_node(slurm, prep
     assert [(r["kind"], r["step"]) for r in got] == [("sft_step", 10), ("sft_step", 20),
                                                      ("rl_step", 1), ("rl_step", 2),
                                                      ("rl_step", 3)]
-    # the SFT steps trained (each logged loss is one 4-example batch's: step 20's is above
-    # step 10's on one node too, so their order says nothing)
-    assert all(r["sft/grad_norm"] > 0 and r["sft/loss"] > 0 for r in got[:2])
+    # the SFT steps trained: each row's loss is the mean over the ten steps before it
+    assert all(r["sft/grad_norm"] > 0 for r in got[:2])
+    assert got[1]["sft/loss"] < got[0]["sft/loss"]
     assert any(r.get("rollout/tool_calls_mean", 0) > 0 for r in got)  # runs with tool calls
     assert_same_steps(got, want)
