@@ -44,7 +44,7 @@ class TrainState(msgspec.Struct, kw_only=True):
     distill stage in its rounds (`{"round": r}`: round r sampled, `asyncrl.sft.distill`)."""
     sft_loss_window: list[float] = []
     """An SFT stage's loss over the steps since its last `sft_step` row: [sum of loss x
-    tokens, tokens, steps] (`asyncrl.sft.stage.LossWindow`); empty when none."""
+    tokens, tokens, steps] (`asyncrl.sft.stage.step_row`); empty when none."""
     stage_problem_ids: list[str] | None = None
     """The hard-filtered problem ids of the current stage (None = all)."""
     rng_state: Any = None

@@ -70,6 +70,7 @@ def step_row(state: SFTState, m: dict[str, float], due: bool) -> dict[str, float
     row["sft/loss_steps"] = w[2]
     return row
 
+
 _BUCKET_BATCHES = 32
 """Length buckets span this many batches' worth of rows (sorted within, batches shuffled)."""
 
